@@ -1,0 +1,26 @@
+//! Shared vocabulary of moonkv: everything that crosses a process boundary.
+//!
+//! - [`ids`]: newtype identifiers (`ClientId`, `SegmentId`, `ReplicaId`, `TenantId`, `ObjectKey`).
+//! - [`error`]: the upstream-compatible [`ErrorCode`] numbers and the [`Error`] every layer returns.
+//! - [`types`]: replica descriptors, segments, [`ReplicateConfig`], enums with stable numbers.
+//! - [`msg`]: one request struct per RPC, its response type, and the opcode table.
+//! - [`frame`]: the length-prefixed frame codec of the client ↔ master protocol (`docs/protocol.md`).
+//!
+//! This crate does no I/O; it only defines and encodes.
+
+pub mod error;
+pub mod frame;
+pub mod ids;
+pub mod msg;
+pub mod types;
+
+pub use error::{Error, ErrorCode, Result};
+pub use ids::{ClientId, ObjectKey, ReplicaId, SegmentId, TenantId, Uuid};
+pub use types::*;
+
+/// Version of the client ↔ master wire protocol carried in the handshake.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Magic string a client sends in its hello.
+pub const PROTOCOL_MAGIC: &str = "moonkv";
+/// Longest accepted object key, in bytes.
+pub const MAX_KEY_LEN: usize = 4096;

@@ -1,0 +1,478 @@
+//! One request struct per RPC, its response type and its opcode.
+//!
+//! [`for_each_op!`](crate::for_each_op) is the single table of operations; the [`Request`] enum,
+//! the [`Rpc`] trait impls and the server's dispatcher are all generated from it, so adding an
+//! operation is one line here plus its handler.
+
+use crate::ids::{ClientId, ReplicaId, SegmentId};
+use crate::types::*;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Invokes `$callback!` with the operation table: `opcode => Name(Request) -> Response, method;`.
+#[macro_export]
+macro_rules! for_each_op {
+    ($callback:ident) => {
+        $callback! {
+            1 => Ping(PingRequest) -> PingResponse, ping;
+            2 => MountSegment(MountSegmentRequest) -> (), mount_segment;
+            3 => ReMountSegment(ReMountSegmentRequest) -> (), remount_segment;
+            4 => UnmountSegment(UnmountSegmentRequest) -> (), unmount_segment;
+            5 => GracefulUnmountSegment(GracefulUnmountSegmentRequest) -> (), graceful_unmount_segment;
+            6 => QuerySegmentStatus(QuerySegmentStatusRequest) -> SegmentStatus, query_segment_status;
+            7 => QuerySegmentStatusById(QuerySegmentStatusByIdRequest) -> SegmentStatus, query_segment_status_by_id;
+            8 => ServiceReady(ServiceReadyRequest) -> String, service_ready;
+            10 => ExistKey(KeyRequest) -> bool, exist_key;
+            11 => BatchExistKey(KeysRequest) -> Vec<ItemResult<bool>>, batch_exist_key;
+            12 => GetReplicaList(KeyRequest) -> GetReplicaListResponse, get_replica_list;
+            13 => BatchGetReplicaList(KeysRequest) -> Vec<ItemResult<GetReplicaListResponse>>, batch_get_replica_list;
+            14 => GetReplicaListByRegex(RegexRequest) -> Vec<(String, Vec<ReplicaDescriptor>)>, get_replica_list_by_regex;
+            15 => RevalidateReplicas(RevalidateRequest) -> Vec<ItemResult<()>>, revalidate_replicas;
+            20 => PutStart(PutStartRequest) -> Vec<ReplicaDescriptor>, put_start;
+            21 => PutEnd(EndRequest) -> (), put_end;
+            22 => PutRevoke(RevokeRequest) -> (), put_revoke;
+            23 => BatchPutStart(BatchPutStartRequest) -> Vec<ItemResult<Vec<ReplicaDescriptor>>>, batch_put_start;
+            24 => BatchPutEnd(BatchEndRequest) -> Vec<ItemResult<()>>, batch_put_end;
+            25 => BatchPutRevoke(BatchRevokeRequest) -> Vec<ItemResult<()>>, batch_put_revoke;
+            26 => UpsertStart(PutStartRequest) -> Vec<ReplicaDescriptor>, upsert_start;
+            27 => UpsertEnd(EndRequest) -> (), upsert_end;
+            28 => UpsertRevoke(RevokeRequest) -> (), upsert_revoke;
+            29 => BatchUpsertStart(BatchPutStartRequest) -> Vec<ItemResult<Vec<ReplicaDescriptor>>>, batch_upsert_start;
+            30 => BatchUpsertEnd(BatchEndRequest) -> Vec<ItemResult<()>>, batch_upsert_end;
+            31 => BatchUpsertRevoke(BatchRevokeRequest) -> Vec<ItemResult<()>>, batch_upsert_revoke;
+            40 => Remove(RemoveRequest) -> (), remove;
+            41 => BatchRemove(BatchRemoveRequest) -> Vec<ItemResult<()>>, batch_remove;
+            42 => RemoveByRegex(RemoveByRegexRequest) -> i64, remove_by_regex;
+            43 => RemoveAll(RemoveAllRequest) -> i64, remove_all;
+        }
+    };
+}
+
+/// Ties a request struct to its response type and opcode.
+pub trait Rpc: Serialize + DeserializeOwned {
+    /// Operation this request performs.
+    const OP: Op;
+    /// Value returned on success.
+    type Response: Serialize + DeserializeOwned;
+}
+
+macro_rules! define_ops {
+    ($($code:literal => $name:ident($req:ty) -> $resp:ty, $method:ident;)*) => {
+        /// Operation codes (uint16 on the wire).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u16)]
+        pub enum Op {
+            $(
+                #[doc = stringify!($name)]
+                $name = $code,
+            )*
+        }
+
+        impl Op {
+            /// Every operation, in table order.
+            pub const ALL: &'static [Op] = &[$(Op::$name,)*];
+
+            /// Maps a wire opcode back to an operation.
+            pub fn from_u16(code: u16) -> Option<Op> {
+                match code {
+                    $($code => Some(Op::$name),)*
+                    _ => None,
+                }
+            }
+
+            /// snake_case name used in metrics (`master_<name>_requests_total`).
+            pub fn metric_name(self) -> &'static str {
+                match self {
+                    $(Op::$name => stringify!($method),)*
+                }
+            }
+        }
+
+        /// A decoded request of any operation.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum Request {
+            $(
+                #[doc = stringify!($name)]
+                $name($req),
+            )*
+        }
+
+        impl Request {
+            /// The operation of this request.
+            pub fn op(&self) -> Op {
+                match self {
+                    $(Request::$name(_) => Op::$name,)*
+                }
+            }
+
+            /// Decodes a request body for `op`.
+            pub fn decode(op: Op, body: &[u8]) -> Result<Request, rmp_serde::decode::Error> {
+                match op {
+                    $(Op::$name => rmp_serde::from_slice::<$req>(body).map(Request::$name),)*
+                }
+            }
+
+            /// Appends the MessagePack body of this request to `out`.
+            pub fn encode_body(&self, out: &mut Vec<u8>) -> Result<(), rmp_serde::encode::Error> {
+                match self {
+                    $(Request::$name(r) => rmp_serde::encode::write(out, r),)*
+                }
+            }
+        }
+    };
+}
+
+for_each_op!(define_ops);
+
+macro_rules! rpc {
+    ($req:ty => $op:ident, $resp:ty) => {
+        impl Rpc for $req {
+            const OP: Op = Op::$op;
+            type Response = $resp;
+        }
+    };
+}
+
+// Request structs shared by two operations (Put/Upsert) implement `Rpc` for the Put form; the
+// client sends the Upsert form through [`Request`] directly.
+rpc!(PingRequest => Ping, PingResponse);
+rpc!(MountSegmentRequest => MountSegment, ());
+rpc!(ReMountSegmentRequest => ReMountSegment, ());
+rpc!(UnmountSegmentRequest => UnmountSegment, ());
+rpc!(GracefulUnmountSegmentRequest => GracefulUnmountSegment, ());
+rpc!(QuerySegmentStatusRequest => QuerySegmentStatus, SegmentStatus);
+rpc!(QuerySegmentStatusByIdRequest => QuerySegmentStatusById, SegmentStatus);
+rpc!(ServiceReadyRequest => ServiceReady, String);
+rpc!(RevalidateRequest => RevalidateReplicas, Vec<ItemResult<()>>);
+rpc!(RegexRequest => GetReplicaListByRegex, Vec<(String, Vec<ReplicaDescriptor>)>);
+rpc!(RemoveRequest => Remove, ());
+rpc!(BatchRemoveRequest => BatchRemove, Vec<ItemResult<()>>);
+rpc!(RemoveByRegexRequest => RemoveByRegex, i64);
+rpc!(RemoveAllRequest => RemoveAll, i64);
+
+/// Ping: heartbeat of a client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingRequest {
+    /// The pinging client.
+    pub client_id: ClientId,
+}
+
+/// MountSegment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountSegmentRequest {
+    /// Segment to mount.
+    pub segment: Segment,
+    /// Owner.
+    pub client_id: ClientId,
+}
+
+/// ReMountSegment: re-register all of a client's segments after `NEED_REMOUNT`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReMountSegmentRequest {
+    /// Every segment the client owns.
+    pub segments: Vec<Segment>,
+    /// Owner.
+    pub client_id: ClientId,
+}
+
+/// UnmountSegment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnmountSegmentRequest {
+    /// Segment to unmount.
+    pub segment_id: SegmentId,
+    /// Caller; must own the segment.
+    pub client_id: ClientId,
+}
+
+/// GracefulUnmountSegment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GracefulUnmountSegmentRequest {
+    /// Segment to drain then unmount.
+    pub segment_id: SegmentId,
+    /// Caller; must own the segment.
+    pub client_id: ClientId,
+    /// Milliseconds the segment stays readable.
+    pub grace_period_ms: u64,
+}
+
+/// QuerySegmentStatus by name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuerySegmentStatusRequest {
+    /// Segment name.
+    pub segment_name: String,
+}
+
+/// QuerySegmentStatusById.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuerySegmentStatusByIdRequest {
+    /// Segment id.
+    pub segment_id: SegmentId,
+}
+
+/// ServiceReady: liveness probe; answers the master version.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceReadyRequest {}
+
+/// A read of one key (ExistKey, GetReplicaList).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRequest {
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+}
+
+/// A read of many keys (BatchExistKey, BatchGetReplicaList).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeysRequest {
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Object keys; results come back in this order.
+    pub keys: Vec<String>,
+}
+
+/// GetReplicaListByRegex.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegexRequest {
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Regular expression, matched anywhere in the key (search semantics).
+    pub regex: String,
+}
+
+/// Replica ids a reader holds for one key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevalidateItem {
+    /// Object key.
+    pub key: String,
+    /// Ids from the reader's GetReplicaList.
+    pub replica_ids: Vec<ReplicaId>,
+}
+
+/// RevalidateReplicas: are these replicas still the object's complete replicas?
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevalidateRequest {
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// One entry per key.
+    pub items: Vec<RevalidateItem>,
+}
+
+/// PutStart / UpsertStart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutStartRequest {
+    /// Writer.
+    pub client_id: ClientId,
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Object key (non-empty).
+    pub key: String,
+    /// Object size in bytes (non-zero).
+    pub size: u64,
+    /// Placement and pins.
+    pub config: ReplicateConfig,
+}
+
+/// PutEnd / UpsertEnd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndRequest {
+    /// Writer; must match the Start.
+    pub client_id: ClientId,
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+    /// Which replicas are done.
+    pub replica_type: ReplicaType,
+    /// Ids returned by the writer's own Start for this type (must match exactly).
+    pub replica_ids: Vec<ReplicaId>,
+    /// Optional checksum stored with the object.
+    pub checksum: Option<u64>,
+}
+
+/// PutRevoke / UpsertRevoke.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokeRequest {
+    /// Writer; must match the Start.
+    pub client_id: ClientId,
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+    /// Which replicas to abandon.
+    pub replica_type: ReplicaType,
+    /// Ids returned by the writer's own Start for this type (must match exactly).
+    pub replica_ids: Vec<ReplicaId>,
+}
+
+/// BatchPutStart / BatchUpsertStart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchPutStartRequest {
+    /// Writer.
+    pub client_id: ClientId,
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Keys.
+    pub keys: Vec<String>,
+    /// One size per key.
+    pub sizes: Vec<u64>,
+    /// Placement and pins (group_ids, if any, one per key).
+    pub config: ReplicateConfig,
+}
+
+/// One key of a batch End.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndItem {
+    /// Object key.
+    pub key: String,
+    /// Ids from the Start.
+    pub replica_ids: Vec<ReplicaId>,
+    /// Optional checksum.
+    pub checksum: Option<u64>,
+}
+
+/// BatchPutEnd / BatchUpsertEnd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchEndRequest {
+    /// Writer.
+    pub client_id: ClientId,
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Which replicas are done.
+    pub replica_type: ReplicaType,
+    /// One entry per key.
+    pub items: Vec<EndItem>,
+}
+
+/// One key of a batch Revoke.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokeItem {
+    /// Object key.
+    pub key: String,
+    /// Ids from the Start.
+    pub replica_ids: Vec<ReplicaId>,
+}
+
+/// BatchPutRevoke / BatchUpsertRevoke.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRevokeRequest {
+    /// Writer.
+    pub client_id: ClientId,
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Which replicas to abandon.
+    pub replica_type: ReplicaType,
+    /// One entry per key.
+    pub items: Vec<RevokeItem>,
+}
+
+/// Remove.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+    /// Ignore read leases.
+    pub force: bool,
+}
+
+/// BatchRemove.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRemoveRequest {
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Object keys.
+    pub keys: Vec<String>,
+    /// Ignore read leases.
+    pub force: bool,
+}
+
+/// RemoveByRegex.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveByRegexRequest {
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Regular expression, matched anywhere in the key.
+    pub regex: String,
+    /// Ignore read leases.
+    pub force: bool,
+}
+
+/// RemoveAll of one tenant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveAllRequest {
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Ignore read leases.
+    pub force: bool,
+}
+
+/// Hello frame body sent by the client as its first frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Always `"moonkv"`.
+    pub magic: String,
+    /// Protocol version the client speaks.
+    pub protocol_version: u32,
+    /// Free-form client name, for logs.
+    pub client_name: String,
+}
+
+/// Server answer to a hello.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloAck {
+    /// Protocol version the server speaks.
+    pub protocol_version: u32,
+    /// Server software version.
+    pub server_version: String,
+    /// Largest frame the server accepts, in bytes.
+    pub max_frame_bytes: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_op_round_trips_its_code() {
+        for op in Op::ALL {
+            assert_eq!(Op::from_u16(*op as u16), Some(*op));
+        }
+        assert_eq!(Op::from_u16(0), None);
+        assert_eq!(Op::from_u16(9999), None);
+    }
+
+    #[test]
+    fn request_body_round_trips() {
+        let req = Request::PutStart(PutStartRequest {
+            client_id: ClientId::new(1, 2),
+            tenant: "t".into(),
+            key: "k".into(),
+            size: 4096,
+            config: ReplicateConfig {
+                replica_num: 2,
+                group_ids: Some(vec!["g".into()]),
+                ..Default::default()
+            },
+        });
+        let mut body = Vec::new();
+        req.encode_body(&mut body).unwrap();
+        assert_eq!(Request::decode(Op::PutStart, &body).unwrap(), req);
+        assert!(Request::decode(Op::PutEnd, &body).is_err());
+    }
+
+    #[test]
+    fn item_results_carry_code_and_message() {
+        let items: Vec<ItemResult<bool>> = vec![
+            ItemResult(Ok(true)),
+            ItemResult(Err(crate::Error::new(
+                crate::ErrorCode::OBJECT_NOT_FOUND,
+                "no such key",
+            ))),
+        ];
+        let bytes = rmp_serde::to_vec(&items).unwrap();
+        let back: Vec<ItemResult<bool>> = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(back, items);
+    }
+}

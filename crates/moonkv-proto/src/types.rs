@@ -1,0 +1,278 @@
+//! Replica descriptors, segments, placement options and the small enums of the protocol.
+//!
+//! Enums travel as their number (uint8 unless noted). Structs travel as MessagePack arrays in
+//! field declaration order; `docs/protocol.md` lists every field.
+
+use crate::error::{Error, ErrorCode};
+use crate::ids::{ReplicaId, SegmentId};
+use serde::{Deserialize, Serialize};
+
+macro_rules! wire_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $value:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(into = "u8", try_from = "u8")]
+        pub enum $name {
+            $($(#[$vdoc])* $variant = $value,)*
+        }
+
+        impl From<$name> for u8 {
+            fn from(v: $name) -> u8 {
+                v as u8
+            }
+        }
+
+        impl TryFrom<u8> for $name {
+            type Error = String;
+            fn try_from(v: u8) -> Result<Self, String> {
+                match v {
+                    $($value => Ok($name::$variant),)*
+                    other => Err(format!("unknown {} value {}", stringify!($name), other)),
+                }
+            }
+        }
+    };
+}
+
+wire_enum!(
+    /// Lifecycle of one replica.
+    ReplicaStatus {
+        /// Allocated, bytes being written.
+        Processing = 2,
+        /// Readable.
+        Complete = 3,
+    }
+);
+
+wire_enum!(
+    /// Where a replica lives.
+    ReplicaKind {
+        /// A byte range of a mounted memory segment (`cpu` in events).
+        Memory = 0,
+        /// A file in a node's disk directory (`disk` in events).
+        LocalDisk = 2,
+    }
+);
+
+wire_enum!(
+    /// Which replicas an End/Revoke targets.
+    ReplicaType {
+        /// Memory replicas only.
+        Memory = 0,
+        /// Disk replicas only.
+        LocalDisk = 2,
+        /// Every replica of the write.
+        All = 4,
+    }
+);
+
+wire_enum!(
+    /// Status of a mounted segment.
+    SegmentStatus {
+        /// Allocatable and readable.
+        Ok = 1,
+        /// Readable, not allocatable, unmounted when the grace period ends.
+        GracefullyUnmounting = 4,
+        /// Being unmounted.
+        Unmounting = 5,
+    }
+);
+
+wire_enum!(
+    /// What Ping tells a client about itself.
+    ClientStatus {
+        /// The master knows the client and its segments.
+        Ok = 1,
+        /// The master lost (or never had) the client's segments: call ReMountSegment.
+        NeedRemount = 2,
+    }
+);
+
+/// Soft-pin request of a write. Unknown numbers are kept so validation can refuse them precisely.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "u8", into = "u8")]
+pub enum SoftPinAction {
+    /// Keep whatever the object had.
+    #[default]
+    Preserve,
+    /// Pin for `soft_pin_ttl_ms` (or the master default).
+    Enable,
+    /// Clear the pin.
+    Disable,
+    /// A number this version does not know; refused with `INVALID_PARAMS`.
+    Unknown(u8),
+}
+
+impl From<u8> for SoftPinAction {
+    fn from(v: u8) -> Self {
+        match v {
+            0 => Self::Preserve,
+            1 => Self::Enable,
+            2 => Self::Disable,
+            other => Self::Unknown(other),
+        }
+    }
+}
+
+impl From<SoftPinAction> for u8 {
+    fn from(v: SoftPinAction) -> u8 {
+        match v {
+            SoftPinAction::Preserve => 0,
+            SoftPinAction::Enable => 1,
+            SoftPinAction::Disable => 2,
+            SoftPinAction::Unknown(other) => other,
+        }
+    }
+}
+
+/// A memory region a node contributes to the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Unique id chosen by the node.
+    pub id: SegmentId,
+    /// Name; replicas of one object land on distinct names.
+    pub name: String,
+    /// Base address of the region (non-zero); replica addresses are absolute.
+    pub base: u64,
+    /// Size in bytes (non-zero).
+    pub size: u64,
+    /// Data-plane endpoint `host:port` that serves this segment.
+    pub endpoint: String,
+    /// Transport name, `tcp`.
+    pub protocol: String,
+    /// Host identity of the node (informational).
+    pub host_id: String,
+}
+
+/// One replica as handed to clients.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaDescriptor {
+    /// Non-zero identity, used by End/Revoke and by read revalidation.
+    pub id: ReplicaId,
+    /// Memory or disk.
+    pub kind: ReplicaKind,
+    /// Processing or complete.
+    pub status: ReplicaStatus,
+    /// Object size in bytes.
+    pub size: u64,
+    /// Segment (memory) or disk owner (disk) holding the bytes.
+    pub segment_id: SegmentId,
+    /// Segment name (memory) or disk name (disk).
+    pub segment_name: String,
+    /// Data-plane endpoint that serves the bytes.
+    pub endpoint: String,
+    /// Absolute address inside the segment (memory) or file id (disk).
+    pub address: u64,
+}
+
+/// Placement and pinning options of one write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicateConfig {
+    /// Number of memory replicas wanted (≥ 1); fewer may be granted when segments are few.
+    pub replica_num: u32,
+    /// Soft pin request.
+    pub soft_pin_action: SoftPinAction,
+    /// Soft pin TTL; only with `Enable`.
+    pub soft_pin_ttl_ms: Option<u64>,
+    /// Never evict this object.
+    pub with_hard_pin: bool,
+    /// Segment names to try first, in order.
+    pub preferred_segments: Vec<String>,
+    /// Group id per key (length 1 for single-key calls, one per key in batches); `None` = ungrouped.
+    pub group_ids: Option<Vec<String>>,
+}
+
+impl Default for ReplicateConfig {
+    fn default() -> Self {
+        Self {
+            replica_num: 1,
+            soft_pin_action: SoftPinAction::Preserve,
+            soft_pin_ttl_ms: None,
+            with_hard_pin: false,
+            preferred_segments: Vec::new(),
+            group_ids: None,
+        }
+    }
+}
+
+/// Answer to GetReplicaList.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetReplicaListResponse {
+    /// Readable replicas in placement order.
+    pub replicas: Vec<ReplicaDescriptor>,
+    /// The read lease granted, in milliseconds.
+    pub lease_ttl_ms: u64,
+    /// Checksum supplied at PutEnd, if any.
+    pub object_checksum: Option<u64>,
+}
+
+/// Answer to Ping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingResponse {
+    /// Master view version (0: single master).
+    pub view_version: i64,
+    /// Whether the client must remount.
+    pub client_status: ClientStatus,
+}
+
+/// Per-key result inside a batch response, on the wire `[code, value]`: `code` 0 with the value,
+/// or a negative code with the error message (a string).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ItemResult<T>(pub Result<T, Error>);
+
+impl<T> From<Result<T, Error>> for ItemResult<T> {
+    fn from(r: Result<T, Error>) -> Self {
+        Self(r)
+    }
+}
+
+impl<T: Serialize> Serialize for ItemResult<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(2)?;
+        match &self.0 {
+            Ok(v) => {
+                t.serialize_element(&0i32)?;
+                t.serialize_element(v)?;
+            }
+            Err(e) => {
+                t.serialize_element(&e.code.as_i32())?;
+                t.serialize_element(&*e.message)?;
+            }
+        }
+        t.end()
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ItemResult<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+            type Value = ItemResult<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a [code, value] pair")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                use serde::de::Error as _;
+                let code: i32 = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+                if code == 0 {
+                    let v: T = seq
+                        .next_element()?
+                        .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                    Ok(ItemResult(Ok(v)))
+                } else {
+                    let m: String = seq
+                        .next_element()?
+                        .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                    Ok(ItemResult(Err(Error::new(ErrorCode::from_i32(code), m))))
+                }
+            }
+        }
+        d.deserialize_tuple(2, V(std::marker::PhantomData))
+    }
+}
