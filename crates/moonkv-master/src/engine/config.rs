@@ -1,0 +1,94 @@
+//! Engine configuration, with upstream defaults and upstream key names in validation messages.
+
+/// How PutStart picks segments after the caller's preferred ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllocationStrategy {
+    /// Walk segment names from a random start.
+    #[default]
+    Random,
+    /// Sample a few segment names from a random start and use the emptiest first.
+    FreeRatioFirst,
+}
+
+/// Tunables of the metadata engine. Durations are milliseconds.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Read lease granted by reads (`default_kv_lease_ttl`).
+    pub default_kv_lease_ttl_ms: u64,
+    /// Soft pin TTL when a write enables soft pin without a TTL (`default_kv_soft_pin_ttl`).
+    pub default_kv_soft_pin_ttl_ms: u64,
+    /// Largest soft pin TTL a write may ask for (`max_kv_soft_pin_ttl`).
+    pub max_kv_soft_pin_ttl_ms: u64,
+    /// Whether eviction may fall back to soft-pinned objects (`allow_evict_soft_pinned_objects`).
+    pub allow_evict_soft_pinned_objects: bool,
+    /// Fraction of evictable objects one eviction round aims at (`eviction_ratio`).
+    pub eviction_ratio: f64,
+    /// Used/capacity ratio above which eviction runs (`eviction_high_watermark_ratio`).
+    pub eviction_high_watermark_ratio: f64,
+    /// A client silent for this long is dead (`client_live_ttl_sec`).
+    pub client_live_ttl_ms: u64,
+    /// Age after which an unfinished put may be preempted (`put_start_discard_timeout_sec`).
+    pub put_start_discard_timeout_ms: u64,
+    /// Age after which an unfinished put is reclaimed and parked buffers are released
+    /// (`put_start_release_timeout_sec`).
+    pub put_start_release_timeout_ms: u64,
+    /// Placement strategy (`allocation_strategy`).
+    pub allocation_strategy: AllocationStrategy,
+    /// Tenant registration and quotas (`enable_multi_tenants`). Tenants isolate in every mode.
+    pub enable_multi_tenants: bool,
+    /// Number of metadata shards; unrelated keys rarely share one.
+    pub shard_count: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            default_kv_lease_ttl_ms: 10_000,
+            default_kv_soft_pin_ttl_ms: 1_800_000,
+            max_kv_soft_pin_ttl_ms: 86_400_000,
+            allow_evict_soft_pinned_objects: true,
+            eviction_ratio: 0.05,
+            eviction_high_watermark_ratio: 0.90,
+            client_live_ttl_ms: 10_000,
+            put_start_discard_timeout_ms: 30_000,
+            put_start_release_timeout_ms: 600_000,
+            allocation_strategy: AllocationStrategy::Random,
+            enable_multi_tenants: false,
+            shard_count: 1024,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks ranges and cross-field rules; the message names the offending config key.
+    pub fn validate(&self) -> Result<(), String> {
+        let ratio_ok = |r: f64| (0.0..=1.0).contains(&r);
+        if !ratio_ok(self.eviction_ratio) {
+            return Err(format!(
+                "eviction_ratio must be in [0, 1], got {}",
+                self.eviction_ratio
+            ));
+        }
+        if !ratio_ok(self.eviction_high_watermark_ratio) {
+            return Err(format!(
+                "eviction_high_watermark_ratio must be in [0, 1], got {}",
+                self.eviction_high_watermark_ratio
+            ));
+        }
+        if self.put_start_release_timeout_ms <= self.put_start_discard_timeout_ms {
+            return Err(
+                "put_start_release_timeout_sec must exceed put_start_discard_timeout_sec".into(),
+            );
+        }
+        if self.default_kv_soft_pin_ttl_ms > self.max_kv_soft_pin_ttl_ms {
+            return Err("default_kv_soft_pin_ttl must not exceed max_kv_soft_pin_ttl".into());
+        }
+        if self.client_live_ttl_ms == 0 {
+            return Err("client_live_ttl_sec must be positive".into());
+        }
+        if self.shard_count == 0 {
+            return Err("shard_count must be positive".into());
+        }
+        Ok(())
+    }
+}

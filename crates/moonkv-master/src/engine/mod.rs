@@ -1,0 +1,145 @@
+//! The metadata engine: a synchronous, I/O-free state machine over objects, replicas, leases,
+//! segments, clients, eviction and tenants, with an injected [`Clock`].
+//!
+//! Map of the rooms:
+//! - [`clock`], [`sink`], [`config`]: the injected time source, the availability-event hook and
+//!   the tunables.
+//! - `alloc`, `segments`: per-segment best-fit allocators and the buffer handles replicas hold.
+//! - `object`, `shard`: object records, replica ids, and the sharded (tenant, key) map.
+//! - `put`, `end`, `read`, `remove`: the RPC operations on objects.
+//! - `mounts`: segments and clients (mount, unmount, ping, expiry).
+//! - `evict`, `sweep`: watermark eviction, stalled-write reclamation, parked buffers.
+//! - `tenants`: tenant registration and quotas; `admin`: stats and snapshots.
+//!
+//! Locking: every object lives in one of `shard_count` shards chosen by hash(tenant, key); a
+//! request takes its shard's mutex once (a batch takes each involved shard's mutex once). Lock
+//! order is clients → shards (ascending index) → tenant accounts → segment registry → one
+//! segment allocator → parked buffers; no path takes them in another order.
+
+pub mod clock;
+pub mod config;
+pub mod sink;
+
+mod admin;
+mod alloc;
+mod end;
+mod evict;
+mod mounts;
+mod object;
+mod put;
+mod read;
+mod remove;
+mod segments;
+mod shard;
+mod sweep;
+mod tenants;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use admin::{
+    EngineStats, EvictionReport, PlacedObject, PlacementSnapshot, SegmentInfo, TenantQuotaSnapshot,
+};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{AllocationStrategy, EngineConfig};
+pub use sink::{AvailabilitySink, Medium, NoopSink};
+
+use moonkv_proto::ClientId;
+use object::ReplicaIdGen;
+use segments::{MemBuffer, Registry, SpaceUsage};
+use shard::Shard;
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// A buffer taken from an abandoned or replaced write, kept out of the allocator until a slow
+/// writer can no longer be writing into it.
+#[derive(Debug)]
+struct ParkedBuffer {
+    release_at_ms: u64,
+    buffer: MemBuffer,
+}
+
+/// Monotonic counters exported as metrics.
+#[derive(Debug, Default)]
+struct Counters {
+    evictions_total: AtomicU64,
+    attempted_evictions: AtomicU64,
+    evicted_key_count: AtomicU64,
+    evicted_size_bytes: AtomicU64,
+    put_start_discard_cnt: AtomicU64,
+    put_start_release_cnt: AtomicU64,
+    discarded_staging_bytes: AtomicU64,
+    stalled_writes_reclaimed: AtomicU64,
+    put_start_alloc_failures: AtomicU64,
+    put_start_partial_allocations: AtomicU64,
+}
+
+/// The master's metadata engine. `Send + Sync`; every method takes `&self`.
+pub struct Engine {
+    config: EngineConfig,
+    clock: Arc<dyn Clock>,
+    sink: Arc<dyn AvailabilitySink>,
+    shard_hasher: RandomState,
+    shards: Box<[Mutex<Shard>]>,
+    registry: RwLock<Registry>,
+    usage: Arc<SpaceUsage>,
+    /// Live clients → heartbeat deadline (ms).
+    clients: Mutex<HashMap<ClientId, u64>>,
+    parked: Mutex<Vec<ParkedBuffer>>,
+    replica_ids: ReplicaIdGen,
+    /// Set when an allocation failed; the next eviction round runs even below the watermark.
+    need_eviction: AtomicBool,
+    tenants: tenants::TenantBook,
+    counters: Counters,
+}
+
+impl Engine {
+    /// Builds an empty engine. The configuration is expected to have passed
+    /// [`EngineConfig::validate`]; a zero shard count is treated as one.
+    pub fn new(
+        config: EngineConfig,
+        clock: Arc<dyn Clock>,
+        sink: Arc<dyn AvailabilitySink>,
+    ) -> Engine {
+        let shard_count = config.shard_count.max(1);
+        let shards = (0..shard_count)
+            .map(|_| Mutex::new(Shard::default()))
+            .collect();
+        Engine {
+            config,
+            clock,
+            sink,
+            shard_hasher: RandomState::new(),
+            shards,
+            registry: RwLock::new(Registry::default()),
+            usage: Arc::new(SpaceUsage::default()),
+            clients: Mutex::new(HashMap::new()),
+            parked: Mutex::new(Vec::new()),
+            replica_ids: ReplicaIdGen::new_random(),
+            need_eviction: AtomicBool::new(false),
+            tenants: tenants::TenantBook::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The configuration this engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Runs every periodic duty once: client expiry, graceful unmounts, stalled-write sweep,
+    /// then eviction (last, so it sees the space the others freed).
+    pub fn tick(&self) {
+        self.expire_clients();
+        self.run_graceful_unmounts();
+        self.sweep_stalled_writes();
+        self.run_eviction();
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+}

@@ -1,0 +1,257 @@
+//! Per-object metadata and replicas, kept compact: a replica is an id, a status and a handle to
+//! its segment buffer (no strings), and an object is a fixed-size record plus its replica list.
+
+use super::segments::MemBuffer;
+use super::sink::{MediaSet, Medium};
+use moonkv_proto::{
+    ClientId, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaStatus, ReplicaType,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where a replica's bytes are. Only memory exists today; a disk variant (`ReplicaKind::LocalDisk`,
+/// medium `Disk`) slots in here without touching the state machine.
+#[derive(Debug)]
+pub(crate) enum Placement {
+    /// A range of a mounted segment.
+    Memory(MemBuffer),
+}
+
+/// One full copy of an object.
+#[derive(Debug)]
+pub(crate) struct Replica {
+    pub(crate) id: ReplicaId,
+    pub(crate) status: ReplicaStatus,
+    pub(crate) placement: Placement,
+}
+
+impl Replica {
+    pub(crate) fn kind(&self) -> ReplicaKind {
+        match self.placement {
+            Placement::Memory(_) => ReplicaKind::Memory,
+        }
+    }
+
+    pub(crate) fn medium(&self) -> Medium {
+        match self.placement {
+            Placement::Memory(_) => Medium::Cpu,
+        }
+    }
+
+    /// Whether the storage behind the replica still exists (its segment is mounted).
+    pub(crate) fn handle_valid(&self) -> bool {
+        match &self.placement {
+            Placement::Memory(buf) => buf.segment.is_alive(),
+        }
+    }
+
+    pub(crate) fn is_complete(&self) -> bool {
+        self.status == ReplicaStatus::Complete
+    }
+
+    pub(crate) fn is_processing(&self) -> bool {
+        self.status == ReplicaStatus::Processing
+    }
+
+    /// Complete and backed by live storage.
+    pub(crate) fn is_readable(&self) -> bool {
+        self.is_complete() && self.handle_valid()
+    }
+
+    /// Whether an End/Revoke of `rtype` addresses this replica.
+    pub(crate) fn matches(&self, rtype: ReplicaType) -> bool {
+        match rtype {
+            ReplicaType::All => true,
+            ReplicaType::Memory => self.kind() == ReplicaKind::Memory,
+            ReplicaType::LocalDisk => self.kind() == ReplicaKind::LocalDisk,
+        }
+    }
+
+    /// Memory bytes this replica occupies (what tenant quotas charge).
+    pub(crate) fn memory_bytes(&self, object_size: u64) -> u64 {
+        match self.placement {
+            Placement::Memory(_) => object_size,
+        }
+    }
+
+    pub(crate) fn descriptor(&self, object_size: u64) -> ReplicaDescriptor {
+        match &self.placement {
+            Placement::Memory(buf) => ReplicaDescriptor {
+                id: self.id,
+                kind: ReplicaKind::Memory,
+                status: self.status,
+                size: object_size,
+                segment_id: buf.segment.info.id,
+                segment_name: buf.segment.info.name.clone(),
+                endpoint: buf.segment.info.endpoint.clone(),
+                address: buf.address,
+            },
+        }
+    }
+}
+
+/// Soft pin requested by the write in flight, applied when it first makes the object readable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PinIntent {
+    /// Keep the committed state.
+    Preserve,
+    /// Pin for this many milliseconds (0 behaves as `Clear`).
+    Enable(u64),
+    /// Drop any pin.
+    Clear,
+}
+
+/// Metadata of one (tenant, key).
+#[derive(Debug)]
+pub(crate) struct ObjectMeta {
+    pub(crate) size: u64,
+    /// Client of the write in flight (or of the last write).
+    pub(crate) writer: ClientId,
+    pub(crate) put_start_ms: u64,
+    /// Read lease; expired iff `now >= lease_deadline_ms`. New objects start expired.
+    pub(crate) lease_deadline_ms: u64,
+    /// Committed soft pin deadline; 0 = none.
+    pub(crate) soft_pin_deadline_ms: u64,
+    pub(crate) checksum: Option<u64>,
+    /// Tenant-quota bytes currently charged for this object (multi-tenant mode).
+    pub(crate) charged_bytes: u64,
+    pub(crate) group_id: Option<Box<str>>,
+    pub(crate) replicas: Vec<Replica>,
+    pub(crate) pin_intent: PinIntent,
+    pub(crate) hard_pinned: bool,
+    /// A Put/Upsert is in progress (some replica is PROCESSING).
+    pub(crate) in_flight: bool,
+}
+
+impl ObjectMeta {
+    /// Media in which the object is (or, for a replica whose segment just died, was until this
+    /// moment) available: media holding a COMPLETE replica. Events are the diff of this set.
+    pub(crate) fn media(&self) -> MediaSet {
+        let mut set = MediaSet::EMPTY;
+        for r in self.replicas.iter().filter(|r| r.is_complete()) {
+            set.insert(r.medium());
+        }
+        set
+    }
+
+    pub(crate) fn has_readable(&self) -> bool {
+        self.replicas.iter().any(Replica::is_readable)
+    }
+
+    pub(crate) fn has_complete(&self) -> bool {
+        self.replicas.iter().any(Replica::is_complete)
+    }
+
+    pub(crate) fn all_complete(&self) -> bool {
+        self.replicas.iter().all(Replica::is_complete)
+    }
+
+    pub(crate) fn has_dead_replica(&self) -> bool {
+        self.replicas.iter().any(|r| !r.handle_valid())
+    }
+
+    pub(crate) fn lease_active(&self, now: u64) -> bool {
+        now < self.lease_deadline_ms
+    }
+
+    /// Extends the read lease to at least `now + ttl`; never shortens it.
+    pub(crate) fn grant_lease(&mut self, now: u64, ttl: u64) {
+        self.lease_deadline_ms = self.lease_deadline_ms.max(now.saturating_add(ttl));
+    }
+
+    pub(crate) fn soft_pinned(&self, now: u64) -> bool {
+        self.soft_pin_deadline_ms != 0 && now < self.soft_pin_deadline_ms
+    }
+
+    /// COMPLETE, live memory replicas (what eviction may drop).
+    pub(crate) fn has_evictable_memory(&self) -> bool {
+        self.replicas
+            .iter()
+            .any(|r| r.kind() == ReplicaKind::Memory && r.is_readable())
+    }
+
+    /// Memory bytes held by the replicas (the quota charge once settled).
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        self.replicas
+            .iter()
+            .map(|r| r.memory_bytes(self.size))
+            .sum()
+    }
+
+    pub(crate) fn group(&self) -> Option<&str> {
+        self.group_id.as_deref()
+    }
+}
+
+/// Issuer of replica ids: seeded randomly so ids from a previous master process are not reissued
+/// with high probability, then strictly sequential; 0 is never issued.
+#[derive(Debug)]
+pub(crate) struct ReplicaIdGen {
+    next: AtomicU64,
+}
+
+impl ReplicaIdGen {
+    pub(crate) fn new_random() -> Self {
+        Self::starting_at(rand::random::<u64>())
+    }
+
+    pub(crate) fn starting_at(seed: u64) -> Self {
+        Self {
+            next: AtomicU64::new(seed),
+        }
+    }
+
+    pub(crate) fn next_id(&self) -> ReplicaId {
+        loop {
+            let id = self.next.fetch_add(1, Ordering::Relaxed);
+            if id != 0 {
+                return ReplicaId(id);
+            }
+        }
+    }
+}
+
+/// True iff `given` and `expected` hold exactly the same ids (no duplicates, no extras).
+/// Quadratic on purpose: replica lists are a handful long and this avoids allocating.
+pub(crate) fn same_ids<'a, I>(given: &[ReplicaId], expected: I) -> bool
+where
+    I: Iterator<Item = ReplicaId> + Clone + 'a,
+{
+    let count = expected.clone().count();
+    if count != given.len() {
+        return false;
+    }
+    let no_dups = given
+        .iter()
+        .enumerate()
+        .all(|(i, id)| !given[..i].contains(id));
+    no_dups && expected.into_iter().all(|id| given.contains(&id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_ids_skip_zero_on_wrap() {
+        let gen = ReplicaIdGen::starting_at(u64::MAX);
+        assert_eq!(gen.next_id(), ReplicaId(u64::MAX));
+        assert_eq!(gen.next_id(), ReplicaId(1));
+        assert_eq!(gen.next_id(), ReplicaId(2));
+    }
+
+    #[test]
+    fn same_ids_is_set_equality() {
+        let ids = [ReplicaId(1), ReplicaId(2)];
+        assert!(same_ids(&[ReplicaId(2), ReplicaId(1)], ids.iter().copied()));
+        assert!(!same_ids(&[ReplicaId(1)], ids.iter().copied()));
+        assert!(!same_ids(
+            &[ReplicaId(1), ReplicaId(1)],
+            ids.iter().copied()
+        ));
+        assert!(!same_ids(
+            &[ReplicaId(1), ReplicaId(3)],
+            ids.iter().copied()
+        ));
+        assert!(same_ids(&[], std::iter::empty()));
+    }
+}

@@ -1,0 +1,290 @@
+//! Segments and clients: cases 1–9a, fixes 1 and 2.
+
+use super::*;
+
+fn mount_req(h: &Harness, segment: Segment) -> MountSegmentRequest {
+    MountSegmentRequest {
+        segment,
+        client_id: h.client,
+    }
+}
+
+#[test]
+fn case_01_mount_with_zero_base_or_size_is_invalid() {
+    let h = Harness::bare(Harness::config());
+    let zero_base = h.segment("a", 0, 16 * MIB);
+    let zero_size = h.segment("a", BASE, 0);
+    assert_eq!(
+        code(h.engine.mount_segment(&mount_req(&h, zero_base))),
+        ErrorCode::INVALID_PARAMS
+    );
+    assert_eq!(
+        code(h.engine.mount_segment(&mount_req(&h, zero_size))),
+        ErrorCode::INVALID_PARAMS
+    );
+    let overflow = h.segment("a", u64::MAX - 10, 100);
+    assert_eq!(
+        code(h.engine.mount_segment(&mount_req(&h, overflow))),
+        ErrorCode::INVALID_PARAMS
+    );
+    assert!(h.engine.segments().is_empty());
+}
+
+#[test]
+fn case_02_mount_and_unmount_are_idempotent() {
+    let h = Harness::bare(Harness::config());
+    let seg = h.segment("a", BASE, 16 * MIB);
+    h.engine.mount_segment(&mount_req(&h, seg.clone())).unwrap();
+    h.engine.mount_segment(&mount_req(&h, seg.clone())).unwrap();
+    assert_eq!(h.engine.segments().len(), 1);
+    assert_eq!(h.engine.stats().capacity_bytes, 16 * MIB);
+    h.unmount(seg.id).unwrap();
+    h.unmount(seg.id).unwrap();
+    h.unmount(SegmentId::new(99, 99)).unwrap();
+    assert_eq!(h.engine.stats().capacity_bytes, 0);
+    h.engine.mount_segment(&mount_req(&h, seg)).unwrap();
+    assert_eq!(h.engine.segments().len(), 1);
+}
+
+#[test]
+fn case_03_mount_unmount_same_id_with_varying_sizes() {
+    let h = Harness::bare(Harness::config());
+    let mut seg = h.segment("a", BASE, MIB);
+    for i in 1..=5u64 {
+        seg.size = i * MIB;
+        h.engine.mount_segment(&mount_req(&h, seg.clone())).unwrap();
+        assert_eq!(h.engine.stats().capacity_bytes, i * MIB);
+        h.unmount(seg.id).unwrap();
+    }
+    assert_eq!(h.engine.stats().capacity_bytes, 0);
+}
+
+#[test]
+fn case_04_graceful_unmount_then_gone_after_grace_period() {
+    let h = Harness::bare(Harness::config());
+    let id = h.mount("a", BASE, 16 * MIB);
+    let req = GracefulUnmountSegmentRequest {
+        segment_id: id,
+        client_id: h.client,
+        grace_period_ms: 1000,
+    };
+    h.engine.graceful_unmount_segment(&req).unwrap();
+    let by_id = QuerySegmentStatusByIdRequest { segment_id: id };
+    assert_eq!(
+        h.engine.query_segment_status_by_id(&by_id),
+        Ok(SegmentStatus::GracefullyUnmounting)
+    );
+    let by_name = QuerySegmentStatusRequest {
+        segment_name: "a".into(),
+    };
+    assert_eq!(
+        h.engine.query_segment_status(&by_name),
+        Ok(SegmentStatus::GracefullyUnmounting)
+    );
+    h.engine.graceful_unmount_segment(&req).unwrap();
+    h.advance(999);
+    assert_eq!(h.engine.run_graceful_unmounts(), 0);
+    h.advance(1);
+    h.engine
+        .ping(&PingRequest {
+            client_id: h.client,
+        })
+        .unwrap();
+    h.engine.tick();
+    assert_eq!(
+        code(h.engine.query_segment_status_by_id(&by_id)),
+        ErrorCode::SEGMENT_NOT_FOUND
+    );
+    assert_eq!(
+        code(h.engine.query_segment_status(&by_name)),
+        ErrorCode::SEGMENT_NOT_FOUND
+    );
+}
+
+#[test]
+fn case_05_graceful_unmount_by_a_stranger() {
+    let h = Harness::bare(Harness::config());
+    let id = h.mount("a", BASE, 16 * MIB);
+    let stranger = ClientId::new(5, 5);
+    let req = GracefulUnmountSegmentRequest {
+        segment_id: id,
+        client_id: stranger,
+        grace_period_ms: 10,
+    };
+    assert_eq!(
+        code(h.engine.graceful_unmount_segment(&req)),
+        ErrorCode::SEGMENT_NOT_FOUND
+    );
+    // A client owning other segments but not this one.
+    h.mount_for(stranger, "b", BASE, MIB);
+    assert_eq!(
+        code(h.engine.graceful_unmount_segment(&req)),
+        ErrorCode::INVALID_PARAMS
+    );
+    h.unmount(id).unwrap();
+    assert!(h.engine.segments().iter().all(|s| s.segment.id != id));
+}
+
+#[test]
+fn case_06_gracefully_unmounting_segment_gets_no_new_allocations() {
+    let h = Harness::bare(Harness::config());
+    let a = h.mount("a", BASE, 16 * MIB);
+    let req = GracefulUnmountSegmentRequest {
+        segment_id: a,
+        client_id: h.client,
+        grace_period_ms: 10_000,
+    };
+    h.engine.graceful_unmount_segment(&req).unwrap();
+    assert_eq!(
+        code(h.put_start("k1", 1024)),
+        ErrorCode::NO_AVAILABLE_HANDLE
+    );
+    h.mount("b", 2 * BASE, 16 * MIB);
+    let descs = h.put_start("k1", 1024).unwrap();
+    assert_eq!(descs[0].segment_name, "b");
+}
+
+#[test]
+fn case_07_ping_unknown_client_needs_remount_then_ok_after_remount() {
+    let h = Harness::bare(Harness::config());
+    let client = ClientId::new(3, 3);
+    assert_eq!(h.ping(client), ClientStatus::NeedRemount);
+    let segment = h.segment("a", BASE, MIB);
+    h.engine
+        .remount_segment(&ReMountSegmentRequest {
+            segments: vec![segment],
+            client_id: client,
+        })
+        .unwrap();
+    assert_eq!(h.ping(client), ClientStatus::Ok);
+}
+
+#[test]
+fn case_08_silent_client_expires_and_its_objects_disappear() {
+    let h = Harness::new();
+    h.put("k", 1024);
+    h.advance(10_001);
+    assert_eq!(h.engine.expire_clients(), 1);
+    assert_eq!(code(h.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+    assert!(h.engine.segments().is_empty());
+    assert_eq!(h.ping(h.client), ClientStatus::NeedRemount);
+    assert_eq!(h.engine.stats().active_clients, 0);
+}
+
+#[test]
+fn case_08_pinging_client_does_not_expire() {
+    let h = Harness::new();
+    h.put("k", 1024);
+    for _ in 0..5 {
+        h.advance(6_000);
+        assert_eq!(h.ping(h.client), ClientStatus::Ok);
+        h.engine.tick();
+    }
+    assert!(h.get("k").is_ok());
+}
+
+#[test]
+fn case_09_remount_of_mounted_id_with_different_fields_is_invalid() {
+    let h = Harness::bare(Harness::config());
+    let mut seg = h.segment("a", BASE, MIB);
+    h.engine.mount_segment(&mount_req(&h, seg.clone())).unwrap();
+    for change in 0..3 {
+        let mut other = seg.clone();
+        match change {
+            0 => other.base += 4096,
+            1 => other.size *= 2,
+            _ => other.endpoint = "elsewhere:1".into(),
+        }
+        let req = ReMountSegmentRequest {
+            segments: vec![other],
+            client_id: h.client,
+        };
+        assert_eq!(
+            code(h.engine.remount_segment(&req)),
+            ErrorCode::INVALID_PARAMS
+        );
+    }
+    let foreign = ReMountSegmentRequest {
+        segments: vec![seg.clone()],
+        client_id: ClientId::new(9, 9),
+    };
+    assert_eq!(
+        code(h.engine.remount_segment(&foreign)),
+        ErrorCode::INVALID_PARAMS
+    );
+    seg.name = "a".into();
+    h.engine
+        .remount_segment(&ReMountSegmentRequest {
+            segments: vec![seg],
+            client_id: h.client,
+        })
+        .unwrap();
+}
+
+#[test]
+fn case_09a_remount_adds_new_segments_and_refuses_unmounting_ones() {
+    let h = Harness::bare(Harness::config());
+    let a = h.segment("a", BASE, MIB);
+    let b = h.segment("b", 2 * BASE, MIB);
+    h.engine.mount_segment(&mount_req(&h, a.clone())).unwrap();
+    h.engine
+        .remount_segment(&ReMountSegmentRequest {
+            segments: vec![a.clone(), b.clone()],
+            client_id: h.client,
+        })
+        .unwrap();
+    assert_eq!(h.engine.segments().len(), 2);
+    let graceful = GracefulUnmountSegmentRequest {
+        segment_id: b.id,
+        client_id: h.client,
+        grace_period_ms: 1000,
+    };
+    h.engine.graceful_unmount_segment(&graceful).unwrap();
+    let req = ReMountSegmentRequest {
+        segments: vec![a, b],
+        client_id: h.client,
+    };
+    assert_eq!(
+        code(h.engine.remount_segment(&req)),
+        ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
+    );
+}
+
+#[test]
+fn fix_1_ping_after_mount_answers_ok() {
+    let h = Harness::bare(Harness::config());
+    assert_eq!(h.ping(h.client), ClientStatus::NeedRemount);
+    h.mount("a", BASE, MIB);
+    assert_eq!(h.ping(h.client), ClientStatus::Ok);
+    assert_eq!(h.engine.stats().active_clients, 1);
+}
+
+#[test]
+fn fix_2_unmount_by_non_owner_is_refused() {
+    let h = Harness::new();
+    h.put("k", 1024);
+    let id = h.engine.segments()[0].segment.id;
+    let req = UnmountSegmentRequest {
+        segment_id: id,
+        client_id: ClientId::new(66, 66),
+    };
+    assert_eq!(
+        code(h.engine.unmount_segment(&req)),
+        ErrorCode::ILLEGAL_CLIENT
+    );
+    assert!(h.get("k").is_ok(), "a refused unmount changes nothing");
+    h.unmount(id).unwrap();
+    assert_eq!(code(h.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+}
+
+#[test]
+fn segment_accounting_tracks_allocations() {
+    let h = Harness::new();
+    h.put("a", 100);
+    h.put("b", 64);
+    let info = &h.engine.segments()[0];
+    assert_eq!(info.used_bytes, 128 + 64, "sizes are aligned to 64 bytes");
+    assert_eq!(info.capacity_bytes, 16 * MIB);
+    h.remove("a", false).unwrap();
+    assert_eq!(h.engine.stats().allocated_bytes, 64);
+}

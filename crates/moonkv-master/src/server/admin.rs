@@ -1,0 +1,311 @@
+//! Admin HTTP: health, metrics, event status and snapshot, and upstream's inspection endpoints.
+//!
+//! Paths and JSON shapes follow the upstream master so dashboards and scripts keep working.
+
+use super::events::EventHook;
+use super::metrics::Metrics;
+use crate::engine::{Engine, Medium};
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use moonkv_proto::msg::RemoveAllRequest;
+use moonkv_proto::types::{ReplicaKind, ReplicaStatus, SegmentStatus};
+use moonkv_proto::{Error, ErrorCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub(crate) struct AdminState {
+    pub engine: Arc<Engine>,
+    pub metrics: Arc<Metrics>,
+    pub events: Arc<EventHook>,
+    pub backend_id: String,
+}
+
+/// Builds the admin router.
+pub(crate) fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/kv_events/status", get(events_status))
+        .route("/kv_events/snapshot", get(events_snapshot))
+        .route("/query_key", get(query_key))
+        .route("/get_all_keys", get(get_all_keys))
+        .route("/get_all_segments", get(get_all_segments))
+        .route("/get_segments_detail", get(get_segments_detail))
+        .route("/api/v1/remove_all", post(remove_all))
+        .route(
+            "/api/v1/tenant_quotas",
+            get(get_quotas).put(put_quota).delete(delete_quota),
+        )
+        .with_state(state)
+}
+
+/// Maps an error to upstream's HTTP status and JSON body.
+fn error_response(e: &Error) -> Response {
+    let status = match e.code {
+        ErrorCode::INVALID_PARAMS => StatusCode::BAD_REQUEST,
+        ErrorCode::SEGMENT_NOT_FOUND
+        | ErrorCode::OBJECT_NOT_FOUND
+        | ErrorCode::TENANT_NOT_REGISTERED => StatusCode::NOT_FOUND,
+        ErrorCode::UNAVAILABLE_IN_CURRENT_MODE
+        | ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
+        | ErrorCode::TENANT_NOT_EMPTY => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let body = json!({"success": false, "error_code": e.code.as_i32(), "error_message": format!("{}: {}", e.code, e.message)});
+    (status, Json(body)).into_response()
+}
+
+fn bad_request(message: impl Into<String>) -> Response {
+    error_response(&Error::new(ErrorCode::INVALID_PARAMS, message.into()))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok", "role": "leader", "ha_state": "serving", "service_ready": true}))
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    let text = tokio::task::spawn_blocking(move || s.metrics.encode())
+        .await
+        .unwrap_or_default();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn events_status(State(s): State<AdminState>) -> Json<Value> {
+    Json(serde_json::to_value(s.events.status()).unwrap_or(Value::Null))
+}
+
+#[derive(Deserialize)]
+struct TenantParam {
+    tenant_id: Option<String>,
+}
+
+fn medium_name(m: Medium) -> &'static str {
+    match m {
+        Medium::Cpu => "cpu",
+        Medium::Disk => "disk",
+    }
+}
+
+async fn events_snapshot(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> Response {
+    let engine = s.engine.clone();
+    let tenant = p.tenant_id.filter(|t| !t.is_empty());
+    let snap =
+        match tokio::task::spawn_blocking(move || engine.placement_snapshot(tenant.as_deref()))
+            .await
+        {
+            Ok(snap) => snap,
+            Err(e) => return error_response(&Error::new(ErrorCode::INTERNAL_ERROR, e.to_string())),
+        };
+    let objects: Vec<Value> = snap
+        .objects
+        .iter()
+        .map(|o| {
+            json!({
+                "tenant_id": o.tenant,
+                "object_key": o.key,
+                "group_id": o.group_id,
+                "media": o.media.iter().map(|m| medium_name(*m)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(json!({
+        "backend_id": s.backend_id,
+        "publisher_epoch": s.events.epoch(),
+        "watermark_event_id": snap.watermark_event_id,
+        "objects": objects,
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+struct KeyParam {
+    key: Option<String>,
+    tenant_id: Option<String>,
+}
+
+async fn query_key(State(s): State<AdminState>, Query(p): Query<KeyParam>) -> Response {
+    let Some(key) = p.key.filter(|k| !k.is_empty()) else {
+        return bad_request("missing `key` query parameter");
+    };
+    match s
+        .engine
+        .query_key(p.tenant_id.as_deref().unwrap_or(""), &key)
+    {
+        Ok(resp) => {
+            let data: Vec<Value> = resp
+                .replicas
+                .iter()
+                .map(|r| {
+                    json!({
+                        "id": r.id.0,
+                        "kind": match r.kind { ReplicaKind::Memory => "memory", ReplicaKind::LocalDisk => "disk" },
+                        "status": match r.status { ReplicaStatus::Complete => "COMPLETE", ReplicaStatus::Processing => "PROCESSING" },
+                        "size_": r.size,
+                        "buffer_address_": r.address,
+                        "transport_endpoint_": r.endpoint,
+                        "segment_name": r.segment_name,
+                    })
+                })
+                .collect();
+            Json(json!({"success": true, "data": data, "lease_ttl_ms": resp.lease_ttl_ms}))
+                .into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn get_all_keys(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> String {
+    let engine = s.engine.clone();
+    let tenant = p.tenant_id.unwrap_or_default();
+    let keys = tokio::task::spawn_blocking(move || engine.all_keys(&tenant))
+        .await
+        .unwrap_or_default();
+    let mut text = String::new();
+    for k in keys {
+        text.push_str(&k);
+        text.push('\n');
+    }
+    text
+}
+
+async fn get_all_segments(State(s): State<AdminState>) -> String {
+    let mut text = String::new();
+    for seg in s.engine.segments() {
+        if seg.status == SegmentStatus::Ok {
+            text.push_str(&seg.segment.name);
+            text.push('\n');
+        }
+    }
+    text
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+fn status_name(s: SegmentStatus) -> &'static str {
+    match s {
+        SegmentStatus::Ok => "OK",
+        SegmentStatus::GracefullyUnmounting => "GRACEFULLY_UNMOUNTING",
+        SegmentStatus::Unmounting => "UNMOUNTING",
+    }
+}
+
+async fn get_segments_detail(State(s): State<AdminState>) -> Json<Value> {
+    let segments: Vec<Value> = s
+        .engine
+        .segments()
+        .iter()
+        .map(|seg| {
+            let pct = if seg.capacity_bytes == 0 {
+                0.0
+            } else {
+                seg.used_bytes as f64 * 100.0 / seg.capacity_bytes as f64
+            };
+            json!({
+                "segment_name": seg.segment.name,
+                "segment_id": seg.segment.id.to_string(),
+                "client_id": seg.client_id.to_string(),
+                "base_address": format!("{:#x}", seg.segment.base),
+                "size_bytes": seg.segment.size,
+                "size_human": human_bytes(seg.segment.size),
+                "te_endpoint": seg.segment.endpoint,
+                "protocol": seg.segment.protocol,
+                "status": status_name(seg.status),
+                "allocator_used_bytes": seg.used_bytes,
+                "allocator_capacity_bytes": seg.capacity_bytes,
+                "allocator_usage_percent": pct,
+            })
+        })
+        .collect();
+    Json(json!({"total_segments": segments.len(), "segments": segments}))
+}
+
+async fn remove_all(
+    State(s): State<AdminState>,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let force = matches!(p.get("force").map(String::as_str), Some("true") | Some("1"));
+    let engine = s.engine.clone();
+    let tenant = p.get("tenant_id").cloned();
+    let result = tokio::task::spawn_blocking(move || match tenant {
+        Some(tenant) => engine.remove_all(&RemoveAllRequest { tenant, force }),
+        None => Ok(engine.remove_all_tenants(force)),
+    })
+    .await;
+    match result {
+        Ok(Ok(n)) => Json(json!({"success": true, "removed_count": n})).into_response(),
+        Ok(Err(e)) => error_response(&e),
+        Err(e) => error_response(&Error::new(ErrorCode::INTERNAL_ERROR, e.to_string())),
+    }
+}
+
+async fn get_quotas(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> Response {
+    let single = p.tenant_id.is_some();
+    match s.engine.tenant_quotas(p.tenant_id.as_deref()) {
+        Ok(list) if single => Json(json!({"success": true, "data": list.first()})).into_response(),
+        Ok(list) => Json(json!({"success": true, "data": list})).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct QuotaBody {
+    requested_quota_bytes: u64,
+}
+
+async fn put_quota(
+    State(s): State<AdminState>,
+    Query(p): Query<TenantParam>,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(tenant) = p.tenant_id else {
+        return bad_request("missing `tenant_id` query parameter");
+    };
+    let body: QuotaBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return bad_request(format!(
+                "body must be {{\"requested_quota_bytes\": N}}: {e}"
+            ))
+        }
+    };
+    match s
+        .engine
+        .set_tenant_quota(&tenant, body.requested_quota_bytes)
+    {
+        Ok(snap) => Json(json!({"success": true, "data": snap})).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn delete_quota(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> Response {
+    let Some(tenant) = p.tenant_id else {
+        return bad_request("missing `tenant_id` query parameter");
+    };
+    match s.engine.delete_tenant_quota(&tenant) {
+        Ok(()) => Json(json!({"success": true})).into_response(),
+        Err(e) => error_response(&e),
+    }
+}

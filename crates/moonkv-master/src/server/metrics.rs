@@ -1,0 +1,296 @@
+//! Prometheus metrics: per-operation counters and latency histograms, plus gauges and counters
+//! read from the engine and the event publisher at scrape time.
+
+use super::events::EventHook;
+use crate::engine::Engine;
+use moonkv_proto::msg::Op;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Counters of one RPC.
+struct OpMetrics {
+    requests: Counter,
+    failures: Counter,
+    latency: Histogram,
+}
+
+/// Request metrics of the RPC server and the registry that exposes everything.
+pub struct Metrics {
+    ops: Vec<OpMetrics>,
+    malformed: Counter,
+    registry: Registry,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn op_index(op: Op) -> usize {
+    Op::ALL.iter().position(|o| *o == op).unwrap_or(0)
+}
+
+impl Metrics {
+    /// Registers every metric; engine and publisher values are read at each scrape.
+    pub fn new(engine: Arc<Engine>, events: Arc<EventHook>) -> Self {
+        let mut registry = Registry::default();
+        let mut ops = Vec::with_capacity(Op::ALL.len());
+        for op in Op::ALL {
+            let name = op.metric_name();
+            let m = OpMetrics {
+                requests: Counter::default(),
+                failures: Counter::default(),
+                // 5 µs .. ~2.6 s
+                latency: Histogram::new(exponential_buckets(5e-6, 2.0, 20)),
+            };
+            registry.register(
+                format!("master_{name}_requests"),
+                format!("{name} requests received"),
+                m.requests.clone(),
+            );
+            registry.register(
+                format!("master_{name}_failures"),
+                format!("{name} requests that failed"),
+                m.failures.clone(),
+            );
+            registry.register(
+                format!("master_{name}_latency_seconds"),
+                format!("{name} service time"),
+                m.latency.clone(),
+            );
+            ops.push(m);
+        }
+        let malformed = Counter::default();
+        registry.register(
+            "master_malformed_requests",
+            "requests whose body could not be decoded",
+            malformed.clone(),
+        );
+        registry.register_collector(Box::new(EngineCollector { engine }));
+        registry.register_collector(Box::new(EventsCollector { events }));
+        Self {
+            ops,
+            malformed,
+            registry,
+        }
+    }
+
+    /// Counts one handled request.
+    pub fn record(&self, op: Op, ok: bool, elapsed: Duration) {
+        let m = &self.ops[op_index(op)];
+        m.requests.inc();
+        if !ok {
+            m.failures.inc();
+        }
+        m.latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a request whose body did not decode.
+    pub fn record_malformed(&self) {
+        self.malformed.inc();
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::with_capacity(64 * 1024);
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(value.min(i64::MAX as u64) as i64);
+    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(value);
+    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+struct EngineCollector {
+    engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for EngineCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineCollector")
+    }
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.engine.stats();
+        let e = &mut encoder;
+        gauge(
+            e,
+            "master_total_capacity_bytes",
+            "mounted memory capacity",
+            s.capacity_bytes,
+        )?;
+        gauge(
+            e,
+            "master_allocated_bytes",
+            "allocated memory",
+            s.allocated_bytes,
+        )?;
+        gauge(e, "master_key_count", "objects held", s.key_count)?;
+        gauge(
+            e,
+            "master_soft_pin_key_count",
+            "objects with an active soft pin",
+            s.soft_pin_key_count,
+        )?;
+        gauge(
+            e,
+            "master_active_clients",
+            "clients with mounted segments",
+            s.active_clients,
+        )?;
+        gauge(
+            e,
+            "master_put_start_discarded_staging_size",
+            "bytes parked from preempted writes",
+            s.discarded_staging_bytes,
+        )?;
+        counter(
+            e,
+            "master_successful_evictions",
+            "eviction rounds that freed space",
+            s.evictions_total,
+        )?;
+        counter(
+            e,
+            "master_attempted_evictions",
+            "eviction rounds started",
+            s.attempted_evictions,
+        )?;
+        counter(
+            e,
+            "master_evicted_key_count",
+            "objects evicted",
+            s.evicted_key_count,
+        )?;
+        counter(
+            e,
+            "master_evicted_size_bytes",
+            "bytes evicted",
+            s.evicted_size_bytes,
+        )?;
+        counter(
+            e,
+            "master_put_start_discard_cnt",
+            "stalled writes preempted",
+            s.put_start_discard_cnt,
+        )?;
+        counter(
+            e,
+            "master_put_start_release_cnt",
+            "parked buffers released",
+            s.put_start_release_cnt,
+        )?;
+        counter(
+            e,
+            "master_stalled_writes_reclaimed",
+            "stalled writes reclaimed by the sweep",
+            s.stalled_writes_reclaimed,
+        )?;
+        counter(
+            e,
+            "master_put_start_alloc_failures",
+            "PutStart allocation failures",
+            s.put_start_alloc_failures,
+        )?;
+        counter(
+            e,
+            "master_put_start_partial_allocations",
+            "PutStart with fewer replicas than asked",
+            s.put_start_partial_allocations,
+        )?;
+        let segments = self.engine.segments();
+        let mut used = e.encode_descriptor(
+            "segment_allocated_bytes",
+            "allocated bytes per segment",
+            None,
+            MetricType::Gauge,
+        )?;
+        for seg in &segments {
+            let labels = [("segment", seg.segment.name.as_str())];
+            ConstGauge::new(seg.used_bytes as i64).encode(used.encode_family(&labels)?)?;
+        }
+        let mut cap = e.encode_descriptor(
+            "segment_total_capacity_bytes",
+            "capacity per segment",
+            None,
+            MetricType::Gauge,
+        )?;
+        for seg in &segments {
+            let labels = [("segment", seg.segment.name.as_str())];
+            ConstGauge::new(seg.capacity_bytes as i64).encode(cap.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct EventsCollector {
+    events: Arc<EventHook>,
+}
+
+impl Collector for EventsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.events.status();
+        let e = &mut encoder;
+        gauge(
+            e,
+            "kv_events_enabled",
+            "1 when the event publisher is live",
+            s.enabled as u64,
+        )?;
+        counter(
+            e,
+            "kv_events_published_batches",
+            "event messages sent",
+            s.published_batches,
+        )?;
+        counter(
+            e,
+            "kv_events_published_events",
+            "events sent",
+            s.published_events,
+        )?;
+        counter(
+            e,
+            "kv_events_dropped_events",
+            "events dropped (each leaves a sequence gap)",
+            s.dropped_events,
+        )?;
+        counter(
+            e,
+            "kv_events_skipped_keyless_events",
+            "per-object events suppressed",
+            s.skipped_keyless_events,
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,268 @@
+//! The RPC server: framed protocol over TCP, pipelined, one task per connection.
+//!
+//! Frames are parsed straight out of the read buffer; cheap operations run inline and their
+//! responses are batched into one write per read. Operations that scan every shard (regex forms,
+//! RemoveAll) run on the blocking pool and answer when done, so responses may come back out of
+//! order; clients match them by request id.
+
+use super::metrics::Metrics;
+use crate::engine::Engine;
+use moonkv_proto::frame::{self, FrameKind};
+use moonkv_proto::msg::*;
+use moonkv_proto::{Error, ErrorCode, PROTOCOL_MAGIC, PROTOCOL_VERSION};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+/// State every connection shares.
+pub(crate) struct RpcShared {
+    pub engine: Arc<Engine>,
+    pub metrics: Arc<Metrics>,
+    pub max_frame_bytes: u32,
+}
+
+macro_rules! gen_dispatch {
+    ($($code:literal => $name:ident($req:ty) -> $resp:ty, $method:ident;)*) => {
+        /// Runs one request and appends its response frame; returns whether it succeeded.
+        pub(crate) fn dispatch(engine: &Engine, request_id: u64, request: &Request, out: &mut Vec<u8>) -> bool {
+            match request {
+                $(Request::$name(r) => respond(out, request_id, engine.$method(r)),)*
+            }
+        }
+    };
+}
+moonkv_proto::for_each_op!(gen_dispatch);
+
+fn respond<T: Serialize>(out: &mut Vec<u8>, request_id: u64, result: Result<T, Error>) -> bool {
+    match result {
+        Ok(value) => match frame::encode_ok(out, request_id, &value) {
+            Ok(()) => true,
+            Err(e) => {
+                frame::encode_err(out, request_id, &e);
+                false
+            }
+        },
+        Err(e) => {
+            frame::encode_err(out, request_id, &e);
+            false
+        }
+    }
+}
+
+/// Operations that walk every shard; they leave the connection task so it keeps serving.
+fn is_scan(op: Op) -> bool {
+    matches!(
+        op,
+        Op::GetReplicaListByRegex | Op::RemoveByRegex | Op::RemoveAll
+    )
+}
+
+/// Accepts connections until `shutdown` flips.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    shared: Arc<RpcShared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let shared = shared.clone();
+                    let shutdown = shutdown.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = serve_connection(stream, shared, shutdown).await {
+                            tracing::debug!(%peer, error = %e, "connection closed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Why a connection is being closed by the server.
+#[derive(Debug, thiserror::Error)]
+enum CloseReason {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    shared: Arc<RpcShared>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), CloseReason> {
+    stream.set_nodelay(true)?;
+    let (mut reader, mut writer) = stream.into_split();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let mut input: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut output: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut greeted = false;
+    loop {
+        tokio::select! {
+            read = reader.read_buf(&mut input) => {
+                if read? == 0 {
+                    return Ok(());
+                }
+                let verdict = process_input(&shared, &mut input, &mut output, &mut greeted, &done_tx);
+                if !output.is_empty() {
+                    writer.write_all(&output).await?;
+                    output.clear();
+                }
+                verdict?;
+            }
+            Some(bytes) = done_rx.recv() => writer.write_all(&bytes).await?,
+            _ = shutdown.changed() => return Ok(()),
+        }
+    }
+}
+
+/// Handles every complete frame in `input`, appending responses to `output`.
+fn process_input(
+    shared: &Arc<RpcShared>,
+    input: &mut Vec<u8>,
+    output: &mut Vec<u8>,
+    greeted: &mut bool,
+    done_tx: &mpsc::UnboundedSender<Vec<u8>>,
+) -> Result<(), CloseReason> {
+    let mut consumed = 0;
+    let result = loop {
+        let frame = match frame::decode(&input[consumed..], shared.max_frame_bytes) {
+            Ok(Some((frame, used))) => {
+                consumed += used;
+                frame
+            }
+            Ok(None) => break Ok(()),
+            Err(e) => {
+                frame::encode_err(
+                    output,
+                    0,
+                    &Error::new(
+                        ErrorCode::INVALID_PARAMS,
+                        format!("{e}; closing connection"),
+                    ),
+                );
+                break Err(CloseReason::Protocol(e.to_string()));
+            }
+        };
+        if !*greeted {
+            match handshake(&frame, shared.max_frame_bytes, output) {
+                Ok(()) => *greeted = true,
+                Err(reason) => break Err(reason),
+            }
+            continue;
+        }
+        if frame.kind != FrameKind::Request {
+            let msg = format!(
+                "expected a request frame, got {:?}; closing connection",
+                frame.kind
+            );
+            frame::encode_err(
+                output,
+                frame.request_id,
+                &Error::new(ErrorCode::INVALID_PARAMS, msg.clone()),
+            );
+            break Err(CloseReason::Protocol(msg));
+        }
+        let request = match frame::decode_request(&frame) {
+            Ok(request) => request,
+            Err(e) => {
+                shared.metrics.record_malformed();
+                frame::encode_err(output, frame.request_id, &e);
+                continue;
+            }
+        };
+        let op = request.op();
+        if is_scan(op) {
+            let shared = shared.clone();
+            let done_tx = done_tx.clone();
+            let request_id = frame.request_id;
+            tokio::task::spawn_blocking(move || {
+                let started = Instant::now();
+                let mut out = Vec::new();
+                let ok = dispatch(&shared.engine, request_id, &request, &mut out);
+                shared.metrics.record(op, ok, started.elapsed());
+                let _ = done_tx.send(out);
+            });
+            continue;
+        }
+        let started = Instant::now();
+        let ok = dispatch(&shared.engine, frame.request_id, &request, output);
+        shared.metrics.record(op, ok, started.elapsed());
+    };
+    input.drain(..consumed);
+    if result.is_ok() {
+        reserve_for_next_frame(input, shared.max_frame_bytes);
+    }
+    result
+}
+
+/// When a large frame is partly read, make room for all of it at once (the length was checked).
+fn reserve_for_next_frame(input: &mut Vec<u8>, max: u32) {
+    if input.len() >= 4 {
+        let len = u32::from_be_bytes([input[0], input[1], input[2], input[3]]);
+        if len <= max {
+            let total = 4 + len as usize;
+            input.reserve(total.saturating_sub(input.len()));
+        }
+    }
+}
+
+fn handshake(
+    frame: &frame::Frame<'_>,
+    max_frame_bytes: u32,
+    output: &mut Vec<u8>,
+) -> Result<(), CloseReason> {
+    let refuse = |output: &mut Vec<u8>, code: ErrorCode, msg: String| {
+        frame::encode_err(output, frame.request_id, &Error::new(code, msg.clone()));
+        Err(CloseReason::Protocol(msg))
+    };
+    if frame.kind != FrameKind::Hello {
+        return refuse(
+            output,
+            ErrorCode::INVALID_PARAMS,
+            "the first frame must be a hello (kind 3)".into(),
+        );
+    }
+    let hello: Hello = match rmp_serde::from_slice(frame.body) {
+        Ok(h) => h,
+        Err(e) => {
+            return refuse(
+                output,
+                ErrorCode::INVALID_PARAMS,
+                format!("malformed hello: {e}"),
+            )
+        }
+    };
+    if hello.magic != PROTOCOL_MAGIC {
+        return refuse(
+            output,
+            ErrorCode::INVALID_PARAMS,
+            format!("bad magic {:?}; not a moonkv client", hello.magic),
+        );
+    }
+    if hello.protocol_version != PROTOCOL_VERSION {
+        let msg = format!(
+            "protocol version {} is not supported; this master speaks version {PROTOCOL_VERSION}",
+            hello.protocol_version
+        );
+        return refuse(output, ErrorCode::NOT_SUPPORTED, msg);
+    }
+    let ack = HelloAck {
+        protocol_version: PROTOCOL_VERSION,
+        server_version: env!("CARGO_PKG_VERSION").to_string(),
+        max_frame_bytes,
+    };
+    frame::encode_ok(output, frame.request_id, &ack)
+        .map_err(|e| CloseReason::Protocol(e.to_string()))
+}

@@ -1,0 +1,453 @@
+//! Client commands: `put`, `get`, `rm`, `ls`, `stat`.
+//!
+//! Output is for people by default and one JSON document with `--json`. A failed command
+//! returns an error whose text starts with the error name (`OBJECT_NOT_FOUND: ...`); with
+//! `--json` the same error is also printed on stdout as `{"ok":false,"error":NAME,...}`.
+
+use anyhow::Context;
+use moonkv_client::util::format_size;
+use moonkv_client::{Error, ErrorCode, ReplicateConfig, Store, StoreConfig};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// Options shared by every client command.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClientOptions {
+    /// Master RPC address.
+    #[arg(long, env = "MOONKV_MASTER", default_value = "127.0.0.1:50051")]
+    pub master: String,
+    /// Tenant to act in (empty = `default`).
+    #[arg(long, env = "MOONKV_TENANT", default_value = "")]
+    pub tenant: String,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Deadline of one master request, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub timeout_ms: u64,
+}
+
+/// `moonkv put KEY FILE|-`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PutArgs {
+    /// Object key.
+    pub key: String,
+    /// File holding the value, or `-` for stdin.
+    pub file: String,
+    /// Replace the value if the key exists.
+    #[arg(long)]
+    pub upsert: bool,
+    /// Memory replicas wanted.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// Never evict this object.
+    #[arg(long)]
+    pub hard_pin: bool,
+    /// Segment names to try first (repeatable).
+    #[arg(long = "preferred-segment", value_name = "NAME")]
+    pub preferred_segments: Vec<String>,
+    #[command(flatten)]
+    pub options: ClientOptions,
+}
+
+/// `moonkv get KEY [-o FILE]`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GetArgs {
+    /// Object key.
+    pub key: String,
+    /// Write the value to FILE instead of stdout (required with --json).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub options: ClientOptions,
+}
+
+/// `moonkv rm KEY [--force]` or `moonkv rm --all [--force]`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RmArgs {
+    /// Object key.
+    #[arg(required_unless_present_any = ["all", "regex"], conflicts_with_all = ["all", "regex"])]
+    pub key: Option<String>,
+    /// Remove every object of the tenant.
+    #[arg(long, conflicts_with = "regex")]
+    pub all: bool,
+    /// Remove every object whose key matches this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
+    /// Remove even objects under a read lease.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub options: ClientOptions,
+}
+
+/// `moonkv ls [REGEX]`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LsArgs {
+    /// Regular expression matched anywhere in the key (default: every key).
+    pub regex: Option<String>,
+    #[command(flatten)]
+    pub options: ClientOptions,
+}
+
+/// `moonkv stat`: segments, capacity, usage and key count, from the master's admin HTTP port.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StatArgs {
+    /// Master admin HTTP address (default: the --master host, port 9003).
+    #[arg(long, env = "MOONKV_ADMIN")]
+    pub admin: Option<String>,
+    #[command(flatten)]
+    pub options: ClientOptions,
+}
+
+/// The client subcommands, ready to be flattened into the binary's command enum.
+#[derive(clap::Subcommand, Debug, Clone)]
+#[command(about = None, long_about = None)]
+pub enum ClientCommand {
+    /// Store a file (or stdin) under a key.
+    Put(PutArgs),
+    /// Fetch a key to stdout or a file.
+    Get(GetArgs),
+    /// Remove a key, the keys matching a regex, or every key of the tenant.
+    Rm(RmArgs),
+    /// List keys with their size and replicas.
+    Ls(LsArgs),
+    /// Show segments, capacity, usage and key count.
+    Stat(StatArgs),
+}
+
+/// Runs one client command.
+pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
+    let (json, result) = match command {
+        ClientCommand::Put(a) => (a.options.json, run_put(a).await),
+        ClientCommand::Get(a) => (a.options.json, run_get(a).await),
+        ClientCommand::Rm(a) => (a.options.json, run_rm(a).await),
+        ClientCommand::Ls(a) => (a.options.json, run_ls(a).await),
+        ClientCommand::Stat(a) => (a.options.json, run_stat(a).await),
+    };
+    if let (true, Err(e)) = (json, &result) {
+        let (name, code, message) = match e.downcast_ref::<Error>() {
+            Some(err) => (err.code.name(), err.code.as_i32(), err.message.to_string()),
+            None => (
+                "ERROR",
+                ErrorCode::INTERNAL_ERROR.as_i32(),
+                format!("{e:#}"),
+            ),
+        };
+        println!(
+            "{}",
+            json!({"ok": false, "error": name, "code": code, "message": message})
+        );
+    }
+    result
+}
+
+async fn connect(options: &ClientOptions) -> anyhow::Result<Store> {
+    let mut config = StoreConfig::new(options.master.clone());
+    config.tenant = options.tenant.clone();
+    config.rpc_timeout = Duration::from_millis(options.timeout_ms.max(1));
+    Ok(Store::connect(config).await?)
+}
+
+/// `moonkv put`.
+pub async fn run_put(args: PutArgs) -> anyhow::Result<()> {
+    let value = if args.file == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("reading stdin")?;
+        buf
+    } else {
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file))?
+    };
+    let config = ReplicateConfig {
+        replica_num: args.replicas,
+        with_hard_pin: args.hard_pin,
+        preferred_segments: args.preferred_segments.clone(),
+        ..ReplicateConfig::default()
+    };
+    let store = connect(&args.options).await?;
+    let started = std::time::Instant::now();
+    let result = if args.upsert {
+        store.upsert(&args.key, &value, &config).await
+    } else {
+        store.put(&args.key, &value, &config).await
+    };
+    if let Err(e) = result {
+        if e.code == ErrorCode::OBJECT_ALREADY_EXISTS {
+            let hint = format!(
+                "'{}' already exists; use --upsert to replace it ({})",
+                args.key, e.message
+            );
+            return Err(Error::new(e.code, hint).into());
+        }
+        return Err(e.into());
+    }
+    let elapsed = started.elapsed();
+    if args.options.json {
+        let ms = elapsed.as_secs_f64() * 1000.0;
+        println!(
+            "{}",
+            json!({"ok": true, "key": args.key, "size": value.len(), "upsert": args.upsert, "elapsed_ms": ms})
+        );
+    } else {
+        println!(
+            "stored {} ({}) in {elapsed:.2?}",
+            args.key,
+            format_size(value.len() as u64)
+        );
+    }
+    Ok(())
+}
+
+/// `moonkv get`.
+pub async fn run_get(args: GetArgs) -> anyhow::Result<()> {
+    if args.options.json && args.output.is_none() {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            "--json prints metadata only; give -o FILE for the value",
+        )
+        .into());
+    }
+    let store = connect(&args.options).await?;
+    let value = store.get(&args.key).await?;
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, &value).with_context(|| format!("writing {}", path.display()))?;
+            if args.options.json {
+                println!(
+                    "{}",
+                    json!({"ok": true, "key": args.key, "size": value.len(), "output": path})
+                );
+            } else {
+                eprintln!(
+                    "wrote {} ({}) to {}",
+                    args.key,
+                    format_size(value.len() as u64),
+                    path.display()
+                );
+            }
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&value).context("writing to stdout")?;
+            out.flush().context("writing to stdout")?;
+        }
+    }
+    Ok(())
+}
+
+/// `moonkv rm`.
+pub async fn run_rm(args: RmArgs) -> anyhow::Result<()> {
+    let store = connect(&args.options).await?;
+    let (what, removed) = if args.all {
+        (
+            "every object".to_string(),
+            store.remove_all(args.force).await?,
+        )
+    } else if let Some(regex) = &args.regex {
+        (
+            format!("keys matching '{regex}'"),
+            store.remove_by_regex(regex, args.force).await?,
+        )
+    } else {
+        let key = args.key.clone().unwrap_or_default();
+        store.remove(&key, args.force).await?;
+        (key, 1)
+    };
+    if args.options.json {
+        println!("{}", json!({"ok": true, "removed": removed}));
+    } else {
+        println!("removed {what}: {removed} object(s)");
+    }
+    Ok(())
+}
+
+/// `moonkv ls`.
+pub async fn run_ls(args: LsArgs) -> anyhow::Result<()> {
+    let store = connect(&args.options).await?;
+    let objects = store.list(args.regex.as_deref().unwrap_or(".*")).await?;
+    if args.options.json {
+        let list: Vec<_> = objects
+            .iter()
+            .map(|o| {
+                let replicas: Vec<_> = o
+                    .replicas
+                    .iter()
+                    .map(|r| json!({"id": r.id.0, "segment": r.segment_name, "endpoint": r.endpoint}))
+                    .collect();
+                json!({"key": o.key, "size": o.size, "replicas": replicas})
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"ok": true, "count": list.len(), "objects": list})
+        );
+        return Ok(());
+    }
+    let width = objects
+        .iter()
+        .map(|o| o.key.len())
+        .max()
+        .unwrap_or(3)
+        .max(3);
+    println!("{:<width$}  {:>10}  REPLICAS", "KEY", "SIZE");
+    for o in &objects {
+        let segments: Vec<&str> = o.replicas.iter().map(|r| r.segment_name.as_str()).collect();
+        println!(
+            "{:<width$}  {:>10}  {}",
+            o.key,
+            format_size(o.size),
+            segments.join(",")
+        );
+    }
+    println!("{} object(s)", objects.len());
+    Ok(())
+}
+
+/// `moonkv stat`.
+pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
+    let admin = args
+        .admin
+        .clone()
+        .unwrap_or_else(|| default_admin(&args.options.master));
+    let timeout = Duration::from_millis(args.options.timeout_ms.max(1));
+    let detail: serde_json::Value =
+        serde_json::from_str(&http_get(&admin, "/get_segments_detail", timeout).await?)
+            .context("the master's /get_segments_detail answer is not JSON")?;
+    let metrics = http_get(&admin, "/metrics", timeout).await?;
+    let gauge = |name: &str| metric_value(&metrics, name);
+    let capacity = gauge("master_total_capacity_bytes");
+    let allocated = gauge("master_allocated_bytes");
+    let keys = gauge("master_key_count");
+    let segments = detail
+        .get("segments")
+        .and_then(|s| s.as_array())
+        .cloned()
+        .unwrap_or_default();
+    if args.options.json {
+        let summary = json!({"ok": true, "capacity_bytes": capacity, "allocated_bytes": allocated, "keys": keys, "segments": segments});
+        println!("{summary}");
+        return Ok(());
+    }
+    println!("master {}  admin {admin}", args.options.master);
+    let (cap, used) = (
+        capacity.unwrap_or(0.0) as u64,
+        allocated.unwrap_or(0.0) as u64,
+    );
+    let pct = if cap == 0 {
+        0.0
+    } else {
+        used as f64 * 100.0 / cap as f64
+    };
+    println!(
+        "capacity {}  used {} ({pct:.1}%)  keys {}",
+        format_size(cap),
+        format_size(used),
+        keys.unwrap_or(0.0) as u64
+    );
+    println!("{} segment(s)", segments.len());
+    for s in &segments {
+        let field = |k: &str| {
+            s.get(k)
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string())
+                })
+                .unwrap_or_default()
+        };
+        let size = s
+            .get("allocator_capacity_bytes")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        let used = s
+            .get("allocator_used_bytes")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        println!(
+            "  {:<28} {:<22} {:<10} {:>10} / {:<10}",
+            field("segment_name"),
+            field("te_endpoint"),
+            field("status"),
+            format_size(used),
+            format_size(size)
+        );
+    }
+    Ok(())
+}
+
+/// The admin address matching a master address: same host, port 9003.
+pub fn default_admin(master: &str) -> String {
+    let host = master.rsplit_once(':').map_or(master, |(host, _)| host);
+    format!("{host}:9003")
+}
+
+/// Value of an unlabelled Prometheus sample, if present.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (metric, value) = line.split_once(' ')?;
+            (metric == name)
+                .then(|| value.trim().parse().ok())
+                .flatten()
+        })
+}
+
+/// A minimal HTTP/1.0 GET (no chunked encoding to undo); returns the body of a 200 answer.
+async fn http_get(addr: &str, path: &str, timeout: Duration) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        Ok::<_, std::io::Error>(raw)
+    };
+    let unreachable = |why: String| {
+        Error::new(
+            ErrorCode::RPC_FAIL,
+            format!("cannot query the master admin port {addr}{path}: {why}"),
+        )
+    };
+    let raw = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorCode::RPC_TIMEOUT,
+                format!("the master admin port {addr} did not answer {path}"),
+            )
+        })?
+        .map_err(|e| unreachable(e.to_string()))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| unreachable("malformed HTTP answer".into()))?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(unreachable(format!("answered '{status}'")).into());
+    }
+    Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_defaults_to_the_master_host() {
+        assert_eq!(default_admin("10.0.0.5:50051"), "10.0.0.5:9003");
+        assert_eq!(default_admin("host"), "host:9003");
+    }
+
+    #[test]
+    fn metric_values_are_found_by_exact_name() {
+        let text = "# HELP x\nmaster_key_count 12\nmaster_key_count_total 3\nmaster_allocated_bytes 4.5e3\n";
+        assert_eq!(metric_value(text, "master_key_count"), Some(12.0));
+        assert_eq!(metric_value(text, "master_allocated_bytes"), Some(4500.0));
+        assert_eq!(metric_value(text, "missing"), None);
+    }
+}

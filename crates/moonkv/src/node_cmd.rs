@@ -1,0 +1,77 @@
+//! `moonkv node`: contribute memory segments to a cluster and serve their bytes.
+
+use moonkv_client::node::{Node, NodeConfig};
+use moonkv_client::util::parse_size;
+
+/// Arguments of `moonkv node`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// Master RPC address.
+    #[arg(long, env = "MOONKV_MASTER", default_value = "127.0.0.1:50051")]
+    pub master: String,
+    /// Bytes per segment, e.g. `1GiB`, `512MiB`.
+    #[arg(long, default_value = "1GiB", value_parser = size_arg)]
+    pub segment_size: u64,
+    /// Number of segments of `--segment-size` each.
+    #[arg(long, default_value_t = 1)]
+    pub segment_count: usize,
+    /// Explicit segment names (repeatable; one segment per name, overrides --segment-count).
+    #[arg(long = "segment-name", value_name = "NAME")]
+    pub segment_names: Vec<String>,
+    /// Data-plane listen address (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub data_bind: String,
+    /// Host that clients should dial when --data-bind is a wildcard such as 0.0.0.0.
+    #[arg(long)]
+    pub advertise_host: Option<String>,
+    /// Host identity reported with each segment (default: this machine's host name).
+    #[arg(long, env = "MOONKV_HOST_ID")]
+    pub host_id: Option<String>,
+}
+
+/// Parses a size flag such as `64MiB` (clap value parser).
+pub fn size_arg(text: &str) -> Result<u64, String> {
+    parse_size(text).map_err(|e| e.message.into_owned())
+}
+
+/// Best-effort host name, without extra dependencies.
+pub fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+impl NodeArgs {
+    /// The node configuration these flags describe.
+    pub fn to_config(&self) -> NodeConfig {
+        let mut config = NodeConfig::new(self.master.clone(), self.segment_size);
+        config.segment_count = self.segment_count;
+        config.segment_names = self.segment_names.clone();
+        config.data_bind = self.data_bind.clone();
+        config.advertise_host = self.advertise_host.clone();
+        config.host_id = self.host_id.clone().unwrap_or_else(host_name);
+        config
+    }
+}
+
+/// Starts the node, prints the ready line, serves until SIGINT/SIGTERM, then unmounts.
+pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let node = Node::start(args.to_config())
+        .await
+        .map_err(anyhow::Error::new)?;
+    let capacity: u64 = node.segments().iter().map(|s| s.size).sum();
+    crate::print_ready(&[
+        ("data", node.endpoint().to_string()),
+        ("master", args.master.clone()),
+        ("client_id", node.client_id().to_string()),
+        ("segments", node.segments().len().to_string()),
+        ("capacity_bytes", capacity.to_string()),
+    ]);
+    crate::wait_for_signal().await;
+    tracing::info!("shutting down: unmounting segments");
+    node.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! Helpers for tests that run the real `moonkv` binary on loopback.
+#![allow(dead_code)]
+
+use moonkv_proto::frame::{self, FrameKind};
+use moonkv_proto::msg::{Hello, HelloAck, Request};
+use moonkv_proto::{Error, PROTOCOL_MAGIC, PROTOCOL_VERSION};
+use serde::de::DeserializeOwned;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A `moonkv` child process that is killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub ready: serde_json::Value,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    /// Field of the ready line, e.g. `rpc`.
+    pub fn addr(&self, field: &str) -> String {
+        self.ready[field].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// Starts `moonkv <args>` and waits for its ready line on stdout.
+pub fn spawn(args: &[&str]) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moonkv"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn moonkv");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read ready line");
+    let ready: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
+    assert_eq!(ready["event"], "ready", "{line}");
+    Proc { child, ready }
+}
+
+/// A blocking client that speaks docs/protocol.md with raw frames.
+pub struct RawClient {
+    pub stream: TcpStream,
+    next_id: u64,
+}
+
+impl RawClient {
+    pub fn connect(addr: &str) -> Self {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut c = Self { stream, next_id: 1 };
+        let mut out = Vec::new();
+        let hello = Hello {
+            magic: PROTOCOL_MAGIC.into(),
+            protocol_version: PROTOCOL_VERSION,
+            client_name: "test".into(),
+        };
+        frame::encode_value(&mut out, FrameKind::Hello, 0, 0, &hello).unwrap();
+        c.stream.write_all(&out).unwrap();
+        let (code, body) = c.read_frame().expect("hello answer");
+        assert_eq!(code, 0);
+        let ack: HelloAck = rmp_serde::from_slice(&body).unwrap();
+        assert_eq!(ack.protocol_version, PROTOCOL_VERSION);
+        c
+    }
+
+    /// Reads one frame: (code, body). `None` when the server closed the connection.
+    pub fn read_frame(&mut self) -> Option<(i32, Vec<u8>)> {
+        let mut header = [0u8; 17];
+        self.stream.read_exact(&mut header).ok()?;
+        let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
+        let code = i32::from_be_bytes(header[13..17].try_into().unwrap());
+        let mut body = vec![0; len - 13];
+        self.stream.read_exact(&mut body).ok()?;
+        Some((code, body))
+    }
+
+    /// Sends one request and waits for its response.
+    pub fn call<T: DeserializeOwned>(&mut self, request: Request) -> Result<T, Error> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out = Vec::new();
+        frame::encode_request(&mut out, id, &request).unwrap();
+        self.stream.write_all(&out).unwrap();
+        let mut header = [0u8; 17];
+        self.stream
+            .read_exact(&mut header)
+            .expect("response header");
+        let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
+        let mut buf = header.to_vec();
+        buf.resize(4 + len, 0);
+        self.stream
+            .read_exact(&mut buf[17..])
+            .expect("response body");
+        let (f, _) = frame::decode(&buf, u32::MAX).unwrap().unwrap();
+        assert_eq!(f.request_id, id);
+        frame::decode_response(&f)
+    }
+}

@@ -1,0 +1,231 @@
+//! The real `moonkv master` binary on an ephemeral port, driven with raw frames as
+//! docs/protocol.md describes.
+
+mod common;
+
+use common::{spawn, RawClient};
+use moonkv_proto::msg::*;
+use moonkv_proto::types::*;
+use moonkv_proto::{ClientId, ErrorCode, SegmentId};
+use std::io::Write;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn segment(n: u64) -> Segment {
+    Segment {
+        id: SegmentId::new(9, n),
+        name: format!("seg-{n}"),
+        base: 0x1000_0000,
+        size: 64 << 20,
+        endpoint: "127.0.0.1:1".into(),
+        protocol: "tcp".into(),
+        host_id: "h".into(),
+    }
+}
+
+#[test]
+fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
+    let master = spawn(&[
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--default-kv-lease-ttl",
+        "300ms",
+    ]);
+    let mut c = RawClient::connect(&master.addr("rpc"));
+    let me = ClientId::new(1, 1);
+    c.call::<()>(Request::MountSegment(MountSegmentRequest {
+        segment: segment(1),
+        client_id: me,
+    }))
+    .unwrap();
+    let ping: PingResponse = c
+        .call(Request::Ping(PingRequest { client_id: me }))
+        .unwrap();
+    assert_eq!(ping.client_status, ClientStatus::Ok);
+
+    let start = PutStartRequest {
+        client_id: me,
+        tenant: String::new(),
+        key: "k1".into(),
+        size: 4096,
+        config: ReplicateConfig::default(),
+    };
+    let replicas: Vec<ReplicaDescriptor> = c.call(Request::PutStart(start)).unwrap();
+    assert_eq!(replicas.len(), 1);
+    assert_ne!(replicas[0].id.0, 0);
+    assert_eq!(replicas[0].status, ReplicaStatus::Processing);
+    let ids: Vec<_> = replicas.iter().map(|r| r.id).collect();
+    let end = EndRequest {
+        client_id: me,
+        tenant: String::new(),
+        key: "k1".into(),
+        replica_type: ReplicaType::All,
+        replica_ids: ids.clone(),
+        checksum: None,
+    };
+    c.call::<()>(Request::PutEnd(end)).unwrap();
+
+    let got: GetReplicaListResponse = c
+        .call(Request::GetReplicaList(KeyRequest {
+            tenant: String::new(),
+            key: "k1".into(),
+        }))
+        .unwrap();
+    assert_eq!(got.replicas[0].id, ids[0]);
+    assert_eq!(got.replicas[0].status, ReplicaStatus::Complete);
+    assert_eq!(got.lease_ttl_ms, 300);
+
+    // The read lease blocks a plain Remove until it expires; the loop is bounded.
+    let remove = RemoveRequest {
+        tenant: String::new(),
+        key: "k1".into(),
+        force: false,
+    };
+    let err = c.call::<()>(Request::Remove(remove.clone())).unwrap_err();
+    assert_eq!(err.code, ErrorCode::OBJECT_HAS_LEASE);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.call::<()>(Request::Remove(remove.clone())) {
+            Ok(()) => break,
+            Err(e) if e.code == ErrorCode::OBJECT_HAS_LEASE && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("remove failed: {e}"),
+        }
+    }
+    let missing = c.call::<GetReplicaListResponse>(Request::GetReplicaList(KeyRequest {
+        tenant: String::new(),
+        key: "k1".into(),
+    }));
+    assert_eq!(missing.unwrap_err().code, ErrorCode::OBJECT_NOT_FOUND);
+}
+
+#[test]
+fn pipelined_requests_are_all_answered_by_id() {
+    let master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let mut c = RawClient::connect(&master.addr("rpc"));
+    let mut out = Vec::new();
+    for id in 100..150u64 {
+        let req = Request::ExistKey(KeyRequest {
+            tenant: String::new(),
+            key: format!("k{id}"),
+        });
+        moonkv_proto::frame::encode_request(&mut out, id, &req).unwrap();
+    }
+    c.stream.write_all(&out).unwrap();
+    let mut seen = Vec::new();
+    for _ in 100..150 {
+        let mut header = [0u8; 17];
+        std::io::Read::read_exact(&mut c.stream, &mut header).unwrap();
+        let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
+        let mut body = vec![0; len - 13];
+        std::io::Read::read_exact(&mut c.stream, &mut body).unwrap();
+        assert_eq!(i32::from_be_bytes(header[13..17].try_into().unwrap()), 0);
+        assert_eq!(body, vec![0xc2], "ExistKey of a missing key answers false");
+        seen.push(u64::from_be_bytes(header[5..13].try_into().unwrap()));
+    }
+    seen.sort();
+    assert_eq!(seen, (100..150).collect::<Vec<_>>());
+}
+
+#[test]
+fn malformed_bodies_keep_the_connection_and_bad_frames_close_only_theirs() {
+    let master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let mut c = RawClient::connect(&master.addr("rpc"));
+    // A PutStart opcode with a body that is not a PutStart request.
+    let mut out = Vec::new();
+    moonkv_proto::frame::encode_value(
+        &mut out,
+        moonkv_proto::frame::FrameKind::Request,
+        5,
+        Op::PutStart as i32,
+        &"junk",
+    )
+    .unwrap();
+    c.stream.write_all(&out).unwrap();
+    let (code, _) = c.read_frame().unwrap();
+    assert_eq!(code, ErrorCode::INVALID_PARAMS.as_i32());
+    let exists: bool = c
+        .call(Request::ExistKey(KeyRequest {
+            tenant: String::new(),
+            key: "x".into(),
+        }))
+        .unwrap();
+    assert!(!exists, "connection still serves after a malformed body");
+
+    // An oversized length closes this connection with an error frame.
+    c.stream.write_all(&[0xff, 0xff, 0xff, 0xff, 1]).unwrap();
+    let (code, _) = c.read_frame().unwrap();
+    assert_eq!(code, ErrorCode::INVALID_PARAMS.as_i32());
+    assert!(
+        c.read_frame().is_none(),
+        "connection closed after a bad frame"
+    );
+
+    // A request before the hello is refused.
+    let mut raw = std::net::TcpStream::connect(master.addr("rpc")).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = Vec::new();
+    moonkv_proto::frame::encode_request(
+        &mut out,
+        1,
+        &Request::ServiceReady(ServiceReadyRequest {}),
+    )
+    .unwrap();
+    raw.write_all(&out).unwrap();
+    let mut header = [0u8; 17];
+    std::io::Read::read_exact(&mut raw, &mut header).unwrap();
+    assert_eq!(
+        i32::from_be_bytes(header[13..17].try_into().unwrap()),
+        ErrorCode::INVALID_PARAMS.as_i32()
+    );
+
+    // Other connections are unaffected.
+    let mut fresh = RawClient::connect(&master.addr("rpc"));
+    let version: String = fresh
+        .call(Request::ServiceReady(ServiceReadyRequest {}))
+        .unwrap();
+    assert!(!version.is_empty());
+}
+
+#[test]
+fn bad_configuration_fails_at_start_naming_the_key() {
+    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
+        .args([
+            "master",
+            "--eviction-ratio",
+            "1.5",
+            "--rpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("eviction_ratio"), "{stderr}");
+
+    let dir = std::env::temp_dir().join(format!("moonkv-bin-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("master.yaml");
+    std::fs::write(&path, "default_kv_lease_ttl: 5000\nmade_up_key: 3\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
+        .args([
+            "master",
+            "--config-path",
+            path.to_str().unwrap(),
+            "--rpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("made_up_key"));
+    std::fs::remove_dir_all(&dir).ok();
+}
