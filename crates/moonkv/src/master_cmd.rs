@@ -28,11 +28,6 @@ impl MasterFlags {
         config.validate()?;
         Ok(config)
     }
-
-    /// Whether a config key was given as a flag.
-    pub fn has(&self, key: &str) -> bool {
-        self.values.iter().any(|(k, _)| k == key)
-    }
 }
 
 impl clap::FromArgMatches for MasterFlags {
@@ -88,9 +83,15 @@ pub struct MasterArgs {
     flags: MasterFlags,
 }
 
+impl MasterArgs {
+    /// The validated configuration these arguments describe.
+    pub fn config(&self) -> anyhow::Result<MasterConfig> {
+        self.flags.to_config(MasterConfig::default())
+    }
+}
+
 /// Runs the master until SIGINT or SIGTERM.
-pub async fn run(args: MasterArgs) -> anyhow::Result<()> {
-    let config = args.flags.to_config(MasterConfig::default())?;
+pub async fn run(config: MasterConfig) -> anyhow::Result<()> {
     let handle = server::start(config)
         .await
         .context("master failed to start")?;

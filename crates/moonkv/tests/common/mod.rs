@@ -111,3 +111,86 @@ impl RawClient {
         frame::decode_response(&f)
     }
 }
+
+/// A minimal HTTP/1.1 request over a fresh connection: returns (status, body).
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect admin");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let text = String::from_utf8_lossy(&response).to_string();
+    let status: u16 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = match text.split_once("\r\n\r\n") {
+        Some((head, rest))
+            if head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked") =>
+        {
+            dechunk(rest)
+        }
+        Some((_, rest)) => rest.to_string(),
+        None => String::new(),
+    };
+    (status, body)
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = tail[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Mounts a fake segment and writes one object through PutStart/PutEnd (metadata only).
+pub fn put_meta(c: &mut RawClient, me: moonkv_proto::ClientId, tenant: &str, key: &str, size: u64) {
+    use moonkv_proto::msg::*;
+    use moonkv_proto::types::*;
+    let start = PutStartRequest {
+        client_id: me,
+        tenant: tenant.into(),
+        key: key.into(),
+        size,
+        config: ReplicateConfig::default(),
+    };
+    let replicas: Vec<ReplicaDescriptor> = c.call(Request::PutStart(start)).expect("put start");
+    let ids = replicas.iter().map(|r| r.id).collect();
+    let end = EndRequest {
+        client_id: me,
+        tenant: tenant.into(),
+        key: key.into(),
+        replica_type: ReplicaType::All,
+        replica_ids: ids,
+        checksum: None,
+    };
+    c.call::<()>(Request::PutEnd(end)).expect("put end");
+}
+
+/// A fake 64 MiB segment description (nothing serves its bytes).
+pub fn fake_segment(n: u64) -> moonkv_proto::Segment {
+    moonkv_proto::Segment {
+        id: moonkv_proto::SegmentId::new(9, n),
+        name: format!("seg-{n}"),
+        base: 0x1000_0000,
+        size: 64 << 20,
+        endpoint: "127.0.0.1:1".into(),
+        protocol: "tcp".into(),
+        host_id: "h".into(),
+    }
+}
