@@ -1,0 +1,41 @@
+//! moonkv's KV event stream: what the master publishes when objects become readable or
+//! stop being readable per medium, and what a KV-aware router needs to follow it.
+//!
+//! The wire format (three ZMQ frames, a MessagePack batch of event maps, field order and
+//! nil rules) is specified in `docs/events.md`.
+//!
+//! Modules:
+//! - [`codec`]: event types, the publisher configuration, and the byte-exact encoder
+//!   (`codec::wire` holds the hand-written MessagePack writer and bounded reader).
+//! - [`publisher`]: [`Publisher`], a ZMQ PUB socket on its own thread fed by a bounded
+//!   drop-oldest queue ([`publisher::EventQueue`], pure and socket-free) that turns every
+//!   loss into a visible sequence gap; [`PublisherStatus`] for `/kv_events/status`.
+//! - [`subscriber`]: tolerant decoding ([`decode_message`]), per-connection sequence
+//!   tracking ([`StreamTracker`]), the [`PlacementIndex`], snapshot recovery
+//!   ([`IndexSync`], [`SnapshotSource`], [`HttpSnapshotSource`]) and a blocking
+//!   [`Subscriber`].
+//! - [`loopback`]: publisher → subscriber on loopback at full speed, for benchmarks.
+//! - [`error`]: [`EventsError`] and [`DecodeError`].
+//!
+//! The crate does no async I/O and depends on no other moonkv crate.
+
+#![warn(missing_docs)]
+
+pub mod codec;
+pub mod error;
+pub mod loopback;
+pub mod publisher;
+pub mod subscriber;
+
+pub use codec::{
+    encode_batch, entry_count, sequence_frame, Encoder, EventConfig, EventKind, KvEvent, Medium,
+    StampedEvent, DEFAULT_QUEUE_CAPACITY, MAX_EVENTS_PER_MESSAGE,
+};
+pub use error::{DecodeError, EventsError};
+pub use loopback::{run_loopback, LoopbackOptions, LoopbackReport};
+pub use publisher::{Publisher, PublisherStatus};
+pub use subscriber::{
+    decode_message, decode_message_detailed, format_event_line, DecodedEvent, DecodedMessage,
+    Delivery, HttpSnapshotSource, IndexSync, MediaSet, PlacementIndex, SequenceVerdict, Snapshot,
+    SnapshotObject, SnapshotSource, StreamTracker, Subscriber, SubscriberCounters,
+};

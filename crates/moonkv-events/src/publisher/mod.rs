@@ -1,0 +1,319 @@
+//! The ZMQ PUB publisher: callers enqueue under a short mutex; one dedicated OS thread
+//! drains the queue in messages of at most 64 events and owns the socket.
+
+mod queue;
+
+pub use queue::{EventQueue, QueueCounters};
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{Encoder, EventConfig, KvEvent, StampedEvent, MAX_EVENTS_PER_MESSAGE};
+use crate::error::EventsError;
+
+/// Send high-water mark of the PUB socket, in messages.
+pub const SEND_HWM: i32 = 10_000;
+
+/// How long a closing publisher lets already-drained messages reach connected peers.
+/// While running the socket uses LINGER 0; only the final close waits, and at most this.
+pub const SHUTDOWN_LINGER_MS: i32 = 500;
+
+/// What `/kv_events/status` reports about a publisher.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PublisherStatus {
+    /// Whether a publisher is live.
+    pub enabled: bool,
+    /// ZMQ messages sent.
+    pub published_batches: u64,
+    /// Events inside those messages.
+    pub published_events: u64,
+    /// Events dropped by a full queue or a failed send; each leaves a sequence gap.
+    pub dropped_events: u64,
+    /// Per-object events suppressed because no `object_key` was available.
+    pub skipped_keyless_events: u64,
+    /// Random per process start; a change means sequence and event ids restarted.
+    pub publisher_epoch: u64,
+    /// Highest sequence number consumed (sent, or reserved for a loss).
+    pub last_sequence: u64,
+    /// Highest event id assigned.
+    pub last_event_id: u64,
+    /// Events accepted but not sent yet (queued, or in the message being sent).
+    pub queue_len: u64,
+    /// The configured backend id.
+    pub backend_id: String,
+    /// The endpoint actually bound.
+    pub endpoint: String,
+}
+
+impl PublisherStatus {
+    /// The status to report when events are disabled.
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+}
+
+struct State {
+    queue: EventQueue,
+    /// The socket thread is parked on the condvar and needs a wake-up.
+    consumer_waiting: bool,
+    /// Events taken from the queue whose send has not been recorded yet.
+    in_flight: usize,
+    shutting_down: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+impl Shared {
+    /// A panic elsewhere must not stop event accounting, so a poisoned lock is used as is.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A running KV event publisher. Dropping it drains the queue and stops the thread.
+pub struct Publisher {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    endpoint: String,
+    backend_id: String,
+    epoch: u64,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("endpoint", &self.endpoint)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn random_epoch() -> u64 {
+    // RandomState is seeded from the OS once per process, which is what an epoch needs.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    h.write_u128(nanos);
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+fn socket_err(op: &'static str) -> impl FnOnce(zmq::Error) -> EventsError {
+    move |source| EventsError::Socket { op, source }
+}
+
+impl Publisher {
+    /// Validates `cfg`, binds the PUB socket (reporting a bad or busy endpoint here) and
+    /// starts the socket thread.
+    pub fn start(cfg: EventConfig) -> Result<Publisher, EventsError> {
+        cfg.validate()?;
+        let ctx = zmq::Context::new();
+        let socket = ctx.socket(zmq::PUB).map_err(socket_err("socket"))?;
+        socket
+            .set_sndhwm(SEND_HWM)
+            .map_err(socket_err("set SNDHWM"))?;
+        socket.set_linger(0).map_err(socket_err("set LINGER"))?;
+        socket
+            .bind(&cfg.bind_endpoint)
+            .map_err(|source| EventsError::Bind {
+                endpoint: cfg.bind_endpoint.clone(),
+                source,
+            })?;
+        let endpoint = match socket
+            .get_last_endpoint()
+            .map_err(socket_err("get LAST_ENDPOINT"))?
+        {
+            Ok(s) => s,
+            Err(raw) => String::from_utf8_lossy(&raw).into_owned(),
+        };
+
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: EventQueue::new(cfg.queue_capacity, cfg.emit_object_key),
+                consumer_waiting: false,
+                in_flight: 0,
+                shutting_down: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let encoder = Encoder::new(&cfg);
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("moonkv-events-pub".into())
+            .spawn(move || socket_loop(&thread_shared, &encoder, socket, ctx))
+            .map_err(EventsError::Thread)?;
+        let epoch = random_epoch();
+        tracing::info!(%endpoint, backend_id = %cfg.backend_id, epoch, "KV event publisher started");
+        Ok(Publisher {
+            shared,
+            thread: Some(thread),
+            endpoint,
+            backend_id: cfg.backend_id,
+            epoch,
+        })
+    }
+
+    /// Enqueues `ev` without blocking on I/O and returns its event id, or 0 if the event was
+    /// skipped (a stored/removed event with no object key, or with `emit_object_key` off).
+    ///
+    /// Ids are assigned under the queue lock, so they follow enqueue order: a caller that
+    /// publishes while holding its own metadata lock gets ids consistent with its state.
+    pub fn publish(&self, ev: KvEvent) -> u64 {
+        let timestamp_ms = now_ms();
+        let mut state = self.shared.lock();
+        let id = state.queue.push(ev, timestamp_ms);
+        // Only a parked socket thread needs a (syscall-priced) wake-up.
+        if id != 0 && state.consumer_waiting {
+            state.consumer_waiting = false;
+            self.shared.wake.notify_one();
+        }
+        id
+    }
+
+    /// Highest event id assigned so far; the master's snapshot watermark.
+    pub fn last_event_id(&self) -> u64 {
+        self.shared.lock().queue.last_event_id()
+    }
+
+    /// The endpoint actually bound (ZMQ `LAST_ENDPOINT`), e.g. with the ephemeral port filled in.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Random id of this publisher instance.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Counters and positions for the status endpoint.
+    pub fn status(&self) -> PublisherStatus {
+        let state = self.shared.lock();
+        let c = state.queue.counters();
+        PublisherStatus {
+            enabled: true,
+            published_batches: c.published_batches,
+            published_events: c.published_events,
+            dropped_events: c.dropped_events,
+            skipped_keyless_events: c.skipped_keyless_events,
+            publisher_epoch: self.epoch,
+            last_sequence: state.queue.last_sequence(),
+            last_event_id: state.queue.last_event_id(),
+            queue_len: (state.queue.len() + state.in_flight) as u64,
+            backend_id: self.backend_id.clone(),
+            endpoint: self.endpoint.clone(),
+        }
+    }
+
+    /// Sends everything still queued, then stops the socket thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        {
+            let mut state = self.shared.lock();
+            state.shutting_down = true;
+            self.shared.wake.notify_one();
+        }
+        if thread.join().is_err() {
+            tracing::error!("KV event publisher thread panicked");
+        }
+        tracing::info!(endpoint = %self.endpoint, "KV event publisher stopped");
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Outcome of the previous send, folded into the next locked section to halve lock traffic.
+struct SendOutcome {
+    events: usize,
+    ok: bool,
+}
+
+fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq::Context) {
+    let mut batch: Vec<StampedEvent> = Vec::with_capacity(MAX_EVENTS_PER_MESSAGE);
+    let mut payload: Vec<u8> = Vec::with_capacity(MAX_EVENTS_PER_MESSAGE * 320);
+    let mut outcome: Option<SendOutcome> = None;
+    loop {
+        let sequence = {
+            let mut state = shared.lock();
+            if let Some(o) = outcome.take() {
+                record(&mut state.queue, &o);
+                state.in_flight = 0;
+            }
+            loop {
+                if let Some(seq) = state.queue.take_batch(&mut batch, MAX_EVENTS_PER_MESSAGE) {
+                    state.in_flight = batch.len();
+                    break Some(seq);
+                }
+                if state.shutting_down {
+                    break None;
+                }
+                state.consumer_waiting = true;
+                state = shared
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
+        };
+        let Some(sequence) = sequence else { break };
+        payload.clear();
+        encoder.encode_batch(&mut payload, now_ms(), &batch);
+        let sent = send_message(&socket, sequence, &payload);
+        if let Err(e) = &sent {
+            tracing::warn!(sequence, events = batch.len(), error = %e, "KV event send failed; events dropped");
+        }
+        outcome = Some(SendOutcome {
+            events: batch.len(),
+            ok: sent.is_ok(),
+        });
+        batch.clear();
+    }
+    // Give the drained tail a bounded chance to leave before the socket closes.
+    if let Err(e) = socket.set_linger(SHUTDOWN_LINGER_MS) {
+        tracing::debug!(error = %e, "cannot raise LINGER for shutdown");
+    }
+    drop(socket);
+    drop(ctx);
+}
+
+fn record(queue: &mut EventQueue, outcome: &SendOutcome) {
+    if outcome.ok {
+        queue.record_sent(outcome.events);
+    } else {
+        queue.record_failed(outcome.events);
+    }
+}
+
+fn send_message(socket: &zmq::Socket, sequence: u64, payload: &[u8]) -> Result<(), zmq::Error> {
+    socket.send(&b""[..], zmq::SNDMORE)?;
+    socket.send(&sequence.to_be_bytes()[..], zmq::SNDMORE)?;
+    socket.send(payload, 0)
+}
