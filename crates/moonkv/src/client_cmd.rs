@@ -176,10 +176,7 @@ pub async fn run_put(args: PutArgs) -> anyhow::Result<()> {
     };
     if let Err(e) = result {
         if e.code == ErrorCode::OBJECT_ALREADY_EXISTS {
-            let hint = format!(
-                "'{}' already exists; use --upsert to replace it ({})",
-                args.key, e.message
-            );
+            let hint = format!("{}; use --upsert to replace it", e.message);
             return Err(Error::new(e.code, hint).into());
         }
         return Err(e.into());
@@ -241,6 +238,19 @@ pub async fn run_get(args: GetArgs) -> anyhow::Result<()> {
 /// `moonkv rm`.
 pub async fn run_rm(args: RmArgs) -> anyhow::Result<()> {
     let store = connect(&args.options).await?;
+    let leased = |e: Error| {
+        if e.code == ErrorCode::OBJECT_HAS_LEASE {
+            Error::new(
+                e.code,
+                format!(
+                    "{}; a recent read holds a lease (default 10 s): retry later or use --force",
+                    e.message
+                ),
+            )
+        } else {
+            e
+        }
+    };
     let (what, removed) = if args.all {
         (
             "every object".to_string(),
@@ -253,7 +263,7 @@ pub async fn run_rm(args: RmArgs) -> anyhow::Result<()> {
         )
     } else {
         let key = args.key.clone().unwrap_or_default();
-        store.remove(&key, args.force).await?;
+        store.remove(&key, args.force).await.map_err(leased)?;
         (key, 1)
     };
     if args.options.json {

@@ -1,9 +1,14 @@
 //! The `moonkv` binary: one executable for every role.
 //!
 //! - `master`: metadata server (`master_cmd`).
-//! - `up`, `node`, `put`, `get`, `rm`, `ls`, `stat`: see their modules.
+//! - `up`: master and node in one process (`up_cmd`).
+//! - `node`: memory segments and the data plane (`node_cmd`).
+//! - `put`, `get`, `rm`, `ls`, `stat`: the client commands (`client_cmd`).
 
+mod client_cmd;
 mod master_cmd;
+mod node_cmd;
+mod up_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -17,8 +22,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a master and one node in one process, with the event stream on: the quick start.
+    Up(up_cmd::UpArgs),
     /// Run the master: object metadata, placement, leases, eviction, events, admin HTTP.
     Master(master_cmd::MasterArgs),
+    /// Run a node: contribute memory segments to a cluster and serve their bytes.
+    Node(node_cmd::NodeArgs),
+    #[command(flatten)]
+    Client(client_cmd::ClientCommand),
 }
 
 /// Prints the one JSON line that tells scripts and tests where a server listens.
@@ -67,6 +78,12 @@ fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Up(args) => {
+            let config = args.config()?;
+            runtime(config.rpc_threads)?.block_on(up_cmd::run(args, config))
+        }
+        Command::Node(args) => runtime(0)?.block_on(node_cmd::run(args)),
+        Command::Client(command) => runtime(2)?.block_on(client_cmd::run(command)),
         Command::Master(args) => {
             let config = args.config()?;
             runtime(config.rpc_threads)?.block_on(master_cmd::run(config))

@@ -18,7 +18,11 @@ fn python_peer(script: &str, arg: &Path) {
     if stderr.contains("ModuleNotFoundError") {
         panic!("Python peer dependencies missing: run `pip install -r tests/peer/requirements.txt`\n{stderr}");
     }
-    assert!(out.status.success(), "{} failed:\n{stdout}\n{stderr}", script.display());
+    assert!(
+        out.status.success(),
+        "{} failed:\n{stdout}\n{stderr}",
+        script.display()
+    );
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
 
@@ -29,12 +33,21 @@ fn python_peer_checks_the_emission_table_of_a_real_master() {
 
 #[test]
 fn python_peer_checks_event_bytes_from_the_publisher() {
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_moonkv")).parent().expect("target dir").to_path_buf();
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_moonkv"))
+        .parent()
+        .expect("target dir")
+        .to_path_buf();
     let fixture = bin_dir.join("examples/publish_fixture");
     if !fixture.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "-p", "moonkv-events", "--example", "publish_fixture"])
+            .args([
+                "build",
+                "-p",
+                "moonkv-events",
+                "--example",
+                "publish_fixture",
+            ])
             .current_dir(repo_root())
             .status()
             .expect("build publish_fixture");

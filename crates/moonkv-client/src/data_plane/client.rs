@@ -1,0 +1,221 @@
+//! The caller side of the data plane: one request at a time per connection, and a pool of idle
+//! connections per node endpoint so parallel transfers reuse sockets.
+
+use super::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One data-plane connection to a node.
+pub struct DataConnection {
+    stream: TcpStream,
+    endpoint: String,
+    next_request_id: u64,
+    /// False once the stream may be out of step (I/O error); such a connection is not pooled.
+    healthy: bool,
+}
+
+impl DataConnection {
+    /// Connects to a node's data endpoint.
+    pub async fn connect(endpoint: &str, timeout: Duration) -> Result<DataConnection> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(endpoint))
+            .await
+            .map_err(|_| transfer_fail(endpoint, "connect timed out"))?
+            .map_err(|e| transfer_fail(endpoint, &format!("connect failed: {e}")))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| transfer_fail(endpoint, &e.to_string()))?;
+        Ok(DataConnection {
+            stream,
+            endpoint: endpoint.to_string(),
+            next_request_id: 1,
+            healthy: true,
+        })
+    }
+
+    /// Endpoint this connection talks to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Reads `buf.len()` bytes at `address` of `segment` straight into `buf`.
+    pub async fn read(&mut self, segment: SegmentId, address: u64, buf: &mut [u8]) -> Result<()> {
+        let id = self.take_id();
+        let header = RequestHeader::new(DataOp::Read, id, segment, address, buf.len() as u64);
+        self.healthy = false;
+        self.stream
+            .write_all(&header.encode())
+            .await
+            .map_err(|e| self.io_fail("send read", e))?;
+        let response = self.read_response(id).await?;
+        if response.status != DataStatus::Ok {
+            self.healthy = true;
+            return Err(self.refused("read", segment, address, buf.len() as u64, response.status));
+        }
+        if response.length != buf.len() as u64 {
+            return Err(transfer_fail(
+                &self.endpoint,
+                "read answered with a different length",
+            ));
+        }
+        self.stream
+            .read_exact(buf)
+            .await
+            .map_err(|e| self.io_fail("receive read bytes", e))?;
+        self.healthy = true;
+        Ok(())
+    }
+
+    /// Writes `data` at `address` of `segment`; returns once the node confirmed the bytes are in
+    /// its memory.
+    pub async fn write(&mut self, segment: SegmentId, address: u64, data: &[u8]) -> Result<()> {
+        let id = self.take_id();
+        let header = RequestHeader::new(DataOp::Write, id, segment, address, data.len() as u64);
+        self.healthy = false;
+        let sent = async {
+            self.stream.write_all(&header.encode()).await?;
+            self.stream.write_all(data).await
+        }
+        .await;
+        if let Err(e) = sent {
+            // The node may have refused the write and closed; its answer says why.
+            return match tokio::time::timeout(Duration::from_millis(200), self.read_response(id))
+                .await
+            {
+                Ok(Ok(r)) if r.status != DataStatus::Ok => {
+                    Err(self.refused("write", segment, address, data.len() as u64, r.status))
+                }
+                _ => Err(self.io_fail("send write", e)),
+            };
+        }
+        let response = self.read_response(id).await?;
+        // After these two the node closes the connection.
+        self.healthy = !matches!(
+            response.status,
+            DataStatus::TooLarge | DataStatus::BadHeader
+        );
+        if response.status != DataStatus::Ok {
+            return Err(self.refused(
+                "write",
+                segment,
+                address,
+                data.len() as u64,
+                response.status,
+            ));
+        }
+        Ok(())
+    }
+
+    fn take_id(&mut self) -> u64 {
+        let id = self.next_request_id;
+        self.next_request_id = self.next_request_id.wrapping_add(1);
+        id
+    }
+
+    async fn read_response(&mut self, request_id: u64) -> Result<ResponseHeader> {
+        let mut raw = [0u8; RESPONSE_LEN];
+        self.stream
+            .read_exact(&mut raw)
+            .await
+            .map_err(|e| self.io_fail("receive answer", e))?;
+        let response = ResponseHeader::decode(&raw)
+            .ok_or_else(|| transfer_fail(&self.endpoint, "malformed answer header"))?;
+        if response.request_id != request_id {
+            return Err(transfer_fail(&self.endpoint, "answer for another request"));
+        }
+        Ok(response)
+    }
+
+    fn io_fail(&self, what: &str, e: std::io::Error) -> Error {
+        transfer_fail(&self.endpoint, &format!("{what}: {e}"))
+    }
+
+    fn refused(
+        &self,
+        what: &str,
+        segment: SegmentId,
+        address: u64,
+        len: u64,
+        status: DataStatus,
+    ) -> Error {
+        let code = match status {
+            DataStatus::UnknownSegment => ErrorCode::SEGMENT_NOT_FOUND,
+            DataStatus::OutOfRange | DataStatus::AddressOverflow => ErrorCode::INVALID_PARAMS,
+            _ => ErrorCode::TRANSFER_FAIL,
+        };
+        Error::new(
+            code,
+            format!(
+                "node {} refused a {what} of {len} bytes at {address:#x} in segment {segment}: {}",
+                self.endpoint,
+                status.describe()
+            ),
+        )
+    }
+}
+
+fn transfer_fail(endpoint: &str, why: &str) -> Error {
+    Error::new(
+        ErrorCode::TRANSFER_FAIL,
+        format!("data transfer with node {endpoint} failed: {why}"),
+    )
+}
+
+/// Idle connections per endpoint.
+pub struct ConnectionPool {
+    idle: Mutex<HashMap<String, Vec<DataConnection>>>,
+    max_idle_per_endpoint: usize,
+    connect_timeout: Duration,
+}
+
+impl ConnectionPool {
+    /// A pool keeping at most `max_idle_per_endpoint` idle connections per node.
+    pub fn new(max_idle_per_endpoint: usize, connect_timeout: Duration) -> Self {
+        Self {
+            idle: Mutex::default(),
+            max_idle_per_endpoint,
+            connect_timeout,
+        }
+    }
+
+    /// An idle connection to `endpoint` (`true`: reused from the pool), or a new one.
+    pub async fn checkout(&self, endpoint: &str) -> Result<(DataConnection, bool)> {
+        let idle = self.lock().get_mut(endpoint).and_then(Vec::pop);
+        match idle {
+            Some(conn) => Ok((conn, true)),
+            None => Ok((
+                DataConnection::connect(endpoint, self.connect_timeout).await?,
+                false,
+            )),
+        }
+    }
+
+    /// A new connection to `endpoint`, bypassing the idle list.
+    pub async fn fresh(&self, endpoint: &str) -> Result<DataConnection> {
+        DataConnection::connect(endpoint, self.connect_timeout).await
+    }
+
+    /// Returns a connection for reuse if it is still in step.
+    pub fn checkin(&self, conn: DataConnection) {
+        if !conn.healthy {
+            return;
+        }
+        let mut idle = self.lock();
+        let list = idle.entry(conn.endpoint.clone()).or_default();
+        if list.len() < self.max_idle_per_endpoint {
+            list.push(conn);
+        }
+    }
+
+    /// Drops every idle connection to `endpoint` (after a failure there).
+    pub fn forget(&self, endpoint: &str) {
+        self.lock().remove(endpoint);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<DataConnection>>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

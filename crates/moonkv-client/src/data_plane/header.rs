@@ -1,0 +1,277 @@
+//! Fixed binary headers of the data plane (layout in `docs/data-plane.md`).
+//!
+//! All integers are big-endian. A request header is followed, for writes, by exactly `length`
+//! raw payload bytes; a response header is followed, for successful reads, by exactly `length`
+//! raw bytes. Payload bytes are never re-encoded.
+
+use moonkv_proto::SegmentId;
+
+/// Request header length in bytes.
+pub const REQUEST_LEN: usize = 48;
+/// Response header length in bytes.
+pub const RESPONSE_LEN: usize = 24;
+/// First four bytes of every request: `MKVD`.
+pub const REQUEST_MAGIC: [u8; 4] = *b"MKVD";
+/// First four bytes of every response: `MKVR`.
+pub const RESPONSE_MAGIC: [u8; 4] = *b"MKVR";
+/// Version of the data-plane headers.
+pub const VERSION: u8 = 1;
+
+/// What a request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataOp {
+    /// Send `length` bytes of the segment starting at `address` back to the caller.
+    Read = 1,
+    /// Store the `length` payload bytes that follow the header at `address`.
+    Write = 2,
+}
+
+/// Outcome of one request, carried in the response header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataStatus {
+    /// Done: read bytes follow, or written bytes are in memory.
+    Ok = 0,
+    /// No segment with this id is mounted by the node.
+    UnknownSegment = 1,
+    /// `[address, address + length)` is not inside the segment.
+    OutOfRange = 2,
+    /// `address + length` does not fit in 64 bits.
+    AddressOverflow = 3,
+    /// The op byte is neither read nor write.
+    BadOp = 4,
+    /// A refused write is too long to drain; the node closes the connection after answering.
+    TooLarge = 5,
+    /// Wrong magic or version; the node closes the connection after answering.
+    BadHeader = 6,
+}
+
+impl DataStatus {
+    /// Maps the wire byte back; unknown bytes are treated as a malformed header.
+    pub fn from_u8(byte: u8) -> DataStatus {
+        match byte {
+            0 => DataStatus::Ok,
+            1 => DataStatus::UnknownSegment,
+            2 => DataStatus::OutOfRange,
+            3 => DataStatus::AddressOverflow,
+            4 => DataStatus::BadOp,
+            5 => DataStatus::TooLarge,
+            _ => DataStatus::BadHeader,
+        }
+    }
+
+    /// A sentence for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            DataStatus::Ok => "ok",
+            DataStatus::UnknownSegment => "the node has no such segment mounted",
+            DataStatus::OutOfRange => "the range is outside the segment",
+            DataStatus::AddressOverflow => "address plus length overflows",
+            DataStatus::BadOp => "unknown operation",
+            DataStatus::TooLarge => "refused write too long to drain",
+            DataStatus::BadHeader => "malformed request header",
+        }
+    }
+}
+
+/// A decoded request header. `op` is kept raw so a bad op can be answered precisely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestHeader {
+    /// 1 = read, 2 = write; anything else is answered with [`DataStatus::BadOp`].
+    pub op: u8,
+    /// Echoed in the response.
+    pub request_id: u64,
+    /// Target segment.
+    pub segment_id: SegmentId,
+    /// Absolute address inside the segment.
+    pub address: u64,
+    /// Bytes to read or write.
+    pub length: u64,
+}
+
+impl RequestHeader {
+    /// Builds a request header.
+    pub fn new(
+        op: DataOp,
+        request_id: u64,
+        segment_id: SegmentId,
+        address: u64,
+        length: u64,
+    ) -> Self {
+        Self {
+            op: op as u8,
+            request_id,
+            segment_id,
+            address,
+            length,
+        }
+    }
+
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut out = [0u8; REQUEST_LEN];
+        out[0..4].copy_from_slice(&REQUEST_MAGIC);
+        out[4] = VERSION;
+        out[5] = self.op;
+        out[8..16].copy_from_slice(&self.request_id.to_be_bytes());
+        out[16..24].copy_from_slice(&self.segment_id.0.hi.to_be_bytes());
+        out[24..32].copy_from_slice(&self.segment_id.0.lo.to_be_bytes());
+        out[32..40].copy_from_slice(&self.address.to_be_bytes());
+        out[40..48].copy_from_slice(&self.length.to_be_bytes());
+        out
+    }
+
+    /// Decodes a header; `Err` carries the request id (0 if unreadable) for the answer.
+    pub fn decode(bytes: &[u8; REQUEST_LEN]) -> Result<RequestHeader, u64> {
+        let request_id = be_u64(bytes, 8);
+        if bytes[0..4] != REQUEST_MAGIC || bytes[4] != VERSION {
+            return Err(request_id);
+        }
+        Ok(RequestHeader {
+            op: bytes[5],
+            request_id,
+            segment_id: SegmentId::new(be_u64(bytes, 16), be_u64(bytes, 24)),
+            address: be_u64(bytes, 32),
+            length: be_u64(bytes, 40),
+        })
+    }
+}
+
+/// A response header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseHeader {
+    /// Outcome.
+    pub status: DataStatus,
+    /// Request id being answered.
+    pub request_id: u64,
+    /// Raw bytes following this header (the read length on a successful read, else 0).
+    pub length: u64,
+}
+
+impl ResponseHeader {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; RESPONSE_LEN] {
+        let mut out = [0u8; RESPONSE_LEN];
+        out[0..4].copy_from_slice(&RESPONSE_MAGIC);
+        out[4] = VERSION;
+        out[5] = self.status as u8;
+        out[8..16].copy_from_slice(&self.request_id.to_be_bytes());
+        out[16..24].copy_from_slice(&self.length.to_be_bytes());
+        out
+    }
+
+    /// Decodes a header; `None` when the magic or version is wrong.
+    pub fn decode(bytes: &[u8; RESPONSE_LEN]) -> Option<ResponseHeader> {
+        if bytes[0..4] != RESPONSE_MAGIC || bytes[4] != VERSION {
+            return None;
+        }
+        Some(ResponseHeader {
+            status: DataStatus::from_u8(bytes[5]),
+            request_id: be_u64(bytes, 8),
+            length: be_u64(bytes, 16),
+        })
+    }
+}
+
+fn be_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_be_bytes(word)
+}
+
+/// Checks `[address, address + length)` against a segment `[base, base + size)` and returns the
+/// offset of `address` inside the segment.
+pub fn check_range(base: u64, size: u64, address: u64, length: u64) -> Result<usize, DataStatus> {
+    let end = address
+        .checked_add(length)
+        .ok_or(DataStatus::AddressOverflow)?;
+    let segment_end = base.checked_add(size).ok_or(DataStatus::OutOfRange)?;
+    if address < base || end > segment_end {
+        return Err(DataStatus::OutOfRange);
+    }
+    usize::try_from(address - base).map_err(|_| DataStatus::OutOfRange)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_header_has_the_documented_layout() {
+        let h = RequestHeader::new(DataOp::Write, 7, SegmentId::new(1, 2), 0x1000, 16);
+        let bytes = h.encode();
+        let mut expected = Vec::new();
+        expected.extend_from_slice(b"MKVD");
+        expected.extend_from_slice(&[1, 2, 0, 0]);
+        expected.extend_from_slice(&7u64.to_be_bytes());
+        expected.extend_from_slice(&1u64.to_be_bytes());
+        expected.extend_from_slice(&2u64.to_be_bytes());
+        expected.extend_from_slice(&0x1000u64.to_be_bytes());
+        expected.extend_from_slice(&16u64.to_be_bytes());
+        assert_eq!(bytes.to_vec(), expected);
+        assert_eq!(RequestHeader::decode(&bytes), Ok(h));
+    }
+
+    #[test]
+    fn response_header_round_trips() {
+        let h = ResponseHeader {
+            status: DataStatus::OutOfRange,
+            request_id: 9,
+            length: 0,
+        };
+        let bytes = h.encode();
+        assert_eq!(&bytes[0..6], b"MKVR\x01\x02");
+        assert_eq!(ResponseHeader::decode(&bytes), Some(h));
+    }
+
+    #[test]
+    fn bad_magic_or_version_is_refused() {
+        let mut bytes = RequestHeader::new(DataOp::Read, 5, SegmentId::new(0, 1), 0, 1).encode();
+        bytes[0] = b'X';
+        assert_eq!(RequestHeader::decode(&bytes), Err(5));
+        let mut bytes = RequestHeader::new(DataOp::Read, 5, SegmentId::new(0, 1), 0, 1).encode();
+        bytes[4] = 2;
+        assert_eq!(RequestHeader::decode(&bytes), Err(5));
+        let mut resp = ResponseHeader {
+            status: DataStatus::Ok,
+            request_id: 1,
+            length: 0,
+        }
+        .encode();
+        resp[1] = 0;
+        assert_eq!(ResponseHeader::decode(&resp), None);
+    }
+
+    #[test]
+    fn ranges_are_bounds_checked() {
+        let base = 0x10_0000;
+        assert_eq!(check_range(base, 4096, base, 4096), Ok(0));
+        assert_eq!(check_range(base, 4096, base + 100, 10), Ok(100));
+        assert_eq!(check_range(base, 4096, base + 4096, 0), Ok(4096));
+        assert_eq!(
+            check_range(base, 4096, base + 1, 4096),
+            Err(DataStatus::OutOfRange)
+        );
+        assert_eq!(
+            check_range(base, 4096, base - 1, 1),
+            Err(DataStatus::OutOfRange)
+        );
+        assert_eq!(
+            check_range(base, 4096, base, u64::MAX),
+            Err(DataStatus::AddressOverflow)
+        );
+        assert_eq!(
+            check_range(base, 4096, u64::MAX, 2),
+            Err(DataStatus::AddressOverflow)
+        );
+        assert_eq!(
+            check_range(base, 4096, base + 5000, 0),
+            Err(DataStatus::OutOfRange)
+        );
+    }
+
+    #[test]
+    fn unknown_status_bytes_read_as_bad_header() {
+        assert_eq!(DataStatus::from_u8(0), DataStatus::Ok);
+        assert_eq!(DataStatus::from_u8(200), DataStatus::BadHeader);
+    }
+}

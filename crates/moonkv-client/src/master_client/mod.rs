@@ -1,0 +1,293 @@
+//! Client of the master's RPC protocol (`docs/protocol.md`).
+//!
+//! One multiplexed TCP connection per master: callers pipeline requests, responses are matched
+//! by request id. A call that outlives its deadline fails with `RPC_TIMEOUT`; a broken
+//! connection fails its in-flight calls with `RPC_FAIL` and is re-established (with backoff) by
+//! the next call. Mutations are never retried automatically, since their outcome is unknown.
+//!
+//! Segments mounted through [`MasterClient::mount`] are remembered; a background heartbeat pings
+//! the master every second and, when the master answers `NEED_REMOUNT` (it restarted or expired
+//! this client), re-registers them with `ReMountSegment`.
+
+mod connection;
+mod heartbeat;
+
+use connection::Connection;
+use moonkv_proto::frame;
+use moonkv_proto::msg::*;
+use moonkv_proto::types::*;
+use moonkv_proto::{ClientId, Error, ErrorCode, Result, SegmentId};
+use serde::de::DeserializeOwned;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How a [`MasterClient`] talks to the master.
+#[derive(Clone, Debug)]
+pub struct MasterClientConfig {
+    /// Master RPC address, `host:port`.
+    pub master_addr: String,
+    /// Identity of this process towards the master (writer id, segment owner).
+    pub client_id: ClientId,
+    /// Name sent in the hello, for the master's logs.
+    pub client_name: String,
+    /// Deadline of one request.
+    pub rpc_timeout: Duration,
+    /// Deadline of one connection attempt (TCP connect plus hello).
+    pub connect_timeout: Duration,
+    /// Connection attempts per call before it fails with `RPC_FAIL`.
+    pub connect_attempts: u32,
+    /// Heartbeat period.
+    pub ping_interval: Duration,
+}
+
+impl MasterClientConfig {
+    /// Defaults for `master_addr`: 5 s requests, 3 s connects, 3 attempts, 1 s heartbeat.
+    pub fn new(master_addr: impl Into<String>) -> Self {
+        Self {
+            master_addr: master_addr.into(),
+            client_id: crate::util::random_client_id(),
+            client_name: format!("moonkv-client/{}", env!("CARGO_PKG_VERSION")),
+            rpc_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(3),
+            connect_attempts: 3,
+            ping_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Handle to the master; cheap to clone, all clones share one connection.
+#[derive(Clone)]
+pub struct MasterClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: MasterClientConfig,
+    conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    next_request_id: AtomicU64,
+    segments: Mutex<Vec<Segment>>,
+    heartbeat: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = lock(&self.heartbeat).take() {
+            task.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl MasterClient {
+    /// Connects to the master (hello included) and returns the client.
+    pub async fn connect(config: MasterClientConfig) -> Result<MasterClient> {
+        let client = MasterClient::lazy(config);
+        client.connection().await?;
+        Ok(client)
+    }
+
+    /// Builds a client that connects on its first call.
+    pub fn lazy(config: MasterClientConfig) -> MasterClient {
+        MasterClient {
+            inner: Arc::new(Inner {
+                config,
+                conn: tokio::sync::Mutex::new(None),
+                next_request_id: AtomicU64::new(1),
+                segments: Mutex::new(Vec::new()),
+                heartbeat: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Identity of this client towards the master.
+    pub fn client_id(&self) -> ClientId {
+        self.inner.config.client_id
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &MasterClientConfig {
+        &self.inner.config
+    }
+
+    /// Returns the live connection, opening a new one (with backoff between attempts) if needed.
+    async fn connection(&self) -> Result<Arc<Connection>> {
+        let mut slot = self.inner.conn.lock().await;
+        if let Some(conn) = slot.as_ref().filter(|c| c.is_alive()) {
+            return Ok(conn.clone());
+        }
+        let config = &self.inner.config;
+        let mut backoff = Duration::from_millis(50);
+        let mut last_error = None;
+        for attempt in 0..config.connect_attempts.max(1) {
+            if attempt > 0 {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            match Connection::open(
+                &config.master_addr,
+                &config.client_name,
+                config.connect_timeout,
+            )
+            .await
+            {
+                Ok(conn) => {
+                    let conn = Arc::new(conn);
+                    *slot = Some(conn.clone());
+                    return Ok(conn);
+                }
+                Err(e) => {
+                    tracing::debug!(addr = %config.master_addr, attempt, error = %e, "master connect failed");
+                    // A refused hello (wrong protocol version) will not get better by retrying.
+                    if e.code != ErrorCode::RPC_FAIL && e.code != ErrorCode::RPC_TIMEOUT {
+                        return Err(e);
+                    }
+                    last_error = Some(e);
+                }
+            }
+        }
+        *slot = None;
+        Err(last_error
+            .unwrap_or_else(|| Error::new(ErrorCode::RPC_FAIL, "no connection attempt was made")))
+    }
+
+    /// Sends one request and decodes its response, within the configured deadline.
+    pub async fn call<T: DeserializeOwned>(&self, request: Request) -> Result<T> {
+        self.call_with_timeout(request, self.inner.config.rpc_timeout)
+            .await
+    }
+
+    /// Sends one request and decodes its response, within `deadline`.
+    pub async fn call_with_timeout<T: DeserializeOwned>(
+        &self,
+        request: Request,
+        deadline: Duration,
+    ) -> Result<T> {
+        let op = request.op();
+        let attempt = async {
+            let conn = self.connection().await?;
+            let request_id = self.inner.next_request_id.fetch_add(1, Ordering::Relaxed);
+            let mut out = Vec::new();
+            frame::encode_request(&mut out, request_id, &request)?;
+            if out.len() > conn.max_frame_bytes as usize {
+                return Err(Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!(
+                        "{op:?} request of {} bytes exceeds the master's frame limit of {}",
+                        out.len(),
+                        conn.max_frame_bytes
+                    ),
+                ));
+            }
+            let rx = conn.send(request_id, out)?;
+            let guard = ForgetOnDrop {
+                conn: &conn,
+                request_id,
+            };
+            let raw = rx.await.map_err(|_| {
+                Error::new(ErrorCode::RPC_FAIL, "the connection to the master closed")
+            })??;
+            std::mem::forget(guard);
+            let frame = frame::Frame {
+                kind: frame::FrameKind::Response,
+                request_id,
+                code: raw.code,
+                body: &raw.body,
+            };
+            frame::decode_response::<T>(&frame)
+        };
+        match tokio::time::timeout(deadline, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                ErrorCode::RPC_TIMEOUT,
+                format!(
+                    "{op:?} got no answer from the master at {} within {deadline:?}",
+                    self.inner.config.master_addr
+                ),
+            )),
+        }
+    }
+
+    /// Mounts a segment owned by this client and remembers it for automatic remounts; starts the
+    /// heartbeat on first use.
+    pub async fn mount(&self, segment: Segment) -> Result<()> {
+        self.mount_segment(MountSegmentRequest {
+            segment: segment.clone(),
+            client_id: self.client_id(),
+        })
+        .await?;
+        lock(&self.inner.segments).push(segment);
+        self.start_heartbeat();
+        Ok(())
+    }
+
+    /// Unmounts a segment mounted with [`MasterClient::mount`] and forgets it.
+    pub async fn unmount(&self, segment_id: SegmentId) -> Result<()> {
+        lock(&self.inner.segments).retain(|s| s.id != segment_id);
+        self.unmount_segment(UnmountSegmentRequest {
+            segment_id,
+            client_id: self.client_id(),
+        })
+        .await
+    }
+
+    /// Segments this client has mounted and not unmounted.
+    pub fn mounted_segments(&self) -> Vec<Segment> {
+        lock(&self.inner.segments).clone()
+    }
+
+    /// Stops the heartbeat and closes the connection.
+    pub async fn close(&self) {
+        if let Some(task) = lock(&self.inner.heartbeat).take() {
+            task.abort();
+        }
+        if let Some(conn) = self.inner.conn.lock().await.take() {
+            conn.close();
+        }
+    }
+
+    fn start_heartbeat(&self) {
+        let mut slot = lock(&self.inner.heartbeat);
+        if slot.is_none() {
+            let weak = Arc::downgrade(&self.inner);
+            *slot = Some(tokio::spawn(heartbeat::run(
+                weak,
+                self.inner.config.ping_interval,
+            )));
+        }
+    }
+}
+
+/// Removes a pending entry when its caller stops waiting (deadline or cancellation).
+struct ForgetOnDrop<'a> {
+    conn: &'a Connection,
+    request_id: u64,
+}
+
+impl Drop for ForgetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.conn.forget(self.request_id);
+    }
+}
+
+macro_rules! typed_helpers {
+    ($($code:literal => $name:ident($req:ty) -> $resp:ty, $method:ident;)*) => {
+        /// One typed method per RPC of the protocol table, named after the operation.
+        impl MasterClient {
+            $(
+                #[doc = concat!("Calls `", stringify!($name), "` (opcode ", stringify!($code), ").")]
+                pub async fn $method(&self, request: $req) -> Result<$resp> {
+                    self.call(Request::$name(request)).await
+                }
+            )*
+        }
+    };
+}
+
+moonkv_proto::for_each_op!(typed_helpers);
+
+#[cfg(test)]
+mod tests;

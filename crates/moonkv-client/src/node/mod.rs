@@ -1,0 +1,235 @@
+//! A node: allocates memory segments, mounts them on the master and serves their bytes over the
+//! data plane. It runs as its own process (`moonkv node`) or embedded in any tokio program
+//! (`moonkv up`, tests, a client that contributes memory).
+
+mod range_lock;
+pub mod segment;
+
+use crate::data_plane::server::{DataServer, SegmentTable};
+use crate::master_client::{MasterClient, MasterClientConfig};
+use moonkv_proto::types::Segment;
+use moonkv_proto::{ClientId, Error, ErrorCode, Result, SegmentId};
+use segment::SegmentMemory;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to start a node.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Master RPC address, `host:port`.
+    pub master_addr: String,
+    /// Bytes per segment (rounded up to a whole page).
+    pub segment_size: u64,
+    /// Number of segments, used when `segment_names` is empty.
+    pub segment_count: usize,
+    /// Explicit segment names (one segment each); default names are `<endpoint>/<index>`.
+    pub segment_names: Vec<String>,
+    /// Data-plane listen address; port 0 picks a free port.
+    pub data_bind: String,
+    /// Host clients should connect to when `data_bind` is a wildcard address (default: the
+    /// bind address itself, or 127.0.0.1 for a wildcard).
+    pub advertise_host: Option<String>,
+    /// Host identity reported with each segment.
+    pub host_id: String,
+    /// Identity towards the master; random when `None`.
+    pub client_id: Option<ClientId>,
+    /// Deadline of one master request.
+    pub rpc_timeout: Duration,
+    /// Heartbeat period.
+    pub ping_interval: Duration,
+}
+
+impl NodeConfig {
+    /// One segment of `segment_size` bytes on an ephemeral loopback port.
+    pub fn new(master_addr: impl Into<String>, segment_size: u64) -> Self {
+        Self {
+            master_addr: master_addr.into(),
+            segment_size,
+            segment_count: 1,
+            segment_names: Vec::new(),
+            data_bind: "127.0.0.1:0".into(),
+            advertise_host: None,
+            host_id: "localhost".into(),
+            client_id: None,
+            rpc_timeout: Duration::from_secs(5),
+            ping_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Entry point of a node.
+pub struct Node;
+
+impl Node {
+    /// Allocates the segments, starts the data plane and mounts the segments on the master.
+    /// On any failure the segments mounted so far are unmounted again.
+    pub async fn start(config: NodeConfig) -> Result<NodeHandle> {
+        let names = segment_names_or_count(&config)?;
+        let listener = tokio::net::TcpListener::bind(&config.data_bind)
+            .await
+            .map_err(|e| {
+                Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!("cannot listen on {}: {e}", config.data_bind),
+                )
+            })?;
+        let mut memories = Vec::with_capacity(names.len());
+        for _ in &names {
+            let id = SegmentId(crate::util::random_client_id().0);
+            memories.push(Arc::new(SegmentMemory::allocate(id, config.segment_size)?));
+        }
+        let table: SegmentTable = Arc::new(std::sync::RwLock::new(
+            memories.iter().map(|m| (m.id(), m.clone())).collect(),
+        ));
+        let server = DataServer::spawn(listener, table).map_err(|e| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("data plane failed to start: {e}"),
+            )
+        })?;
+        let endpoint = advertised_endpoint(server.local_addr(), config.advertise_host.as_deref());
+        let segments: Vec<Segment> = names
+            .into_iter()
+            .zip(&memories)
+            .enumerate()
+            .map(|(i, (name, memory))| Segment {
+                id: memory.id(),
+                name: name.unwrap_or_else(|| format!("{endpoint}/{i}")),
+                base: memory.base(),
+                size: memory.size(),
+                endpoint: endpoint.clone(),
+                protocol: "tcp".into(),
+                host_id: config.host_id.clone(),
+            })
+            .collect();
+
+        let mut master_config = MasterClientConfig::new(config.master_addr.clone());
+        if let Some(id) = config.client_id {
+            master_config.client_id = id;
+        }
+        master_config.client_name = format!("moonkv-node/{endpoint}");
+        master_config.rpc_timeout = config.rpc_timeout;
+        master_config.ping_interval = config.ping_interval;
+        let master = match MasterClient::connect(master_config).await {
+            Ok(m) => m,
+            Err(e) => {
+                server.stop().await;
+                return Err(e);
+            }
+        };
+        let handle = NodeHandle {
+            endpoint,
+            master,
+            memories,
+            segments,
+            server: Some(server),
+        };
+        for segment in handle.segments.clone() {
+            if let Err(e) = handle.master.mount(segment.clone()).await {
+                handle.shutdown().await;
+                return Err(Error::new(
+                    e.code,
+                    format!("mounting segment {}: {}", segment.name, e.message),
+                ));
+            }
+        }
+        for memory in &handle.memories {
+            segment::register_local(memory);
+        }
+        tracing::info!(endpoint = %handle.endpoint, segments = handle.segments.len(), "node ready");
+        Ok(handle)
+    }
+}
+
+fn segment_names_or_count(config: &NodeConfig) -> Result<Vec<Option<String>>> {
+    if config.segment_size == 0 {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            "segment size must be greater than zero",
+        ));
+    }
+    if !config.segment_names.is_empty() {
+        return Ok(config.segment_names.iter().cloned().map(Some).collect());
+    }
+    if config.segment_count == 0 {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            "a node needs at least one segment",
+        ));
+    }
+    Ok(vec![None; config.segment_count])
+}
+
+fn advertised_endpoint(bound: SocketAddr, advertise_host: Option<&str>) -> String {
+    match advertise_host {
+        Some(host) => format!("{host}:{}", bound.port()),
+        None if bound.ip().is_unspecified() => format!("127.0.0.1:{}", bound.port()),
+        None => bound.to_string(),
+    }
+}
+
+/// A running node. Call [`NodeHandle::shutdown`] to unmount and stop; dropping the handle stops
+/// serving and heartbeating without unmounting (the master expires the segments after its
+/// client TTL).
+pub struct NodeHandle {
+    endpoint: String,
+    master: MasterClient,
+    memories: Vec<Arc<SegmentMemory>>,
+    segments: Vec<Segment>,
+    server: Option<DataServer>,
+}
+
+impl NodeHandle {
+    /// Data-plane endpoint clients connect to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Identity of the node towards the master.
+    pub fn client_id(&self) -> ClientId {
+        self.master.client_id()
+    }
+
+    /// The segments this node mounted.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// The node's master client (shares its connection and heartbeat).
+    pub fn master(&self) -> &MasterClient {
+        &self.master
+    }
+
+    /// Unmounts every segment, stops serving and closes the master connection.
+    pub async fn shutdown(mut self) {
+        for memory in &self.memories {
+            segment::unregister_local(memory.id());
+        }
+        for segment in self.master.mounted_segments() {
+            if let Err(e) = self.master.unmount(segment.id).await {
+                tracing::warn!(segment = %segment.name, error = %e, "unmount at shutdown failed");
+            }
+        }
+        self.stop_serving().await;
+    }
+
+    /// Stops serving and heartbeating without telling the master, as if the process died. The
+    /// master keeps the segments until the client TTL expires. Meant for fault tests.
+    pub async fn crash(mut self) {
+        for memory in &self.memories {
+            segment::unregister_local(memory.id());
+        }
+        self.stop_serving().await;
+    }
+
+    async fn stop_serving(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.stop().await;
+        }
+        self.master.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

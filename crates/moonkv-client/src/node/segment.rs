@@ -1,0 +1,250 @@
+//! Segment memory: one zeroed, lazily committed allocation per segment, shared by every connection
+//! task of the node (and, for in-process replicas, by the store's copy path).
+//!
+//! Access goes through [`ReadView`] / [`WriteView`], which hold a range lock for their bytes;
+//! that is what makes handing out `&[u8]` / `&mut [u8]` over the shared allocation sound.
+
+use super::range_lock::{RangeGuard, RangeLock};
+use crate::data_plane::header::{check_range, DataStatus};
+use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// Alignment of every segment: one page.
+pub const PAGE_SIZE: usize = 4096;
+/// Alignment of segment memory. Kept at the allocator's natural alignment on purpose: a larger
+/// alignment makes the system allocator zero every byte up front (touching the whole segment),
+/// while this one takes the calloc path, whose large blocks come from fresh, lazily zeroed
+/// pages — a 1 GiB segment costs nothing until it is written.
+pub const SEGMENT_ALIGN: usize = 16;
+
+/// The bytes of one mounted segment.
+pub struct SegmentMemory {
+    id: SegmentId,
+    ptr: NonNull<u8>,
+    layout: Layout,
+    locks: RangeLock,
+}
+
+// SAFETY: the allocation is owned by this struct for its whole life and freed only in `Drop`.
+// Concurrent access to its bytes goes exclusively through `ReadView` / `WriteView`, whose range
+// guards forbid a writer overlapping any other holder, so no data race is possible.
+unsafe impl Send for SegmentMemory {}
+// SAFETY: see `Send`; shared references only hand out bytes under range guards.
+unsafe impl Sync for SegmentMemory {}
+
+impl SegmentMemory {
+    /// Allocates `size` zeroed bytes (rounded up to a whole page), committed lazily by the OS.
+    pub fn allocate(id: SegmentId, size: u64) -> Result<SegmentMemory> {
+        let bad = |why: String| Error::new(ErrorCode::INVALID_PARAMS, why);
+        if size == 0 {
+            return Err(bad("a segment cannot be empty".into()));
+        }
+        let size = usize::try_from(size)
+            .ok()
+            .and_then(|s| s.checked_next_multiple_of(PAGE_SIZE))
+            .ok_or_else(|| bad(format!("segment size {size} does not fit in memory")))?;
+        let layout = Layout::from_size_align(size, SEGMENT_ALIGN)
+            .map_err(|e| bad(format!("segment size {size}: {e}")))?;
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("could not allocate a segment of {size} bytes"),
+            )
+        })?;
+        Ok(SegmentMemory {
+            id,
+            ptr,
+            layout,
+            locks: RangeLock::default(),
+        })
+    }
+
+    /// Segment id.
+    pub fn id(&self) -> SegmentId {
+        self.id
+    }
+
+    /// Absolute address of the first byte (what the master sees as the segment base).
+    pub fn base(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.layout.size() as u64
+    }
+
+    /// Checks `[address, address + length)` and returns its offset.
+    pub fn check(&self, address: u64, length: u64) -> std::result::Result<usize, DataStatus> {
+        check_range(self.base(), self.size(), address, length)
+    }
+
+    /// Shared view of `[address, address + length)`, waiting for overlapping writers.
+    pub async fn read_view(
+        &self,
+        address: u64,
+        length: u64,
+    ) -> std::result::Result<ReadView<'_>, DataStatus> {
+        let offset = self.check(address, length)?;
+        let len = length as usize;
+        let guard = self.locks.acquire(offset, offset + len, false).await;
+        Ok(ReadView {
+            memory: self,
+            offset,
+            len,
+            _guard: guard,
+        })
+    }
+
+    /// Exclusive view of `[address, address + length)`, waiting for overlapping holders.
+    pub async fn write_view(
+        &self,
+        address: u64,
+        length: u64,
+    ) -> std::result::Result<WriteView<'_>, DataStatus> {
+        let offset = self.check(address, length)?;
+        let len = length as usize;
+        let guard = self.locks.acquire(offset, offset + len, true).await;
+        Ok(WriteView {
+            memory: self,
+            offset,
+            len,
+            _guard: guard,
+        })
+    }
+}
+
+impl Drop for SegmentMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed(self.layout)` and is freed exactly once, here.
+        // Views borrow `self`, so none can outlive this point.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Bytes of a segment readable while the view lives.
+pub struct ReadView<'a> {
+    memory: &'a SegmentMemory,
+    offset: usize,
+    len: usize,
+    _guard: RangeGuard<'a>,
+}
+
+impl std::ops::Deref for ReadView<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `offset + len <= size` was checked when the view was made; the shared range
+        // guard excludes any writer of these bytes while the view lives; the allocation outlives
+        // the view (it borrows the memory).
+        unsafe { std::slice::from_raw_parts(self.memory.ptr.as_ptr().add(self.offset), self.len) }
+    }
+}
+
+/// Bytes of a segment writable by one holder while the view lives.
+pub struct WriteView<'a> {
+    memory: &'a SegmentMemory,
+    offset: usize,
+    len: usize,
+    _guard: RangeGuard<'a>,
+}
+
+impl std::ops::Deref for WriteView<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: as for `ReadView`; the exclusive guard makes this view the only accessor.
+        unsafe { std::slice::from_raw_parts(self.memory.ptr.as_ptr().add(self.offset), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for WriteView<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: bounds checked at creation; the exclusive range guard guarantees no other view
+        // (shared or exclusive) overlaps these bytes while this one lives, and `&mut self` makes
+        // this the only slice derived from the view.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.memory.ptr.as_ptr().add(self.offset), self.len)
+        }
+    }
+}
+
+/// Segments served by nodes living in this process, so a store can copy to and from them
+/// without the network.
+fn registry() -> &'static Mutex<HashMap<SegmentId, Weak<SegmentMemory>>> {
+    static LOCAL: OnceLock<Mutex<HashMap<SegmentId, Weak<SegmentMemory>>>> = OnceLock::new();
+    LOCAL.get_or_init(Mutex::default)
+}
+
+/// Makes a segment visible to in-process stores.
+pub(crate) fn register_local(memory: &Arc<SegmentMemory>) {
+    let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    map.retain(|_, weak| weak.strong_count() > 0);
+    map.insert(memory.id(), Arc::downgrade(memory));
+}
+
+/// Hides a segment from in-process stores.
+pub(crate) fn unregister_local(id: SegmentId) {
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id);
+}
+
+/// The in-process segment with this id, if a node of this process serves it.
+pub(crate) fn lookup_local(id: SegmentId) -> Option<Arc<SegmentMemory>> {
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)
+        .and_then(Weak::upgrade)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn segments_are_page_aligned_zeroed_and_bounds_checked() {
+        let seg = SegmentMemory::allocate(SegmentId::new(0, 1), 5000).unwrap();
+        assert_ne!(seg.base(), 0);
+        assert_eq!(seg.base() % SEGMENT_ALIGN as u64, 0);
+        assert_eq!(seg.size(), 8192);
+        assert!(seg
+            .read_view(seg.base(), 8192)
+            .await
+            .unwrap()
+            .iter()
+            .all(|b| *b == 0));
+        {
+            let mut w = seg.write_view(seg.base() + 10, 3).await.unwrap();
+            w.copy_from_slice(b"abc");
+        }
+        assert_eq!(
+            &*seg.read_view(seg.base() + 9, 5).await.unwrap(),
+            b"\0abc\0"
+        );
+        assert_eq!(
+            seg.read_view(seg.base() + 8190, 3).await.err(),
+            Some(DataStatus::OutOfRange)
+        );
+        assert_eq!(
+            seg.write_view(u64::MAX, 1).await.err(),
+            Some(DataStatus::AddressOverflow)
+        );
+        assert!(SegmentMemory::allocate(SegmentId::new(0, 2), 0).is_err());
+    }
+
+    #[test]
+    fn the_local_registry_forgets_dropped_segments() {
+        let seg = Arc::new(SegmentMemory::allocate(SegmentId::new(9, 9), 4096).unwrap());
+        register_local(&seg);
+        assert!(lookup_local(SegmentId::new(9, 9)).is_some());
+        drop(seg);
+        assert!(lookup_local(SegmentId::new(9, 9)).is_none());
+        unregister_local(SegmentId::new(9, 9));
+    }
+}

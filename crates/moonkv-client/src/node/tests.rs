@@ -1,0 +1,253 @@
+//! Data-plane server against real sockets on loopback, without a master.
+
+use super::*;
+use crate::data_plane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use crate::data_plane::server::MAX_DRAIN_BYTES;
+use crate::data_plane::DataConnection;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+struct Fixture {
+    server: DataServer,
+    segment: Arc<SegmentMemory>,
+}
+
+async fn fixture(size: u64) -> Fixture {
+    let segment = Arc::new(SegmentMemory::allocate(SegmentId::new(3, 4), size).unwrap());
+    let table: SegmentTable = Arc::new(std::sync::RwLock::new(
+        [(segment.id(), segment.clone())].into(),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    Fixture {
+        server: DataServer::spawn(listener, table).unwrap(),
+        segment,
+    }
+}
+
+impl Fixture {
+    fn addr(&self) -> String {
+        self.server.local_addr().to_string()
+    }
+
+    async fn raw(&self) -> TcpStream {
+        TcpStream::connect(self.addr()).await.unwrap()
+    }
+}
+
+async fn answer(stream: &mut TcpStream) -> ResponseHeader {
+    let mut raw = [0u8; RESPONSE_LEN];
+    stream.read_exact(&mut raw).await.unwrap();
+    ResponseHeader::decode(&raw).unwrap()
+}
+
+async fn send(stream: &mut TcpStream, op: DataOp, id: u64, seg: SegmentId, addr: u64, len: u64) {
+    stream
+        .write_all(&RequestHeader::new(op, id, seg, addr, len).encode())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn writes_then_reads_round_trip_byte_exact() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(1 << 20).await;
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT).await.unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let at = f.segment.base() + 4096;
+        conn.write(f.segment.id(), at, &data).await.unwrap();
+        let mut back = vec![0u8; data.len()];
+        conn.read(f.segment.id(), at, &mut back).await.unwrap();
+        assert_eq!(back, data);
+        let mut small = [0u8; 5];
+        conn.read(f.segment.id(), at + 10, &mut small)
+            .await
+            .unwrap();
+        assert_eq!(small, data[10..15]);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn refused_requests_get_a_status_and_the_connection_keeps_serving() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(64 << 10).await;
+        let (id, base, size) = (f.segment.id(), f.segment.base(), f.segment.size());
+        let unknown = SegmentId::new(99, 99);
+        let mut s = f.raw().await;
+        let cases = [
+            (DataOp::Read, unknown, base, 8, DataStatus::UnknownSegment),
+            (DataOp::Read, id, base + size - 4, 8, DataStatus::OutOfRange),
+            (DataOp::Read, id, base - 1, 1, DataStatus::OutOfRange),
+            (
+                DataOp::Read,
+                id,
+                base,
+                u64::MAX,
+                DataStatus::AddressOverflow,
+            ),
+            (
+                DataOp::Read,
+                id,
+                base + 8,
+                u64::MAX / 2,
+                DataStatus::OutOfRange,
+            ),
+        ];
+        for (i, (op, seg, addr, len, expected)) in cases.into_iter().enumerate() {
+            send(&mut s, op, i as u64, seg, addr, len).await;
+            let r = answer(&mut s).await;
+            assert_eq!(
+                (r.status, r.request_id, r.length),
+                (expected, i as u64, 0),
+                "case {i}"
+            );
+        }
+        // Refused writes: the payload is drained, the stream stays in step.
+        for (seg, addr, expected) in [
+            (unknown, base, DataStatus::UnknownSegment),
+            (id, base + size - 2, DataStatus::OutOfRange),
+        ] {
+            send(&mut s, DataOp::Write, 50, seg, addr, 4).await;
+            s.write_all(b"wxyz").await.unwrap();
+            assert_eq!(answer(&mut s).await.status, expected);
+        }
+        // An unknown op.
+        let mut raw = RequestHeader::new(DataOp::Read, 60, id, base, 1).encode();
+        raw[5] = 9;
+        s.write_all(&raw).await.unwrap();
+        assert_eq!(answer(&mut s).await.status, DataStatus::BadOp);
+        // Still serving on the same connection; nothing was written by the refused writes.
+        send(&mut s, DataOp::Read, 70, id, base + size - 4, 4).await;
+        let r = answer(&mut s).await;
+        assert_eq!((r.status, r.length), (DataStatus::Ok, 4));
+        let mut tail = [1u8; 4];
+        s.read_exact(&mut tail).await.unwrap();
+        assert_eq!(tail, [0; 4]);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_huge_refused_write_is_answered_then_closed_without_allocating() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(64 << 10).await;
+        let mut s = f.raw().await;
+        send(
+            &mut s,
+            DataOp::Write,
+            1,
+            f.segment.id(),
+            f.segment.base(),
+            MAX_DRAIN_BYTES + 1,
+        )
+        .await;
+        assert_eq!(answer(&mut s).await.status, DataStatus::TooLarge);
+        let mut rest = Vec::new();
+        assert_eq!(s.read_to_end(&mut rest).await.unwrap_or(0), 0);
+        // The node keeps serving other connections.
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT).await.unwrap();
+        conn.write(f.segment.id(), f.segment.base(), b"ok")
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn truncated_and_garbled_headers_close_only_their_connection() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(64 << 10).await;
+        let mut s = f.raw().await;
+        s.write_all(
+            &RequestHeader::new(DataOp::Read, 1, f.segment.id(), f.segment.base(), 1).encode()
+                [..20],
+        )
+        .await
+        .unwrap();
+        drop(s);
+        let mut s = f.raw().await;
+        s.write_all(&[0xAB; 48]).await.unwrap();
+        assert_eq!(answer(&mut s).await.status, DataStatus::BadHeader);
+        let mut rest = Vec::new();
+        assert_eq!(s.read_to_end(&mut rest).await.unwrap_or(0), 0);
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT).await.unwrap();
+        let mut one = [9u8; 1];
+        conn.read(f.segment.id(), f.segment.base(), &mut one)
+            .await
+            .unwrap();
+        assert_eq!(one, [0]);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_client_maps_refusals_to_error_codes_and_stays_usable() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(64 << 10).await;
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT).await.unwrap();
+        let mut buf = [0u8; 8];
+        let e = conn
+            .read(SegmentId::new(1, 1), f.segment.base(), &mut buf)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::SEGMENT_NOT_FOUND);
+        let e = conn
+            .write(f.segment.id(), f.segment.base() + f.segment.size(), b"x")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+        conn.write(f.segment.id(), f.segment.base(), b"fine")
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn parallel_connections_on_disjoint_ranges() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(4 << 20).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for lane in 0..8u64 {
+            let (addr, id, base) = (f.addr(), f.segment.id(), f.segment.base());
+            tasks.spawn(async move {
+                let mut conn = DataConnection::connect(&addr, LIMIT).await.unwrap();
+                let data = vec![lane as u8 + 1; 256 << 10];
+                for round in 0..2u64 {
+                    let at = base + lane * (512 << 10) + round * (256 << 10);
+                    conn.write(id, at, &data).await.unwrap();
+                    let mut back = vec![0u8; data.len()];
+                    conn.read(id, at, &mut back).await.unwrap();
+                    assert_eq!(back, data);
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn start_refuses_bad_configs_before_touching_the_network() {
+    let mut config = NodeConfig::new("127.0.0.1:1", 0);
+    assert_eq!(
+        Node::start(config.clone()).await.err().unwrap().code,
+        ErrorCode::INVALID_PARAMS
+    );
+    config.segment_size = 4096;
+    config.segment_count = 0;
+    assert_eq!(
+        Node::start(config).await.err().unwrap().code,
+        ErrorCode::INVALID_PARAMS
+    );
+}

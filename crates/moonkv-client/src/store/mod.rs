@@ -1,0 +1,557 @@
+//! The store API: put, get, upsert, exists, remove and their batch forms, for one tenant.
+//!
+//! Put: PutStart → write every replica in parallel over the data plane (or by direct copy when
+//! the replica's segment is served by this process) → PutEnd with the replica ids; on any
+//! failure PutRevoke with those ids and the error is reported.
+//!
+//! Get: GetReplicaList → read one replica, falling over to the next when a transfer fails → if
+//! the read lease (measured from before the GetReplicaList call) expired meanwhile, ask the
+//! master with RevalidateReplicas whether the replica read is still current; if not, fail with
+//! `LEASE_EXPIRED`. Bytes from a replaced replica are never returned.
+
+mod batch;
+pub(crate) mod transfer;
+
+use crate::master_client::{MasterClient, MasterClientConfig};
+use crate::util::check_key;
+use moonkv_proto::msg::*;
+use moonkv_proto::types::*;
+use moonkv_proto::{ClientId, Error, ErrorCode, ReplicaId, Result, TenantId};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use transfer::Transfer;
+
+/// How a [`Store`] connects and moves bytes.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Master RPC address, `host:port`.
+    pub master_addr: String,
+    /// Tenant every operation of this store acts in ("" = `default`).
+    pub tenant: String,
+    /// Deadline of one master request.
+    pub rpc_timeout: Duration,
+    /// Deadline of one connection attempt (master or node).
+    pub connect_timeout: Duration,
+    /// Deadline of one data-plane chunk.
+    pub transfer_timeout: Duration,
+    /// Parallel data-plane connections per replica transfer.
+    pub transfer_connections: usize,
+    /// Bytes per data-plane request; larger objects are split.
+    pub chunk_size: usize,
+    /// Copy directly when a replica's segment is served by this process.
+    pub local_copy: bool,
+    /// Writer identity; random when `None`.
+    pub client_id: Option<ClientId>,
+}
+
+impl StoreConfig {
+    /// Defaults: tenant `default`, 5 s requests, 10 s per chunk, 4 connections, 8 MiB chunks.
+    pub fn new(master_addr: impl Into<String>) -> Self {
+        Self {
+            master_addr: master_addr.into(),
+            tenant: String::new(),
+            rpc_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(3),
+            transfer_timeout: Duration::from_secs(10),
+            transfer_connections: 4,
+            chunk_size: 8 << 20,
+            local_copy: true,
+            client_id: None,
+        }
+    }
+}
+
+/// Tells a missing object apart from a failure.
+pub trait ErrorExt {
+    /// True when the error means "no such object" (`OBJECT_NOT_FOUND`).
+    fn is_not_found(&self) -> bool;
+}
+
+impl ErrorExt for Error {
+    fn is_not_found(&self) -> bool {
+        self.code == ErrorCode::OBJECT_NOT_FOUND
+    }
+}
+
+/// One object as listed by [`Store::list`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Object key.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Readable replicas.
+    pub replicas: Vec<ReplicaDescriptor>,
+}
+
+/// A handle on the store for one tenant; cheap to clone, clones share connections.
+#[derive(Clone)]
+pub struct Store {
+    master: MasterClient,
+    transfer: Arc<Transfer>,
+    tenant: String,
+}
+
+/// Which two-phase write a call performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriteKind {
+    Put,
+    Upsert,
+}
+
+impl Store {
+    /// Connects to the master and returns a store for `config.tenant`.
+    pub async fn connect(config: StoreConfig) -> Result<Store> {
+        let tenant = checked_tenant(&config.tenant)?;
+        let mut master_config = MasterClientConfig::new(config.master_addr.clone());
+        if let Some(id) = config.client_id {
+            master_config.client_id = id;
+        }
+        master_config.rpc_timeout = config.rpc_timeout;
+        master_config.connect_timeout = config.connect_timeout;
+        let master = MasterClient::connect(master_config).await?;
+        let transfer = Transfer::new(
+            config.chunk_size,
+            config.transfer_connections,
+            config.transfer_timeout,
+            config.connect_timeout,
+            config.local_copy,
+        );
+        Ok(Store {
+            master,
+            transfer: Arc::new(transfer),
+            tenant,
+        })
+    }
+
+    /// The same store acting in another tenant (shares connections).
+    pub fn with_tenant(&self, tenant: &str) -> Result<Store> {
+        Ok(Store {
+            tenant: checked_tenant(tenant)?,
+            ..self.clone()
+        })
+    }
+
+    /// Tenant this store acts in ("" means `default`).
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The underlying master client.
+    pub fn master(&self) -> &MasterClient {
+        &self.master
+    }
+
+    /// Stores `value` under `key`. An existing key is left untouched and reported as
+    /// `OBJECT_ALREADY_EXISTS` (first writer wins; use [`Store::upsert`] to replace).
+    pub async fn put(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
+        self.write_object(WriteKind::Put, key, value, config).await
+    }
+
+    /// Same as [`Store::put`]; the bytes go from `value` to the sockets (or the in-process
+    /// segment) without an intermediate copy. Kept under the name integrations know.
+    pub async fn put_from(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
+        self.write_object(WriteKind::Put, key, value, config).await
+    }
+
+    /// Stores `value` under `key`, replacing any current value.
+    pub async fn upsert(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
+        self.write_object(WriteKind::Upsert, key, value, config)
+            .await
+    }
+
+    /// Reads the whole object. A missing key fails with `OBJECT_NOT_FOUND`
+    /// (see [`ErrorExt::is_not_found`]).
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        check_key(key)?;
+        let started = Instant::now();
+        let list = self
+            .master
+            .get_replica_list(self.key_request(key))
+            .await
+            .map_err(|e| self.about(key, e))?;
+        let size = object_size(key, &list)?;
+        let mut buf = zeroed(size)?;
+        self.read_object(key, &list, started, &mut buf).await?;
+        Ok(buf)
+    }
+
+    /// Reads the object into `buf` and returns its size; `buf` must be at least that large.
+    pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
+        check_key(key)?;
+        let started = Instant::now();
+        let list = self
+            .master
+            .get_replica_list(self.key_request(key))
+            .await
+            .map_err(|e| self.about(key, e))?;
+        let size = object_size(key, &list)?;
+        let target = buffer_for(key, buf, size)?;
+        self.read_object(key, &list, started, target).await?;
+        Ok(size)
+    }
+
+    /// Whether the object exists (and is readable).
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        check_key(key)?;
+        self.master
+            .exist_key(self.key_request(key))
+            .await
+            .map_err(|e| self.about(key, e))
+    }
+
+    /// The object's readable replicas and lease, as the master reports them.
+    pub async fn replicas(&self, key: &str) -> Result<GetReplicaListResponse> {
+        check_key(key)?;
+        self.master
+            .get_replica_list(self.key_request(key))
+            .await
+            .map_err(|e| self.about(key, e))
+    }
+
+    /// Removes the object; `force` ignores read leases.
+    pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
+        check_key(key)?;
+        let request = RemoveRequest {
+            tenant: self.tenant.clone(),
+            key: key.to_string(),
+            force,
+        };
+        self.master
+            .remove(request)
+            .await
+            .map_err(|e| self.about(key, e))
+    }
+
+    /// Removes every object whose key matches `regex` (search semantics); returns how many.
+    pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<i64> {
+        let request = RemoveByRegexRequest {
+            tenant: self.tenant.clone(),
+            regex: regex.to_string(),
+            force,
+        };
+        self.master.remove_by_regex(request).await
+    }
+
+    /// Removes every object of this tenant; returns how many.
+    pub async fn remove_all(&self, force: bool) -> Result<i64> {
+        self.master
+            .remove_all(RemoveAllRequest {
+                tenant: self.tenant.clone(),
+                force,
+            })
+            .await
+    }
+
+    /// Objects whose key matches `regex` (search semantics; `""` matches all), sorted by key.
+    pub async fn list(&self, regex: &str) -> Result<Vec<ObjectInfo>> {
+        let request = RegexRequest {
+            tenant: self.tenant.clone(),
+            regex: regex.to_string(),
+        };
+        let mut found: Vec<ObjectInfo> = self
+            .master
+            .get_replica_list_by_regex(request)
+            .await?
+            .into_iter()
+            .map(|(key, replicas)| ObjectInfo {
+                size: replicas.first().map_or(0, |r| r.size),
+                key,
+                replicas,
+            })
+            .collect();
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(found)
+    }
+
+    /// Adds the key and tenant to a master error, so the message says what it is about.
+    fn about(&self, key: &str, e: Error) -> Error {
+        let tenant = if self.tenant.is_empty() {
+            TenantId::DEFAULT
+        } else {
+            &self.tenant
+        };
+        Error::new(
+            e.code,
+            format!("{} (key '{key}', tenant '{tenant}')", e.message),
+        )
+    }
+
+    fn key_request(&self, key: &str) -> KeyRequest {
+        KeyRequest {
+            tenant: self.tenant.clone(),
+            key: key.to_string(),
+        }
+    }
+
+    pub(crate) async fn write_object(
+        &self,
+        kind: WriteKind,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+    ) -> Result<()> {
+        check_key(key)?;
+        check_value(value)?;
+        let start = PutStartRequest {
+            client_id: self.master.client_id(),
+            tenant: self.tenant.clone(),
+            key: key.to_string(),
+            size: value.len() as u64,
+            config: config.clone(),
+        };
+        let replicas: Vec<ReplicaDescriptor> = self
+            .master
+            .call(kind.start(start))
+            .await
+            .map_err(|e| self.about(key, e))?;
+        let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
+        let written = self.write_replicas(key, &replicas, value).await;
+        let result = match written {
+            Ok(()) => {
+                let end = EndRequest {
+                    client_id: self.master.client_id(),
+                    tenant: self.tenant.clone(),
+                    key: key.to_string(),
+                    replica_type: ReplicaType::All,
+                    replica_ids: ids.clone(),
+                    checksum: None,
+                };
+                self.master
+                    .call::<()>(kind.end(end))
+                    .await
+                    .map_err(|e| self.about(key, e))
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &result {
+            // Revoke carries our own ids, so it can only ever abandon this write's replicas; if
+            // the End did land, the master refuses the revoke and the object stays.
+            self.revoke(kind, key, ids).await;
+            tracing::debug!(%key, error = %e, "write failed and was revoked");
+        }
+        result
+    }
+
+    async fn revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {
+        let revoke = RevokeRequest {
+            client_id: self.master.client_id(),
+            tenant: self.tenant.clone(),
+            key: key.to_string(),
+            replica_type: ReplicaType::All,
+            replica_ids,
+        };
+        if let Err(e) = self.master.call::<()>(kind.revoke(revoke)).await {
+            tracing::warn!(%key, error = %e, "revoke after a failed write did not go through; the master reclaims the space later");
+        }
+    }
+
+    /// Writes every replica in parallel; the first failure is reported.
+    pub(crate) async fn write_replicas(
+        &self,
+        key: &str,
+        replicas: &[ReplicaDescriptor],
+        value: &[u8],
+    ) -> Result<()> {
+        if replicas.is_empty() {
+            return Err(Error::new(
+                ErrorCode::NO_AVAILABLE_HANDLE,
+                format!("the master allocated no replica for '{key}'"),
+            ));
+        }
+        let writes = replicas
+            .iter()
+            .map(|r| self.transfer.write(r, value))
+            .collect();
+        transfer::join_all(writes).await.into_iter().collect()
+    }
+
+    async fn read_object(
+        &self,
+        key: &str,
+        list: &GetReplicaListResponse,
+        started: Instant,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let replica = self.read_any_replica(key, &list.replicas, buf).await?;
+        if !lease_expired(started, list.lease_ttl_ms) {
+            return Ok(());
+        }
+        let item = RevalidateItem {
+            key: key.to_string(),
+            replica_ids: vec![replica],
+        };
+        self.revalidate(vec![item])
+            .await
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(lease_error(key, "no answer")))
+    }
+
+    /// Reads from the first replica that works: in-process ones first, then in master order.
+    pub(crate) async fn read_any_replica(
+        &self,
+        key: &str,
+        replicas: &[ReplicaDescriptor],
+        buf: &mut [u8],
+    ) -> Result<ReplicaId> {
+        let mut order: Vec<&ReplicaDescriptor> = replicas
+            .iter()
+            .filter(|r| r.status == ReplicaStatus::Complete)
+            .collect();
+        order.sort_by_key(|r| !self.transfer.is_local(r));
+        let mut failures = Vec::new();
+        for replica in &order {
+            match self.transfer.read(replica, buf).await {
+                Ok(()) => return Ok(replica.id),
+                Err(e) => {
+                    tracing::debug!(%key, replica = %replica.id, endpoint = %replica.endpoint, error = %e, "replica read failed");
+                    failures.push(e);
+                }
+            }
+        }
+        Err(match failures.len() {
+            0 => Error::new(
+                ErrorCode::REPLICA_IS_NOT_READY,
+                format!("'{key}' has no complete replica"),
+            ),
+            1 => failures.remove(0),
+            n => {
+                let why: Vec<String> = failures.iter().map(|e| e.to_string()).collect();
+                Error::new(
+                    ErrorCode::TRANSFER_FAIL,
+                    format!("all {n} replicas of '{key}' failed: {}", why.join("; ")),
+                )
+            }
+        })
+    }
+
+    /// Asks the master whether the replicas read are still current; one result per item.
+    pub(crate) async fn revalidate(&self, items: Vec<RevalidateItem>) -> Vec<Result<()>> {
+        let keys: Vec<String> = items.iter().map(|i| i.key.clone()).collect();
+        let request = RevalidateRequest {
+            tenant: self.tenant.clone(),
+            items,
+        };
+        match self.master.revalidate_replicas(request).await {
+            Ok(answers) if answers.len() == keys.len() => answers
+                .into_iter()
+                .zip(&keys)
+                .map(|(answer, key)| answer.0.map_err(|e| lease_error(key, &e.to_string())))
+                .collect(),
+            Ok(_) => keys
+                .iter()
+                .map(|k| {
+                    Err(lease_error(
+                        k,
+                        "the master answered for a different key count",
+                    ))
+                })
+                .collect(),
+            Err(e) => keys
+                .iter()
+                .map(|k| Err(lease_error(k, &format!("revalidation failed: {e}"))))
+                .collect(),
+        }
+    }
+}
+
+impl WriteKind {
+    fn start(self, r: PutStartRequest) -> Request {
+        match self {
+            WriteKind::Put => Request::PutStart(r),
+            WriteKind::Upsert => Request::UpsertStart(r),
+        }
+    }
+
+    fn end(self, r: EndRequest) -> Request {
+        match self {
+            WriteKind::Put => Request::PutEnd(r),
+            WriteKind::Upsert => Request::UpsertEnd(r),
+        }
+    }
+
+    fn revoke(self, r: RevokeRequest) -> Request {
+        match self {
+            WriteKind::Put => Request::PutRevoke(r),
+            WriteKind::Upsert => Request::UpsertRevoke(r),
+        }
+    }
+}
+
+fn checked_tenant(tenant: &str) -> Result<String> {
+    if !tenant.is_empty() && !TenantId(tenant.to_string()).is_valid() {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "tenant '{}' is invalid: it must not start with '_' or contain control characters",
+                tenant.escape_debug()
+            ),
+        ));
+    }
+    Ok(tenant.to_string())
+}
+
+pub(crate) fn check_value(value: &[u8]) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            "the value is empty; objects hold at least one byte",
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn lease_expired(started: Instant, lease_ttl_ms: u64) -> bool {
+    started.elapsed() >= Duration::from_millis(lease_ttl_ms)
+}
+
+fn lease_error(key: &str, why: &str) -> Error {
+    Error::new(
+        ErrorCode::LEASE_EXPIRED,
+        format!("the read lease of '{key}' expired during the transfer and the replica read is no longer current ({why})"),
+    )
+}
+
+/// Object size from the replica list, as a buffer length.
+pub(crate) fn object_size(key: &str, list: &GetReplicaListResponse) -> Result<usize> {
+    let size = list.replicas.first().map(|r| r.size).ok_or_else(|| {
+        Error::new(
+            ErrorCode::REPLICA_IS_NOT_READY,
+            format!("'{key}' has no readable replica"),
+        )
+    })?;
+    usize::try_from(size).map_err(|_| {
+        Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("'{key}' is {size} bytes, more than this machine can address"),
+        )
+    })
+}
+
+/// A zeroed buffer of `size` bytes, or an error instead of an abort when memory is short.
+pub(crate) fn zeroed(size: usize) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(size).map_err(|_| {
+        Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("cannot allocate {size} bytes for the object"),
+        )
+    })?;
+    buf.resize(size, 0);
+    Ok(buf)
+}
+
+/// The first `size` bytes of `buf`, or `INVALID_PARAMS` when `buf` is too small.
+pub(crate) fn buffer_for<'a>(key: &str, buf: &'a mut [u8], size: usize) -> Result<&'a mut [u8]> {
+    let have = buf.len();
+    buf.get_mut(..size).ok_or_else(|| {
+        Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("buffer of {have} bytes is too small for '{key}' ({size} bytes)"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,129 @@
+//! A real cluster inside the test process: the master server on loopback ephemeral ports, real
+//! nodes and real stores.
+
+#![allow(dead_code)]
+
+use moonkv_client::{Node, NodeConfig, NodeHandle, Store, StoreConfig};
+use moonkv_master::server::{self, MasterConfig, MasterHandle};
+use std::future::Future;
+use std::time::Duration;
+
+/// Upper bound for any single test body.
+pub const LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `body` under [`LIMIT`], failing the test instead of hanging.
+pub async fn bounded<F: Future<Output = ()>>(body: F) {
+    tokio::time::timeout(LIMIT, body)
+        .await
+        .expect("test exceeded its time limit");
+}
+
+/// Master plus nodes.
+pub struct Cluster {
+    pub master: Option<MasterHandle>,
+    pub nodes: Vec<Option<NodeHandle>>,
+    pub addr: String,
+}
+
+impl Cluster {
+    /// A master with default settings and `nodes` nodes of one `segment_size` segment each.
+    pub async fn start(nodes: usize, segment_size: u64) -> Cluster {
+        Self::start_with(MasterConfig::ephemeral(), nodes, segment_size).await
+    }
+
+    /// Like [`Cluster::start`] with a custom master configuration.
+    pub async fn start_with(config: MasterConfig, nodes: usize, segment_size: u64) -> Cluster {
+        let master = server::start(config).await.expect("master starts");
+        let addr = master.rpc_addr().to_string();
+        let mut cluster = Cluster {
+            master: Some(master),
+            nodes: Vec::new(),
+            addr,
+        };
+        for _ in 0..nodes {
+            cluster.add_node(segment_size).await;
+        }
+        cluster
+    }
+
+    /// Starts one more node.
+    pub async fn add_node(&mut self, segment_size: u64) -> usize {
+        let mut config = NodeConfig::new(self.addr.clone(), segment_size);
+        config.ping_interval = Duration::from_millis(200);
+        let node = Node::start(config).await.expect("node starts");
+        self.nodes.push(Some(node));
+        self.nodes.len() - 1
+    }
+
+    /// A store over the network (no in-process shortcut), default tenant.
+    pub async fn store(&self) -> Store {
+        self.store_with(|_| {}).await
+    }
+
+    /// A store with adjusted configuration.
+    pub async fn store_with(&self, adjust: impl FnOnce(&mut StoreConfig)) -> Store {
+        let mut config = StoreConfig::new(self.addr.clone());
+        config.local_copy = false;
+        config.transfer_timeout = Duration::from_secs(30);
+        adjust(&mut config);
+        Store::connect(config).await.expect("store connects")
+    }
+
+    /// Takes node `i` out of the cluster.
+    pub fn take_node(&mut self, i: usize) -> NodeHandle {
+        self.nodes[i].take().expect("node still running")
+    }
+
+    /// Stops everything.
+    pub async fn shutdown(mut self) {
+        for node in self.nodes.drain(..).flatten() {
+            node.shutdown().await;
+        }
+        if let Some(master) = self.master.take() {
+            master.shutdown().await;
+        }
+    }
+}
+
+/// Deterministic, position-dependent bytes (a shifted or torn copy never matches).
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(seed as u32 % 32) as u8
+                ^ seed
+        })
+        .collect()
+}
+
+/// Body of `GET path` on the master's admin HTTP port.
+pub async fn admin_get(cluster: &Cluster, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = cluster
+        .master
+        .as_ref()
+        .expect("master running")
+        .admin_addr();
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("admin port answers");
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// Value of an unlabelled Prometheus sample.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let (metric, value) = line.split_once(' ')?;
+        (metric == name)
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    })
+}

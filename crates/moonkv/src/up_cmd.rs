@@ -1,0 +1,70 @@
+//! `moonkv up`: a master and one node in one process, events on — what a newcomer starts with.
+
+use crate::master_cmd::MasterFlags;
+use crate::node_cmd::{host_name, size_arg};
+use moonkv_client::node::{Node, NodeConfig};
+use moonkv_client::util::format_size;
+use moonkv_master::server::{self, MasterConfig};
+
+/// Arguments of `moonkv up`: every master flag, plus the embedded node's.
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    #[command(flatten)]
+    master: MasterFlags,
+    /// Bytes of memory the embedded node contributes, e.g. `1GiB` (pages are used on demand).
+    #[arg(long, default_value = "1GiB", value_parser = size_arg)]
+    segment_size: u64,
+    /// Number of segments of `--segment-size` each.
+    #[arg(long, default_value_t = 1)]
+    segment_count: usize,
+    /// Data-plane listen address of the embedded node (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    data_bind: String,
+}
+
+impl UpArgs {
+    /// Master configuration: events on at upstream's default endpoint unless flags say otherwise.
+    pub fn config(&self) -> anyhow::Result<MasterConfig> {
+        let mut base = MasterConfig::default();
+        base.kv_events.enabled = true;
+        base.kv_events.bind_endpoint = "tcp://127.0.0.1:5557".into();
+        base.kv_events.backend_id = "moonkv-local".into();
+        self.master.to_config(base)
+    }
+}
+
+/// Runs master and node until SIGINT or SIGTERM, then unmounts and stops both.
+pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
+    let master = server::start(config).await?;
+    let mut node_config = NodeConfig::new(master.rpc_addr().to_string(), args.segment_size);
+    node_config.segment_count = args.segment_count;
+    node_config.data_bind = args.data_bind.clone();
+    node_config.host_id = host_name();
+    let node = match Node::start(node_config).await {
+        Ok(node) => node,
+        Err(e) => {
+            master.shutdown().await;
+            return Err(anyhow::anyhow!("embedded node failed to start: {e}"));
+        }
+    };
+    let events = master.events_endpoint().unwrap_or_default();
+    crate::print_ready(&[
+        ("rpc", master.rpc_addr().to_string()),
+        ("admin", master.admin_addr().to_string()),
+        ("kv_events", events.clone()),
+        ("data", node.endpoint().to_string()),
+    ]);
+    let capacity: u64 = node.segments().iter().map(|s| s.size).sum();
+    eprintln!(
+        "moonkv is up\n  master RPC    {rpc}   (clients: --master {rpc} or MOONKV_MASTER)\n  admin HTTP    http://{admin}   (/metrics /health /get_segments_detail /kv_events/status)\n  event stream  {events}   (moonkv events tail --endpoint {events})\n  memory        {capacity} on {data}\nStop with Ctrl-C.",
+        rpc = master.rpc_addr(),
+        admin = master.admin_addr(),
+        capacity = format_size(capacity),
+        data = node.endpoint(),
+    );
+    crate::wait_for_signal().await;
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    master.shutdown().await;
+    Ok(())
+}
