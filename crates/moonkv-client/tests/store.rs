@@ -52,7 +52,6 @@ async fn put_get_round_trips_through_the_in_process_copy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "256 MiB over loopback is slow on small machines; run with --ignored"]
 async fn put_get_round_trips_256_mib() {
     bounded(round_trip(&[256 * MIB as usize], false)).await;
 }
