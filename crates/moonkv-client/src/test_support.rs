@@ -57,6 +57,8 @@ async fn serve(stream: tokio::net::TcpStream, handler: Handler) {
                         protocol_version: 1,
                         server_version: "fake".into(),
                         max_frame_bytes: 1 << 20,
+                        challenge: None,
+                        server_proof: None,
                     };
                     frame::encode_ok(&mut out, 0, &ack).unwrap();
                     writer.lock().await.write_all(&out).await.unwrap();

@@ -44,6 +44,10 @@ macro_rules! for_each_op {
             41 => BatchRemove(BatchRemoveRequest) -> Vec<ItemResult<()>>, batch_remove;
             42 => RemoveByRegex(RemoveByRegexRequest) -> i64, remove_by_regex;
             43 => RemoveAll(RemoveAllRequest) -> i64, remove_all;
+            50 => MountDiskSegment(MountDiskSegmentRequest) -> MountDiskSegmentResponse, mount_disk_segment;
+            51 => UnmountDiskSegment(UnmountDiskSegmentRequest) -> (), unmount_disk_segment;
+            52 => OffloadHeartbeat(OffloadHeartbeatRequest) -> OffloadHeartbeatResponse, offload_heartbeat;
+            53 => NotifyOffload(NotifyOffloadRequest) -> Vec<ItemResult<()>>, notify_offload;
         }
     };
 }
@@ -149,6 +153,10 @@ rpc!(RemoveRequest => Remove, ());
 rpc!(BatchRemoveRequest => BatchRemove, Vec<ItemResult<()>>);
 rpc!(RemoveByRegexRequest => RemoveByRegex, i64);
 rpc!(RemoveAllRequest => RemoveAll, i64);
+rpc!(MountDiskSegmentRequest => MountDiskSegment, MountDiskSegmentResponse);
+rpc!(UnmountDiskSegmentRequest => UnmountDiskSegment, ());
+rpc!(OffloadHeartbeatRequest => OffloadHeartbeat, OffloadHeartbeatResponse);
+rpc!(NotifyOffloadRequest => NotifyOffload, Vec<ItemResult<()>>);
 
 /// Ping: heartbeat of a client.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -408,6 +416,43 @@ pub struct RemoveAllRequest {
     pub force: bool,
 }
 
+/// MountDiskSegment: a node registers its disk directory and the replica files found in it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountDiskSegmentRequest {
+    /// Owner (the node's client id).
+    pub client_id: ClientId,
+    /// The disk.
+    pub disk: DiskSegment,
+    /// Replica files already in the directory (after a restart), for the master to re-admit.
+    pub existing: Vec<DiskFile>,
+}
+
+/// UnmountDiskSegment: the owner takes its disk offline (replicas are detached, see
+/// `docs/disk-tier.md`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnmountDiskSegmentRequest {
+    /// Owner.
+    pub client_id: ClientId,
+    /// The disk to unmount.
+    pub disk_id: SegmentId,
+}
+
+/// OffloadHeartbeat: a disk owner polls for offload tasks and file deletions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffloadHeartbeatRequest {
+    /// Owner of a mounted disk.
+    pub client_id: ClientId,
+}
+
+/// NotifyOffload: outcomes of offload tasks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotifyOffloadRequest {
+    /// Owner of the disk the tasks wrote to.
+    pub client_id: ClientId,
+    /// One entry per finished task.
+    pub results: Vec<OffloadResult>,
+}
+
 /// Hello frame body sent by the client as its first frame.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -417,6 +462,20 @@ pub struct Hello {
     pub protocol_version: u32,
     /// Free-form client name, for logs.
     pub client_name: String,
+    /// Proof of the shared secret, sent in a second hello once the master issued a challenge.
+    #[serde(default)]
+    pub auth: Option<HelloAuth>,
+}
+
+/// A client's answer to the master's authentication challenge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloAuth {
+    /// 16 random bytes chosen by the client (MessagePack bin).
+    #[serde(with = "serde_bytes")]
+    pub client_nonce: Vec<u8>,
+    /// `crate::auth::client_proof(secret, challenge, client_nonce)` (32 bytes, bin).
+    #[serde(with = "serde_bytes")]
+    pub proof: Vec<u8>,
 }
 
 /// Server answer to a hello.
@@ -428,6 +487,14 @@ pub struct HelloAck {
     pub server_version: String,
     /// Largest frame the server accepts, in bytes.
     pub max_frame_bytes: u32,
+    /// Set when the master requires authentication and the client has not proven it yet:
+    /// 16 random bytes to prove the shared secret against (MessagePack bin).
+    #[serde(default, with = "serde_bytes")]
+    pub challenge: Option<Vec<u8>>,
+    /// The master's own proof once the client authenticated (`auth::server_proof`), so the
+    /// client knows it talks to a master holding the same secret.
+    #[serde(default, with = "serde_bytes")]
+    pub server_proof: Option<Vec<u8>>,
 }
 
 #[cfg(test)]
@@ -460,6 +527,24 @@ mod tests {
         req.encode_body(&mut body).unwrap();
         assert_eq!(Request::decode(Op::PutStart, &body).unwrap(), req);
         assert!(Request::decode(Op::PutEnd, &body).is_err());
+    }
+
+    #[test]
+    fn replicate_configs_without_the_disk_flag_still_decode() {
+        // The six fields of protocol version 1 before the disk tier: [1, 0, nil, false, [], nil].
+        let old = [0x96, 0x01, 0x00, 0xc0, 0xc2, 0x90, 0xc0];
+        let config: ReplicateConfig = rmp_serde::from_slice(&old).unwrap();
+        assert_eq!(config, ReplicateConfig::default());
+        let new = ReplicateConfig {
+            with_disk_replica: true,
+            ..Default::default()
+        };
+        let bytes = rmp_serde::to_vec(&new).unwrap();
+        assert_eq!(bytes[0], 0x97, "the flag travels as a seventh field");
+        assert_eq!(
+            rmp_serde::from_slice::<ReplicateConfig>(&bytes).unwrap(),
+            new
+        );
     }
 
     #[test]

@@ -180,6 +180,10 @@ pub struct ReplicateConfig {
     pub preferred_segments: Vec<String>,
     /// Group id per key (length 1 for single-key calls, one per key in batches); `None` = ungrouped.
     pub group_ids: Option<Vec<String>>,
+    /// Also write a disk replica (write-through); the Start fails with `NO_AVAILABLE_HANDLE` when
+    /// no mounted disk has room. Absent in older encodings (false).
+    #[serde(default)]
+    pub with_disk_replica: bool,
 }
 
 impl Default for ReplicateConfig {
@@ -191,8 +195,78 @@ impl Default for ReplicateConfig {
             with_hard_pin: false,
             preferred_segments: Vec::new(),
             group_ids: None,
+            with_disk_replica: false,
         }
     }
+}
+
+/// A node's disk directory, mounted on the master like a memory segment but accounted as a
+/// byte counter (files, not address ranges).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskSegment {
+    /// Identity of the directory; kept in the directory so a restarted node reuses it.
+    pub id: SegmentId,
+    /// Name shown in admin views.
+    pub name: String,
+    /// Data-plane endpoint `host:port` that serves the files.
+    pub endpoint: String,
+    /// Bytes the master may place on this disk (non-zero).
+    pub capacity_bytes: u64,
+}
+
+/// A replica file a node found in its disk directory when it (re)mounted it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskFile {
+    /// Tenant of the object, as written in the file header.
+    pub tenant: String,
+    /// Object key, as written in the file header.
+    pub key: String,
+    /// Object size in bytes.
+    pub size: u64,
+    /// Replica id the file was written for (its file id).
+    pub replica_id: ReplicaId,
+}
+
+/// Copy one object from a memory replica of the node into a new disk file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffloadTask {
+    /// Tenant of the object.
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+    /// The memory replica to copy from (a segment of the node itself).
+    pub source: ReplicaDescriptor,
+    /// Id of the PROCESSING disk replica, also the file id to write.
+    pub disk_replica_id: ReplicaId,
+}
+
+/// Outcome of one [`OffloadTask`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffloadResult {
+    /// Tenant of the object.
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+    /// The task's disk replica id.
+    pub disk_replica_id: ReplicaId,
+    /// Whether the file was written and synced.
+    pub ok: bool,
+}
+
+/// Answer to OffloadHeartbeat: work for the node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffloadHeartbeatResponse {
+    /// Offloads to perform, then report with NotifyOffload.
+    pub tasks: Vec<OffloadTask>,
+    /// File ids whose replicas were removed: delete these files.
+    pub deletions: Vec<u64>,
+}
+
+/// Answer to MountDiskSegment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountDiskSegmentResponse {
+    /// Files the master does not recognise (removed or replaced objects): delete them.
+    pub rejected: Vec<ReplicaId>,
 }
 
 /// Answer to GetReplicaList.

@@ -7,6 +7,7 @@
 use anyhow::Context;
 use moonkv_client::util::format_size;
 use moonkv_client::{Error, ErrorCode, ReplicateConfig, Store, StoreConfig};
+use moonkv_proto::ReplicaKind;
 use serde_json::json;
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -47,6 +48,9 @@ pub struct PutArgs {
     /// Segment names to try first (repeatable).
     #[arg(long = "preferred-segment", value_name = "NAME")]
     pub preferred_segments: Vec<String>,
+    /// Also write a disk replica (needs a node with a disk tier).
+    #[arg(long)]
+    pub disk: bool,
     #[command(flatten)]
     pub options: ClientOptions,
 }
@@ -165,6 +169,7 @@ pub async fn run_put(args: PutArgs) -> anyhow::Result<()> {
         replica_num: args.replicas,
         with_hard_pin: args.hard_pin,
         preferred_segments: args.preferred_segments.clone(),
+        with_disk_replica: args.disk,
         ..ReplicateConfig::default()
     };
     let store = connect(&args.options).await?;
@@ -285,7 +290,7 @@ pub async fn run_ls(args: LsArgs) -> anyhow::Result<()> {
                 let replicas: Vec<_> = o
                     .replicas
                     .iter()
-                    .map(|r| json!({"id": r.id.0, "segment": r.segment_name, "endpoint": r.endpoint}))
+                    .map(|r| json!({"id": r.id.0, "segment": r.segment_name, "endpoint": r.endpoint, "medium": medium(r.kind)}))
                     .collect();
                 json!({"key": o.key, "size": o.size, "replicas": replicas})
             })
@@ -304,7 +309,14 @@ pub async fn run_ls(args: LsArgs) -> anyhow::Result<()> {
         .max(3);
     println!("{:<width$}  {:>10}  REPLICAS", "KEY", "SIZE");
     for o in &objects {
-        let segments: Vec<&str> = o.replicas.iter().map(|r| r.segment_name.as_str()).collect();
+        let segments: Vec<String> = o
+            .replicas
+            .iter()
+            .map(|r| match r.kind {
+                ReplicaKind::Memory => r.segment_name.clone(),
+                ReplicaKind::LocalDisk => format!("{} (disk)", r.segment_name),
+            })
+            .collect();
         println!(
             "{:<width$}  {:>10}  {}",
             o.key,
@@ -331,13 +343,15 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
     let capacity = gauge("master_total_capacity_bytes");
     let allocated = gauge("master_allocated_bytes");
     let keys = gauge("master_key_count");
+    let disk_capacity = gauge("master_total_file_capacity_bytes");
+    let disk_used = gauge("master_allocated_file_size_bytes");
     let segments = detail
         .get("segments")
         .and_then(|s| s.as_array())
         .cloned()
         .unwrap_or_default();
     if args.options.json {
-        let summary = json!({"ok": true, "capacity_bytes": capacity, "allocated_bytes": allocated, "keys": keys, "segments": segments});
+        let summary = json!({"ok": true, "capacity_bytes": capacity, "allocated_bytes": allocated, "disk_capacity_bytes": disk_capacity, "disk_allocated_bytes": disk_used, "keys": keys, "segments": segments});
         println!("{summary}");
         return Ok(());
     }
@@ -357,6 +371,18 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
         format_size(used),
         keys.unwrap_or(0.0) as u64
     );
+    let (disk_cap, disk_used) = (
+        disk_capacity.unwrap_or(0.0) as u64,
+        disk_used.unwrap_or(0.0) as u64,
+    );
+    if disk_cap > 0 {
+        let pct = disk_used as f64 * 100.0 / disk_cap as f64;
+        println!(
+            "disk {}  used {} ({pct:.1}%)",
+            format_size(disk_cap),
+            format_size(disk_used)
+        );
+    }
     println!("{} segment(s)", segments.len());
     for s in &segments {
         let field = |k: &str| {
@@ -376,9 +402,11 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
             .get("allocator_used_bytes")
             .and_then(|v| v.as_u64())
             .unwrap_or(0);
+        let medium = s.get("medium").and_then(|m| m.as_str()).unwrap_or("cpu");
         println!(
-            "  {:<28} {:<22} {:<10} {:>10} / {:<10}",
+            "  {:<28} {:<4} {:<22} {:<10} {:>10} / {:<10}",
             field("segment_name"),
+            medium,
             field("te_endpoint"),
             field("status"),
             format_size(used),
@@ -386,6 +414,13 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+fn medium(kind: ReplicaKind) -> &'static str {
+    match kind {
+        ReplicaKind::Memory => "cpu",
+        ReplicaKind::LocalDisk => "disk",
+    }
 }
 
 /// The admin address matching a master address: same host, port 9003.

@@ -4,8 +4,11 @@
 //! - `up`: master and node in one process (`up_cmd`).
 //! - `node`: memory segments and the data plane (`node_cmd`).
 //! - `put`, `get`, `rm`, `ls`, `stat`: the client commands (`client_cmd`).
+//! - `events tail`, `events index`: follow the KV event stream (`events_cmd`).
 
+mod bench;
 mod client_cmd;
+mod events_cmd;
 mod master_cmd;
 mod node_cmd;
 mod up_cmd;
@@ -30,6 +33,10 @@ enum Command {
     Node(node_cmd::NodeArgs),
     #[command(flatten)]
     Client(client_cmd::ClientCommand),
+    /// Follow the KV event stream: tail it or keep a placement index.
+    Events(events_cmd::EventsArgs),
+    /// Measure moonkv: master metadata rate, event stream rate.
+    Bench(bench::BenchArgs),
 }
 
 /// Prints the one JSON line that tells scripts and tests where a server listens.
@@ -84,6 +91,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Node(args) => runtime(0)?.block_on(node_cmd::run(args)),
         Command::Client(command) => runtime(2)?.block_on(client_cmd::run(command)),
+        Command::Events(args) => events_cmd::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Master(args) => {
             let config = args.config()?;
             runtime(config.rpc_threads)?.block_on(master_cmd::run(config))

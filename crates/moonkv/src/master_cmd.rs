@@ -25,6 +25,7 @@ impl MasterFlags {
                 .apply(key, &flag_value(text))
                 .map_err(|e| anyhow::anyhow!("--{}: {e}", key.replace('_', "-")))?;
         }
+        config.secret_from_env()?;
         config.validate()?;
         Ok(config)
     }

@@ -1,6 +1,6 @@
 //! `moonkv node`: contribute memory segments to a cluster and serve their bytes.
 
-use moonkv_client::node::{Node, NodeConfig};
+use moonkv_client::node::{DiskConfig, Node, NodeConfig};
 use moonkv_client::util::parse_size;
 
 /// Arguments of `moonkv node`.
@@ -27,6 +27,30 @@ pub struct NodeArgs {
     /// Host identity reported with each segment (default: this machine's host name).
     #[arg(long, env = "MOONKV_HOST_ID")]
     pub host_id: Option<String>,
+    #[command(flatten)]
+    pub disk: DiskArgs,
+}
+
+/// The disk tier flags of `moonkv node` and `moonkv up`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DiskArgs {
+    /// Directory for the disk tier (must exist and be writable); objects evicted from memory
+    /// are offloaded there, and `put --disk` writes through to it.
+    #[arg(long, value_name = "DIR", requires = "disk_capacity")]
+    pub disk_dir: Option<std::path::PathBuf>,
+    /// Bytes the disk tier may use, e.g. `10GiB`.
+    #[arg(long, value_name = "SIZE", value_parser = size_arg, requires = "disk_dir")]
+    pub disk_capacity: Option<u64>,
+}
+
+impl DiskArgs {
+    /// The disk configuration, if a disk directory was given.
+    pub fn to_config(&self) -> Option<DiskConfig> {
+        Some(DiskConfig {
+            dir: self.disk_dir.clone()?,
+            capacity: self.disk_capacity?,
+        })
+    }
 }
 
 /// Parses a size flag such as `64MiB` (clap value parser).
@@ -53,6 +77,7 @@ impl NodeArgs {
         config.data_bind = self.data_bind.clone();
         config.advertise_host = self.advertise_host.clone();
         config.host_id = self.host_id.clone().unwrap_or_else(host_name);
+        config.disk = self.disk.to_config();
         config
     }
 }
@@ -63,12 +88,14 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         .await
         .map_err(anyhow::Error::new)?;
     let capacity: u64 = node.segments().iter().map(|s| s.size).sum();
+    let disk_capacity = node.disk().map_or(0, |d| d.capacity_bytes);
     crate::print_ready(&[
         ("data", node.endpoint().to_string()),
         ("master", args.master.clone()),
         ("client_id", node.client_id().to_string()),
         ("segments", node.segments().len().to_string()),
         ("capacity_bytes", capacity.to_string()),
+        ("disk_capacity_bytes", disk_capacity.to_string()),
     ]);
     crate::wait_for_signal().await;
     tracing::info!("shutting down: unmounting segments");

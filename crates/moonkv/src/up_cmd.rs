@@ -1,7 +1,7 @@
 //! `moonkv up`: a master and one node in one process, events on — what a newcomer starts with.
 
 use crate::master_cmd::MasterFlags;
-use crate::node_cmd::{host_name, size_arg};
+use crate::node_cmd::{host_name, size_arg, DiskArgs};
 use moonkv_client::node::{Node, NodeConfig};
 use moonkv_client::util::format_size;
 use moonkv_master::server::{self, MasterConfig};
@@ -20,6 +20,8 @@ pub struct UpArgs {
     /// Data-plane listen address of the embedded node (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     data_bind: String,
+    #[command(flatten)]
+    disk: DiskArgs,
 }
 
 impl UpArgs {
@@ -40,6 +42,7 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     node_config.segment_count = args.segment_count;
     node_config.data_bind = args.data_bind.clone();
     node_config.host_id = host_name();
+    node_config.disk = args.disk.to_config();
     let node = match Node::start(node_config).await {
         Ok(node) => node,
         Err(e) => {
@@ -55,8 +58,16 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
         ("data", node.endpoint().to_string()),
     ]);
     let capacity: u64 = node.segments().iter().map(|s| s.size).sum();
+    let disk = match (node.disk(), &args.disk.disk_dir) {
+        (Some(disk), Some(dir)) => format!(
+            "\n  disk tier     {} in {}",
+            format_size(disk.capacity_bytes),
+            dir.display()
+        ),
+        _ => String::new(),
+    };
     eprintln!(
-        "moonkv is up\n  master RPC    {rpc}   (clients: --master {rpc} or MOONKV_MASTER)\n  admin HTTP    http://{admin}   (/metrics /health /get_segments_detail /kv_events/status)\n  event stream  {events}   (moonkv events tail --endpoint {events})\n  memory        {capacity} on {data}\nStop with Ctrl-C.",
+        "moonkv is up\n  master RPC    {rpc}   (clients: --master {rpc} or MOONKV_MASTER)\n  admin HTTP    http://{admin}   (/metrics /health /get_segments_detail /kv_events/status)\n  event stream  {events}   (moonkv events tail --endpoint {events})\n  memory        {capacity} on {data}{disk}\nStop with Ctrl-C.",
         rpc = master.rpc_addr(),
         admin = master.admin_addr(),
         capacity = format_size(capacity),

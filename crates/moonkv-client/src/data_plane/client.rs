@@ -1,7 +1,7 @@
 //! The caller side of the data plane: one request at a time per connection, and a pool of idle
 //! connections per node endpoint so parallel transfers reuse sockets.
 
-use super::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use super::header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, RESPONSE_LEN};
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -43,8 +43,58 @@ impl DataConnection {
 
     /// Reads `buf.len()` bytes at `address` of `segment` straight into `buf`.
     pub async fn read(&mut self, segment: SegmentId, address: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_op(DataOp::Read, segment, address, buf).await
+    }
+
+    /// Reads disk file `file_id` of disk `disk` (exactly `buf.len()` bytes) into `buf`. The node
+    /// verifies the file first; a missing or corrupt file is refused with nothing sent.
+    pub async fn read_file(&mut self, disk: SegmentId, file_id: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_op(DataOp::FileRead, disk, file_id, buf).await
+    }
+
+    /// Writes disk file `file_id` of disk `disk`; returns once the node synced it.
+    pub async fn write_file(
+        &mut self,
+        disk: SegmentId,
+        file_id: u64,
+        meta: &FileMeta,
+        data: &[u8],
+    ) -> Result<()> {
+        let prefix = meta.encode();
+        let length = (prefix.len() + data.len()) as u64;
         let id = self.take_id();
-        let header = RequestHeader::new(DataOp::Read, id, segment, address, buf.len() as u64);
+        let header = RequestHeader::new(DataOp::FileWrite, id, disk, file_id, length);
+        self.healthy = false;
+        let sent = async {
+            let mut head = header.encode().to_vec();
+            head.extend_from_slice(&prefix);
+            self.stream.write_all(&head).await?;
+            self.stream.write_all(data).await
+        }
+        .await;
+        if let Err(e) = sent {
+            return Err(self.io_fail("send file write", e));
+        }
+        let response = self.read_response(id).await?;
+        self.healthy = !matches!(
+            response.status,
+            DataStatus::TooLarge | DataStatus::BadHeader
+        );
+        if response.status != DataStatus::Ok {
+            return Err(self.refused("file write", disk, file_id, length, response.status));
+        }
+        Ok(())
+    }
+
+    async fn read_op(
+        &mut self,
+        op: DataOp,
+        segment: SegmentId,
+        address: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let id = self.take_id();
+        let header = RequestHeader::new(op, id, segment, address, buf.len() as u64);
         self.healthy = false;
         self.stream
             .write_all(&header.encode())
@@ -53,7 +103,12 @@ impl DataConnection {
         let response = self.read_response(id).await?;
         if response.status != DataStatus::Ok {
             self.healthy = true;
-            return Err(self.refused("read", segment, address, buf.len() as u64, response.status));
+            let what = if op == DataOp::FileRead {
+                "file read"
+            } else {
+                "read"
+            };
+            return Err(self.refused(what, segment, address, buf.len() as u64, response.status));
         }
         if response.length != buf.len() as u64 {
             return Err(transfer_fail(
@@ -109,6 +164,20 @@ impl DataConnection {
         Ok(())
     }
 
+    /// Settles a connection whose write was abandoned mid-request (its deadline passed): stops
+    /// sending, then waits until the node closes the connection, so none of the bytes already
+    /// sent can still land in segment memory. True once settled; false if the node stayed
+    /// silent for `limit` (it may still apply the write later).
+    pub async fn fence(mut self, limit: Duration) -> bool {
+        let _ = self.stream.shutdown().await;
+        let drain = async {
+            let mut scratch = [0u8; 4096];
+            // EOF or an error: the node has finished with this connection.
+            while matches!(self.stream.read(&mut scratch).await, Ok(n) if n > 0) {}
+        };
+        tokio::time::timeout(limit, drain).await.is_ok()
+    }
+
     fn take_id(&mut self) -> u64 {
         let id = self.next_request_id;
         self.next_request_id = self.next_request_id.wrapping_add(1);
@@ -144,6 +213,10 @@ impl DataConnection {
         let code = match status {
             DataStatus::UnknownSegment => ErrorCode::SEGMENT_NOT_FOUND,
             DataStatus::OutOfRange | DataStatus::AddressOverflow => ErrorCode::INVALID_PARAMS,
+            DataStatus::FileNotFound => ErrorCode::FILE_NOT_FOUND,
+            DataStatus::FileCorrupt => ErrorCode::CHECKSUM_MISMATCH,
+            DataStatus::FileWriteFail | DataStatus::DiskFull => ErrorCode::FILE_WRITE_FAIL,
+            DataStatus::FileReadFail => ErrorCode::FILE_READ_FAIL,
             _ => ErrorCode::TRANSFER_FAIL,
         };
         Error::new(

@@ -24,6 +24,12 @@ pub enum DataOp {
     Read = 1,
     /// Store the `length` payload bytes that follow the header at `address`.
     Write = 2,
+    /// Send the payload of disk file `address` (its id), which must be exactly `length` bytes,
+    /// after verifying the file. `segment_id` is the node's disk id.
+    FileRead = 3,
+    /// Write disk file `address` (its id) from the payload that follows: a file-meta prefix
+    /// (see [`FileMeta`]) then the object bytes; `length` counts both.
+    FileWrite = 4,
 }
 
 /// Outcome of one request, carried in the response header.
@@ -43,6 +49,16 @@ pub enum DataStatus {
     TooLarge = 5,
     /// Wrong magic or version; the node closes the connection after answering.
     BadHeader = 6,
+    /// No disk file with this id.
+    FileNotFound = 7,
+    /// The disk file's header, length or checksum is wrong; nothing was sent.
+    FileCorrupt = 8,
+    /// The disk file could not be written or synced.
+    FileWriteFail = 9,
+    /// The node's disk budget has no room for the file.
+    DiskFull = 10,
+    /// The disk file could not be read.
+    FileReadFail = 11,
 }
 
 impl DataStatus {
@@ -55,6 +71,11 @@ impl DataStatus {
             3 => DataStatus::AddressOverflow,
             4 => DataStatus::BadOp,
             5 => DataStatus::TooLarge,
+            7 => DataStatus::FileNotFound,
+            8 => DataStatus::FileCorrupt,
+            9 => DataStatus::FileWriteFail,
+            10 => DataStatus::DiskFull,
+            11 => DataStatus::FileReadFail,
             _ => DataStatus::BadHeader,
         }
     }
@@ -69,14 +90,49 @@ impl DataStatus {
             DataStatus::BadOp => "unknown operation",
             DataStatus::TooLarge => "refused write too long to drain",
             DataStatus::BadHeader => "malformed request header",
+            DataStatus::FileNotFound => "the disk file does not exist",
+            DataStatus::FileCorrupt => "the disk file is corrupt (bad header, length or checksum)",
+            DataStatus::FileWriteFail => "the disk file could not be written",
+            DataStatus::DiskFull => "the node's disk is full",
+            DataStatus::FileReadFail => "the disk file could not be read",
         }
+    }
+}
+
+/// The prefix of a FILE_WRITE payload: what the file header records about the object.
+/// Layout: `tenant_len: u32, key_len: u32, tenant, key` (big-endian lengths, UTF-8 text).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileMeta {
+    /// Tenant of the object.
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+}
+
+impl FileMeta {
+    /// Fixed part of the prefix.
+    pub const FIXED_LEN: usize = 8;
+
+    /// Encoded prefix length.
+    pub fn encoded_len(&self) -> usize {
+        Self::FIXED_LEN + self.tenant.len() + self.key.len()
+    }
+
+    /// Encodes the prefix.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.encoded_len());
+        out.extend_from_slice(&(self.tenant.len() as u32).to_be_bytes());
+        out.extend_from_slice(&(self.key.len() as u32).to_be_bytes());
+        out.extend_from_slice(self.tenant.as_bytes());
+        out.extend_from_slice(self.key.as_bytes());
+        out
     }
 }
 
 /// A decoded request header. `op` is kept raw so a bad op can be answered precisely.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestHeader {
-    /// 1 = read, 2 = write; anything else is answered with [`DataStatus::BadOp`].
+    /// A [`DataOp`] number; anything else is answered with [`DataStatus::BadOp`].
     pub op: u8,
     /// Echoed in the response.
     pub request_id: u64,

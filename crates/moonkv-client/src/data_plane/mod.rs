@@ -10,4 +10,4 @@ pub mod header;
 pub(crate) mod server;
 
 pub use client::{ConnectionPool, DataConnection};
-pub use header::{DataOp, DataStatus, RequestHeader, ResponseHeader};
+pub use header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader};

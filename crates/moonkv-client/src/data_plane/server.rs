@@ -1,7 +1,8 @@
 //! The node side of the data plane: accepts connections and serves reads and writes of the
-//! segments in its table, one request at a time per connection.
+//! segments in its table, and of the files of its disk, one request at a time per connection.
 
-use super::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, REQUEST_LEN};
+use super::header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN};
+use crate::node::disk::{format::MAX_TENANT_LEN, DiskFault, DiskStore};
 use crate::node::segment::SegmentMemory;
 use moonkv_proto::SegmentId;
 use std::collections::HashMap;
@@ -23,6 +24,26 @@ const COALESCE_BYTES: usize = 16 << 10;
 /// Segments a node serves, by id.
 pub(crate) type SegmentTable = Arc<RwLock<HashMap<SegmentId, Arc<SegmentMemory>>>>;
 
+/// Everything a node serves: its segments and, optionally, its disk.
+pub(crate) struct Served {
+    segments: SegmentTable,
+    disk: Option<Arc<DiskStore>>,
+}
+
+impl Served {
+    fn segment(&self, id: SegmentId) -> Option<Arc<SegmentMemory>> {
+        self.segments
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    fn disk(&self, id: SegmentId) -> Option<&Arc<DiskStore>> {
+        self.disk.as_ref().filter(|d| d.id() == id)
+    }
+}
+
 /// A running data-plane listener.
 pub(crate) struct DataServer {
     local_addr: SocketAddr,
@@ -32,10 +53,24 @@ pub(crate) struct DataServer {
 
 impl DataServer {
     /// Starts serving `table` on an already bound listener.
+    #[cfg(test)]
     pub fn spawn(listener: TcpListener, table: SegmentTable) -> io::Result<DataServer> {
+        Self::spawn_with_disk(listener, table, None)
+    }
+
+    /// Starts serving `table` and the files of `disk` on an already bound listener.
+    pub fn spawn_with_disk(
+        listener: TcpListener,
+        table: SegmentTable,
+        disk: Option<Arc<DiskStore>>,
+    ) -> io::Result<DataServer> {
         let local_addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, table, stopped));
+        let served = Arc::new(Served {
+            segments: table,
+            disk,
+        });
+        let task = tokio::spawn(accept_loop(listener, served, stopped));
         Ok(DataServer {
             local_addr,
             stop,
@@ -57,7 +92,7 @@ impl DataServer {
 
 async fn accept_loop(
     listener: TcpListener,
-    table: SegmentTable,
+    served: Arc<Served>,
     mut stopped: watch::Receiver<bool>,
 ) {
     // Dropping the set at the end aborts every connection task.
@@ -67,9 +102,9 @@ async fn accept_loop(
             _ = stopped.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let table = table.clone();
+                    let served = served.clone();
                     connections.spawn(async move {
-                        if let Err(e) = serve_connection(stream, table).await {
+                        if let Err(e) = serve_connection(stream, served).await {
                             tracing::debug!(%peer, error = %e, "data-plane connection ended");
                         }
                     });
@@ -85,7 +120,7 @@ async fn accept_loop(
 }
 
 /// Serves one connection until the peer closes it or sends something unrecoverable.
-pub(crate) async fn serve_connection(mut stream: TcpStream, table: SegmentTable) -> io::Result<()> {
+pub(crate) async fn serve_connection(mut stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut raw = [0u8; REQUEST_LEN];
     loop {
@@ -102,14 +137,20 @@ pub(crate) async fn serve_connection(mut stream: TcpStream, table: SegmentTable)
                 ));
             }
         };
-        let segment = table
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&header.segment_id)
-            .cloned();
+        let id = header.segment_id;
         match header.op {
-            op if op == DataOp::Read as u8 => serve_read(&mut stream, &header, segment).await?,
-            op if op == DataOp::Write as u8 => serve_write(&mut stream, &header, segment).await?,
+            op if op == DataOp::Read as u8 => {
+                serve_read(&mut stream, &header, served.segment(id)).await?
+            }
+            op if op == DataOp::Write as u8 => {
+                serve_write(&mut stream, &header, served.segment(id)).await?
+            }
+            op if op == DataOp::FileRead as u8 => {
+                serve_file_read(&mut stream, &header, served.disk(id)).await?
+            }
+            op if op == DataOp::FileWrite as u8 => {
+                serve_file_write(&mut stream, &header, served.disk(id)).await?
+            }
             // An unknown op carries no payload by definition, so the stream is still in step.
             _ => respond(&mut stream, DataStatus::BadOp, header.request_id).await?,
         }
@@ -225,4 +266,78 @@ async fn refuse_write(
         left -= take as u64;
     }
     respond(stream, status, h.request_id).await
+}
+
+/// The data-plane answer to a disk fault.
+fn fault_status(fault: DiskFault) -> DataStatus {
+    match fault {
+        DiskFault::NotFound => DataStatus::FileNotFound,
+        DiskFault::Corrupt => DataStatus::FileCorrupt,
+        DiskFault::Full => DataStatus::DiskFull,
+        DiskFault::ReadFailed => DataStatus::FileReadFail,
+        DiskFault::WriteFailed => DataStatus::FileWriteFail,
+    }
+}
+
+/// Sends a verified disk file, or refuses with nothing sent.
+async fn serve_file_read(
+    stream: &mut TcpStream,
+    h: &RequestHeader,
+    disk: Option<&Arc<DiskStore>>,
+) -> io::Result<()> {
+    let Some(disk) = disk else {
+        return respond(stream, DataStatus::UnknownSegment, h.request_id).await;
+    };
+    let data = match disk.read_verified(h.address, h.length).await {
+        Ok(data) => data,
+        Err(fault) => return respond(stream, fault_status(fault), h.request_id).await,
+    };
+    let ok = ResponseHeader {
+        status: DataStatus::Ok,
+        request_id: h.request_id,
+        length: data.len() as u64,
+    }
+    .encode();
+    stream.write_all(&ok).await?;
+    stream.write_all(&data).await
+}
+
+/// Writes a disk file from the payload; acknowledged once the file is synced under its name.
+async fn serve_file_write(
+    stream: &mut TcpStream,
+    h: &RequestHeader,
+    disk: Option<&Arc<DiskStore>>,
+) -> io::Result<()> {
+    let Some(disk) = disk else {
+        return refuse_write(stream, h, DataStatus::UnknownSegment).await;
+    };
+    if h.length < FileMeta::FIXED_LEN as u64 {
+        return refuse_write(stream, h, DataStatus::FileWriteFail).await;
+    }
+    let mut fixed = [0u8; FileMeta::FIXED_LEN];
+    stream.read_exact(&mut fixed).await?;
+    let rest = h.length - FileMeta::FIXED_LEN as u64;
+    let tenant_len = u32::from_be_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]) as u64;
+    let key_len = u32::from_be_bytes([fixed[4], fixed[5], fixed[6], fixed[7]]) as u64;
+    let sane = tenant_len <= MAX_TENANT_LEN as u64
+        && key_len <= moonkv_proto::MAX_KEY_LEN as u64
+        && tenant_len + key_len < rest
+        && h.address != 0;
+    if !sane {
+        let skipped = RequestHeader { length: rest, ..*h };
+        return refuse_write(stream, &skipped, DataStatus::FileWriteFail).await;
+    }
+    let mut text = vec![0u8; (tenant_len + key_len) as usize];
+    stream.read_exact(&mut text).await?;
+    let size = rest - tenant_len - key_len;
+    let (tenant, key) = text.split_at(tenant_len as usize);
+    let (Ok(tenant), Ok(key)) = (std::str::from_utf8(tenant), std::str::from_utf8(key)) else {
+        let skipped = RequestHeader { length: size, ..*h };
+        return refuse_write(stream, &skipped, DataStatus::FileWriteFail).await;
+    };
+    match disk.write_from(h.address, tenant, key, size, stream).await {
+        Ok(()) => respond(stream, DataStatus::Ok, h.request_id).await,
+        Err(Ok(fault)) => respond(stream, fault_status(fault), h.request_id).await,
+        Err(Err(e)) => Err(e),
+    }
 }

@@ -2,7 +2,7 @@
 //! requests waiting for their response.
 
 use moonkv_proto::frame::{self, FrameKind};
-use moonkv_proto::msg::{Hello, HelloAck};
+use moonkv_proto::msg::{Hello, HelloAck, HelloAuth};
 use moonkv_proto::{Error, ErrorCode, Result, PROTOCOL_MAGIC, PROTOCOL_VERSION};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +37,7 @@ impl Connection {
         addr: &str,
         client_name: &str,
         connect_timeout: Duration,
+        secret: Option<&moonkv_proto::auth::Secret>,
     ) -> Result<Connection> {
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             Error::new(
@@ -58,27 +59,62 @@ impl Connection {
             .map_err(|e| fail("set TCP_NODELAY", &e))?;
         let (mut reader, mut writer) = stream.into_split();
 
-        let mut hello = Vec::new();
-        let body = Hello {
+        let mut buf = Vec::with_capacity(4096);
+        let hello = Hello {
             magic: PROTOCOL_MAGIC.to_string(),
             protocol_version: PROTOCOL_VERSION,
             client_name: client_name.to_string(),
+            auth: None,
         };
-        frame::encode_value(&mut hello, FrameKind::Hello, 0, 0, &body)?;
-        writer
-            .write_all(&hello)
-            .await
-            .map_err(|e| fail("send hello", &e))?;
-        let mut buf = Vec::with_capacity(4096);
-        let ack: HelloAck =
-            tokio::time::timeout(connect_timeout, read_hello_ack(&mut reader, &mut buf))
-                .await
-                .map_err(|_| {
-                    Error::new(
-                        ErrorCode::RPC_TIMEOUT,
-                        format!("the master at {addr} did not answer the hello"),
-                    )
-                })??;
+        let mut ack = hello_round(
+            &mut reader,
+            &mut writer,
+            &mut buf,
+            &hello,
+            addr,
+            connect_timeout,
+        )
+        .await?;
+        if let Some(challenge) = ack.challenge.take() {
+            let Some(secret) = secret else {
+                return Err(Error::new(
+                    ErrorCode::ILLEGAL_CLIENT,
+                    format!(
+                        "the master at {addr} requires authentication: set {} or {}",
+                        moonkv_proto::auth::SECRET_ENV,
+                        moonkv_proto::auth::SECRET_FILE_ENV
+                    ),
+                ));
+            };
+            let client_nonce: [u8; moonkv_proto::auth::NONCE_LEN] = rand::random();
+            let proof = secret.client_proof(&challenge, &client_nonce);
+            let hello = Hello {
+                auth: Some(HelloAuth {
+                    client_nonce: client_nonce.to_vec(),
+                    proof,
+                }),
+                ..hello
+            };
+            ack = hello_round(
+                &mut reader,
+                &mut writer,
+                &mut buf,
+                &hello,
+                addr,
+                connect_timeout,
+            )
+            .await?;
+            let proven = ack
+                .server_proof
+                .as_deref()
+                .is_some_and(|p| secret.verify_server(&challenge, &client_nonce, p));
+            if !proven {
+                return Err(Error::new(
+                    ErrorCode::ILLEGAL_CLIENT,
+                    format!("the master at {addr} could not prove it holds the shared secret"),
+                ));
+            }
+        }
         tracing::debug!(%addr, server_version = %ack.server_version, "connected to master");
 
         let pending: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
@@ -160,6 +196,33 @@ fn fail_all(pending: &Mutex<HashMap<u64, Waiter>>, why: &str) {
     for waiter in waiters {
         let _ = waiter.send(Err(Error::new(ErrorCode::RPC_FAIL, why.to_string())));
     }
+}
+
+/// Sends one hello and waits for its answer.
+async fn hello_round(
+    reader: &mut OwnedReadHalf,
+    writer: &mut OwnedWriteHalf,
+    buf: &mut Vec<u8>,
+    hello: &Hello,
+    addr: &str,
+    connect_timeout: Duration,
+) -> Result<HelloAck> {
+    let mut out = Vec::new();
+    frame::encode_value(&mut out, FrameKind::Hello, 0, 0, hello)?;
+    writer.write_all(&out).await.map_err(|e| {
+        Error::new(
+            ErrorCode::RPC_FAIL,
+            format!("cannot send the hello to {addr}: {e}"),
+        )
+    })?;
+    tokio::time::timeout(connect_timeout, read_hello_ack(reader, buf))
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorCode::RPC_TIMEOUT,
+                format!("the master at {addr} did not answer the hello"),
+            )
+        })?
 }
 
 async fn read_hello_ack(reader: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result<HelloAck> {

@@ -39,6 +39,8 @@ pub struct MasterClientConfig {
     pub connect_attempts: u32,
     /// Heartbeat period.
     pub ping_interval: Duration,
+    /// Shared secret to prove when the master asks (`MOONKV_AUTH_SECRET[_FILE]` by default).
+    pub auth_secret: Option<moonkv_proto::auth::Secret>,
 }
 
 impl MasterClientConfig {
@@ -52,6 +54,13 @@ impl MasterClientConfig {
             connect_timeout: Duration::from_secs(3),
             connect_attempts: 3,
             ping_interval: Duration::from_secs(1),
+            auth_secret: match moonkv_proto::auth::Secret::from_env() {
+                Ok(secret) => secret,
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring the shared secret from the environment");
+                    None
+                }
+            },
         }
     }
 }
@@ -131,6 +140,7 @@ impl MasterClient {
                 &config.master_addr,
                 &config.client_name,
                 config.connect_timeout,
+                config.auth_secret.as_ref(),
             )
             .await
             {

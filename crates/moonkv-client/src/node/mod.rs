@@ -1,18 +1,33 @@
 //! A node: allocates memory segments, mounts them on the master and serves their bytes over the
 //! data plane. It runs as its own process (`moonkv node`) or embedded in any tokio program
-//! (`moonkv up`, tests, a client that contributes memory).
+//! (`moonkv up`, tests, a client that contributes memory). With a disk directory it also serves
+//! the disk tier (`disk`, `offload`; see `docs/disk-tier.md`).
 
+pub mod disk;
+mod offload;
 mod range_lock;
 pub mod segment;
 
 use crate::data_plane::server::{DataServer, SegmentTable};
 use crate::master_client::{MasterClient, MasterClientConfig};
-use moonkv_proto::types::Segment;
+use disk::DiskStore;
+use moonkv_proto::msg::UnmountDiskSegmentRequest;
+use moonkv_proto::types::{DiskSegment, Segment};
 use moonkv_proto::{ClientId, Error, ErrorCode, Result, SegmentId};
 use segment::SegmentMemory;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A disk directory the node contributes as its disk tier.
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    /// Directory holding the replica files (must exist and be writable).
+    pub dir: PathBuf,
+    /// Bytes the master may place there.
+    pub capacity: u64,
+}
 
 /// How to start a node.
 #[derive(Clone, Debug)]
@@ -38,6 +53,10 @@ pub struct NodeConfig {
     pub rpc_timeout: Duration,
     /// Heartbeat period.
     pub ping_interval: Duration,
+    /// Optional disk tier.
+    pub disk: Option<DiskConfig>,
+    /// How often the node asks the master for offload tasks and file deletions.
+    pub disk_poll_interval: Duration,
 }
 
 impl NodeConfig {
@@ -54,6 +73,8 @@ impl NodeConfig {
             client_id: None,
             rpc_timeout: Duration::from_secs(5),
             ping_interval: Duration::from_secs(1),
+            disk: None,
+            disk_poll_interval: Duration::from_millis(100),
         }
     }
 }
@@ -66,6 +87,13 @@ impl Node {
     /// On any failure the segments mounted so far are unmounted again.
     pub async fn start(config: NodeConfig) -> Result<NodeHandle> {
         let names = segment_names_or_count(&config)?;
+        let opened = match &config.disk {
+            Some(d) => {
+                let (store, files) = DiskStore::open(&d.dir, d.capacity)?;
+                Some((Arc::new(store), files))
+            }
+            None => None,
+        };
         let listener = tokio::net::TcpListener::bind(&config.data_bind)
             .await
             .map_err(|e| {
@@ -82,12 +110,14 @@ impl Node {
         let table: SegmentTable = Arc::new(std::sync::RwLock::new(
             memories.iter().map(|m| (m.id(), m.clone())).collect(),
         ));
-        let server = DataServer::spawn(listener, table).map_err(|e| {
-            Error::new(
-                ErrorCode::INTERNAL_ERROR,
-                format!("data plane failed to start: {e}"),
-            )
-        })?;
+        let disk_store = opened.as_ref().map(|(store, _)| store.clone());
+        let server =
+            DataServer::spawn_with_disk(listener, table.clone(), disk_store).map_err(|e| {
+                Error::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    format!("data plane failed to start: {e}"),
+                )
+            })?;
         let endpoint = advertised_endpoint(server.local_addr(), config.advertise_host.as_deref());
         let segments: Vec<Segment> = names
             .into_iter()
@@ -118,12 +148,20 @@ impl Node {
                 return Err(e);
             }
         };
-        let handle = NodeHandle {
+        let disk = opened.as_ref().map(|(store, _)| DiskSegment {
+            id: store.id(),
+            name: format!("{endpoint}/disk"),
+            endpoint: endpoint.clone(),
+            capacity_bytes: store.capacity(),
+        });
+        let mut handle = NodeHandle {
             endpoint,
             master,
             memories,
             segments,
             server: Some(server),
+            disk,
+            disk_task: None,
         };
         for segment in handle.segments.clone() {
             if let Err(e) = handle.master.mount(segment.clone()).await {
@@ -133,6 +171,22 @@ impl Node {
                     format!("mounting segment {}: {}", segment.name, e.message),
                 ));
             }
+        }
+        if let (Some((store, files)), Some(info)) = (opened, handle.disk.clone()) {
+            let agent = offload::DiskAgent {
+                master: handle.master.clone(),
+                disk: store,
+                info,
+                segments: table,
+            };
+            if let Err(e) = agent.mount(files).await {
+                handle.shutdown().await;
+                return Err(Error::new(
+                    e.code,
+                    format!("mounting the disk: {}", e.message),
+                ));
+            }
+            handle.disk_task = Some(tokio::spawn(agent.run(config.disk_poll_interval)));
         }
         for memory in &handle.memories {
             segment::register_local(memory);
@@ -178,6 +232,8 @@ pub struct NodeHandle {
     memories: Vec<Arc<SegmentMemory>>,
     segments: Vec<Segment>,
     server: Option<DataServer>,
+    disk: Option<DiskSegment>,
+    disk_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl NodeHandle {
@@ -196,13 +252,30 @@ impl NodeHandle {
         &self.segments
     }
 
+    /// The disk this node mounted, if it has a disk tier.
+    pub fn disk(&self) -> Option<&DiskSegment> {
+        self.disk.as_ref()
+    }
+
     /// The node's master client (shares its connection and heartbeat).
     pub fn master(&self) -> &MasterClient {
         &self.master
     }
 
-    /// Unmounts every segment, stops serving and closes the master connection.
+    /// Unmounts the disk (its replicas stay on disk and come back when a node mounts the
+    /// directory again within the master's grace period) and every segment, stops serving and
+    /// closes the master connection.
     pub async fn shutdown(mut self) {
+        self.stop_disk_task();
+        if let Some(disk) = &self.disk {
+            let request = UnmountDiskSegmentRequest {
+                client_id: self.master.client_id(),
+                disk_id: disk.id,
+            };
+            if let Err(e) = self.master.unmount_disk_segment(request).await {
+                tracing::warn!(disk = %disk.name, error = %e, "disk unmount at shutdown failed");
+            }
+        }
         for memory in &self.memories {
             segment::unregister_local(memory.id());
         }
@@ -217,10 +290,17 @@ impl NodeHandle {
     /// Stops serving and heartbeating without telling the master, as if the process died. The
     /// master keeps the segments until the client TTL expires. Meant for fault tests.
     pub async fn crash(mut self) {
+        self.stop_disk_task();
         for memory in &self.memories {
             segment::unregister_local(memory.id());
         }
         self.stop_serving().await;
+    }
+
+    fn stop_disk_task(&mut self) {
+        if let Some(task) = self.disk_task.take() {
+            task.abort();
+        }
     }
 
     async fn stop_serving(&mut self) {

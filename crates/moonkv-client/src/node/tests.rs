@@ -251,3 +251,69 @@ async fn start_refuses_bad_configs_before_touching_the_network() {
         ErrorCode::INVALID_PARAMS
     );
 }
+
+/// A data server with a disk of `capacity` bytes in a fresh directory.
+async fn disk_fixture(capacity: u64) -> (DataServer, Arc<DiskStore>, disk::tests::TempDir) {
+    let dir = disk::tests::TempDir::new("dataplane");
+    let (store, _) = DiskStore::open(&dir.0, capacity).unwrap();
+    let store = Arc::new(store);
+    let table: SegmentTable = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = DataServer::spawn_with_disk(listener, table, Some(store.clone())).unwrap();
+    (server, store, dir)
+}
+
+#[tokio::test]
+async fn disk_files_round_trip_and_refusals_keep_the_connection_usable() {
+    use crate::data_plane::FileMeta;
+    tokio::time::timeout(LIMIT, async {
+        let (server, store, _dir) = disk_fixture(100_000).await;
+        let addr = server.local_addr().to_string();
+        let mut conn = DataConnection::connect(&addr, LIMIT).await.unwrap();
+        let meta = FileMeta {
+            tenant: "t".into(),
+            key: "k".into(),
+        };
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13) as u8).collect();
+        conn.write_file(store.id(), 11, &meta, &data).await.unwrap();
+        let mut back = vec![0u8; data.len()];
+        conn.read_file(store.id(), 11, &mut back).await.unwrap();
+        assert_eq!(back, data);
+
+        let code = |r: Result<()>| r.unwrap_err().code;
+        let mut wrong = vec![0u8; data.len() - 1];
+        assert_eq!(
+            code(conn.read_file(store.id(), 11, &mut wrong).await),
+            ErrorCode::CHECKSUM_MISMATCH,
+            "another size is refused, nothing sent"
+        );
+        assert_eq!(
+            code(conn.read_file(store.id(), 12, &mut back).await),
+            ErrorCode::FILE_NOT_FOUND
+        );
+        assert_eq!(
+            code(conn.read_file(SegmentId::new(9, 9), 11, &mut back).await),
+            ErrorCode::SEGMENT_NOT_FOUND
+        );
+        assert_eq!(
+            code(conn.write_file(store.id(), 13, &meta, &data).await),
+            ErrorCode::FILE_WRITE_FAIL,
+            "over the disk budget"
+        );
+        assert_eq!(
+            code(conn.write_file(SegmentId::new(9, 9), 13, &meta, b"x").await),
+            ErrorCode::SEGMENT_NOT_FOUND
+        );
+        assert_eq!(
+            code(conn.write_file(store.id(), 0, &meta, b"x").await),
+            ErrorCode::FILE_WRITE_FAIL,
+            "file id 0 is never valid"
+        );
+        // Still in step after every refusal.
+        conn.read_file(store.id(), 11, &mut back).await.unwrap();
+        assert_eq!(back, data);
+        server.stop().await;
+    })
+    .await
+    .unwrap();
+}

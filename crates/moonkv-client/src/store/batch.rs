@@ -2,7 +2,7 @@
 //! parallel, and one result per key (a failing key never fails the others).
 
 use super::transfer::join_all;
-use super::{buffer_for, check_value, lease_expired, object_size, zeroed, Store};
+use super::{buffer_for, check_value, lease_expired, object_size, zeroed, Store, WriteKind};
 use crate::util::check_key;
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
@@ -199,6 +199,8 @@ impl Store {
                 }
             }
         }
+        revoke_items
+            .retain(|item| !self.defer_revoke(WriteKind::Put, &item.key, &item.replica_ids));
         if !revoke_items.is_empty() {
             let revoke = BatchRevokeRequest {
                 client_id: self.master.client_id(),

@@ -12,6 +12,7 @@
 mod batch;
 pub(crate) mod transfer;
 
+use crate::data_plane::FileMeta;
 use crate::master_client::{MasterClient, MasterClientConfig};
 use crate::util::check_key;
 use moonkv_proto::msg::*;
@@ -334,6 +335,32 @@ impl Store {
     }
 
     async fn revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {
+        if !self.defer_revoke(kind, key, &replica_ids) {
+            self.send_revoke(kind, key, replica_ids).await;
+        }
+    }
+
+    /// When a transfer into these replicas timed out, the node may still apply its bytes; the
+    /// revoke (which lets the master hand the space out again) is then sent in the background
+    /// once the abandoned connections are settled. Until then the write stays in flight and
+    /// unreadable; if they never settle, the master's stalled-write sweep reclaims it. Returns
+    /// whether the revoke was deferred.
+    pub(crate) fn defer_revoke(&self, kind: WriteKind, key: &str, ids: &[ReplicaId]) -> bool {
+        let Some(settled) = self.transfer.unsettled(ids) else {
+            return false;
+        };
+        let (store, key, ids) = (self.clone(), key.to_string(), ids.to_vec());
+        tokio::spawn(async move {
+            if settled.await {
+                store.send_revoke(kind, &key, ids).await;
+            } else {
+                tracing::warn!(%key, "a timed-out write never settled; the master reclaims its space after put_start_release_timeout");
+            }
+        });
+        true
+    }
+
+    async fn send_revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {
         let revoke = RevokeRequest {
             client_id: self.master.client_id(),
             tenant: self.tenant.clone(),
@@ -359,9 +386,13 @@ impl Store {
                 format!("the master allocated no replica for '{key}'"),
             ));
         }
+        let meta = FileMeta {
+            tenant: TenantId::normalized(&self.tenant).0,
+            key: key.to_string(),
+        };
         let writes = replicas
             .iter()
-            .map(|r| self.transfer.write(r, value))
+            .map(|r| self.transfer.write_replica(r, &meta, value))
             .collect();
         transfer::join_all(writes).await.into_iter().collect()
     }
@@ -388,7 +419,7 @@ impl Store {
             .unwrap_or_else(|| Err(lease_error(key, "no answer")))
     }
 
-    /// Reads from the first replica that works: in-process ones first, then in master order.
+    /// Reads from the first replica that works: in-process ones first, then memory, then disk.
     pub(crate) async fn read_any_replica(
         &self,
         key: &str,
@@ -399,7 +430,8 @@ impl Store {
             .iter()
             .filter(|r| r.status == ReplicaStatus::Complete)
             .collect();
-        order.sort_by_key(|r| !self.transfer.is_local(r));
+        // In-process copies first, then memory before disk, otherwise in master order.
+        order.sort_by_key(|r| (!self.transfer.is_local(r), r.kind == ReplicaKind::LocalDisk));
         let mut failures = Vec::new();
         for replica in &order {
             match self.transfer.read(replica, buf).await {

@@ -1,15 +1,22 @@
 //! Moving one replica's bytes: split into chunks spread over several connections, or copied
-//! directly when the replica's segment lives in this process.
+//! directly when the replica's segment lives in this process. A disk replica moves as one
+//! whole-file request to the node that owns the disk.
 
-use crate::data_plane::{ConnectionPool, DataConnection};
+use crate::data_plane::{ConnectionPool, DataConnection, FileMeta};
 use crate::node::segment::{lookup_local, SegmentMemory};
 use moonkv_proto::types::{ReplicaDescriptor, ReplicaKind};
-use moonkv_proto::{Error, ErrorCode, Result};
+use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// How long a timed-out write is waited for before its space is left to the master's
+/// stalled-write sweep (the default `put_start_release_timeout_sec`).
+const FENCE_LIMIT: Duration = Duration::from_secs(600);
 
 /// Transfer settings and the connection pool shared by a store's clones.
 pub(crate) struct Transfer {
@@ -18,6 +25,9 @@ pub(crate) struct Transfer {
     lanes: usize,
     timeout: Duration,
     local_copy: bool,
+    /// Writes whose deadline passed while the node may still be applying them, by replica:
+    /// each task settles once the node has closed the abandoned connection.
+    fences: Mutex<HashMap<ReplicaId, Vec<JoinHandle<bool>>>>,
 }
 
 impl Transfer {
@@ -35,7 +45,45 @@ impl Transfer {
             lanes,
             timeout,
             local_copy,
+            fences: Mutex::default(),
         }
+    }
+
+    /// A future that resolves once no timed-out write into `ids` can still land (true), or
+    /// when that could not be established in time (false); `None` if no write timed out.
+    /// Space must not be revoked before then: a stalled node could apply the old bytes over
+    /// the next object allocated there.
+    pub fn unsettled(
+        &self,
+        ids: &[ReplicaId],
+    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+        let tasks: Vec<JoinHandle<bool>> = {
+            let mut fences = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+            ids.iter()
+                .filter_map(|id| fences.remove(id))
+                .flatten()
+                .collect()
+        };
+        if tasks.is_empty() {
+            return None;
+        }
+        Some(async move {
+            let mut settled = true;
+            for task in tasks {
+                settled &= task.await.unwrap_or(false);
+            }
+            settled
+        })
+    }
+
+    fn fence(&self, replica: ReplicaId, conn: DataConnection) {
+        let task = tokio::spawn(conn.fence(FENCE_LIMIT));
+        self.fences
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(replica)
+            .or_default()
+            .push(task);
     }
 
     /// Whether reading `replica` needs no network (its segment is served by this process).
@@ -53,6 +101,9 @@ impl Transfer {
 
     /// Reads a whole replica into `buf` (exactly the object size).
     pub async fn read(&self, replica: &ReplicaDescriptor, buf: &mut [u8]) -> Result<()> {
+        if replica.kind == ReplicaKind::LocalDisk {
+            return self.read_file(replica, buf).await;
+        }
         check_memory(replica)?;
         if let Some(memory) = self.local(replica) {
             let view = memory
@@ -69,7 +120,20 @@ impl Transfer {
         join_all(work.collect()).await.into_iter().collect()
     }
 
-    /// Writes `data` (the whole object) into a replica.
+    /// Writes `data` (the whole object) into a replica; `meta` names the object for disk files.
+    pub async fn write_replica(
+        &self,
+        replica: &ReplicaDescriptor,
+        meta: &FileMeta,
+        data: &[u8],
+    ) -> Result<()> {
+        if replica.kind == ReplicaKind::LocalDisk {
+            return self.write_file(replica, meta, data).await;
+        }
+        self.write(replica, data).await
+    }
+
+    /// Writes `data` (the whole object) into a memory replica.
     pub async fn write(&self, replica: &ReplicaDescriptor, data: &[u8]) -> Result<()> {
         check_memory(replica)?;
         if let Some(memory) = self.local(replica) {
@@ -85,6 +149,53 @@ impl Transfer {
             .into_iter()
             .map(|items| self.write_lane(replica, items));
         join_all(work.collect()).await.into_iter().collect()
+    }
+
+    /// Deadline of a whole-file request: the chunk deadline per chunk-sized share.
+    fn file_timeout(&self, len: usize) -> Duration {
+        let chunks = len.div_ceil(self.chunk_size).max(1) as u32;
+        self.timeout.saturating_mul(chunks)
+    }
+
+    async fn read_file(&self, replica: &ReplicaDescriptor, buf: &mut [u8]) -> Result<()> {
+        let timeout = self.file_timeout(buf.len());
+        let mut lane = Lane::open(self, &replica.endpoint).await?;
+        loop {
+            let attempt = tokio::time::timeout(
+                timeout,
+                lane.conn
+                    .read_file(replica.segment_id, replica.address, &mut *buf),
+            )
+            .await;
+            if lane.settle(self, attempt).await? {
+                break;
+            }
+        }
+        self.pool.checkin(lane.conn);
+        Ok(())
+    }
+
+    async fn write_file(
+        &self,
+        replica: &ReplicaDescriptor,
+        meta: &FileMeta,
+        data: &[u8],
+    ) -> Result<()> {
+        let timeout = self.file_timeout(data.len());
+        let mut lane = Lane::open(self, &replica.endpoint).await?;
+        loop {
+            let attempt = tokio::time::timeout(
+                timeout,
+                lane.conn
+                    .write_file(replica.segment_id, replica.address, meta, data),
+            )
+            .await;
+            if lane.settle(self, attempt).await? {
+                break;
+            }
+        }
+        self.pool.checkin(lane.conn);
+        Ok(())
     }
 
     async fn read_lane(
@@ -124,6 +235,12 @@ impl Transfer {
                     lane.conn.write(replica.segment_id, address, chunk),
                 )
                 .await;
+                if attempt.is_err() {
+                    // Bytes already sent may still be applied by a stalled node.
+                    let error = lane.timed_out(self);
+                    self.fence(replica.id, lane.conn);
+                    return Err(error);
+                }
                 if lane.settle(self, attempt).await? {
                     break;
                 }
@@ -164,15 +281,19 @@ impl Lane {
                 Ok(false)
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(Error::new(
-                ErrorCode::TRANSFER_FAIL,
-                format!(
-                    "data transfer with node {} took longer than {:?}",
-                    self.conn.endpoint(),
-                    transfer.timeout
-                ),
-            )),
+            Err(_) => Err(self.timed_out(transfer)),
         }
+    }
+
+    fn timed_out(&self, transfer: &Transfer) -> Error {
+        Error::new(
+            ErrorCode::TRANSFER_FAIL,
+            format!(
+                "data transfer with node {} took longer than {:?}",
+                self.conn.endpoint(),
+                transfer.timeout
+            ),
+        )
     }
 }
 

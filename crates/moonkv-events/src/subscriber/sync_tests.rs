@@ -404,3 +404,30 @@ fn harness_catches_an_index_that_ignores_losses() {
     let (model, index) = run_model(&ops, &lose, &[]);
     assert_eq!(model, index);
 }
+
+#[test]
+fn events_queued_during_the_snapshot_fetch_are_skipped_without_refetching() {
+    let src = FakeSource::default();
+    let mut sync = IndexSync::new(Some(Box::new(src.clone())), None);
+    sync.on_message(SequenceVerdict::First, &[stored(1, "a")]);
+    // The master moved on to event 5 while the snapshot was fetched.
+    src.answer(Ok(snap(5, &[("t", "a"), ("t", "b"), ("t", "c")])));
+    assert_eq!(sync.recover(Instant::now()).ok(), Some(true));
+    // Messages already queued in the socket: ids 2..=5 are in the snapshot, 6 is new.
+    sync.on_message(SequenceVerdict::InOrder, &[stored(2, "b"), stored(3, "c")]);
+    sync.on_message(
+        SequenceVerdict::InOrder,
+        &[
+            ev(4, EventKind::Stored, "t", "x", Medium::Cpu),
+            ev(5, EventKind::Removed, "t", "x", Medium::Cpu),
+            stored(6, "d"),
+        ],
+    );
+    assert!(sync.is_live(), "covered events must not send the index back to recovery");
+    assert_eq!(src.requests().len(), 1, "exactly one snapshot fetched");
+    assert_eq!(keys(&sync), ["t/a", "t/b", "t/c", "t/d"]);
+    assert_eq!(sync.counters().event_id_discontinuities, 0);
+    // A real jump past the last id still triggers recovery.
+    sync.on_message(SequenceVerdict::InOrder, &[stored(9, "e")]);
+    assert!(!sync.is_live());
+}

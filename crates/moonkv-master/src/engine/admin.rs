@@ -3,7 +3,7 @@
 
 use super::sink::Medium;
 use super::Engine;
-use moonkv_proto::{ClientId, Segment, SegmentStatus};
+use moonkv_proto::{ClientId, DiskSegment, Segment, SegmentStatus};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -20,6 +20,21 @@ pub struct SegmentInfo {
     /// Bytes allocated in it.
     pub used_bytes: u64,
     /// Its size.
+    pub capacity_bytes: u64,
+}
+
+/// One known disk as the admin API shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DiskInfo {
+    /// The disk as mounted.
+    pub disk: DiskSegment,
+    /// Owner.
+    pub client_id: ClientId,
+    /// `OK` (mounted) or `DETACHED` (owner gone; replicas unreadable until remounted).
+    pub status: &'static str,
+    /// Bytes charged by its replicas (object sizes plus a per-file overhead).
+    pub used_bytes: u64,
+    /// Its capacity.
     pub capacity_bytes: u64,
 }
 
@@ -58,6 +73,18 @@ pub struct EngineStats {
     pub put_start_partial_allocations: u64,
     /// Objects per tenant.
     pub tenant_key_counts: BTreeMap<String, u64>,
+    /// Sum of mounted disk capacities.
+    pub disk_capacity_bytes: u64,
+    /// Bytes charged on mounted disks.
+    pub disk_allocated_bytes: u64,
+    /// Offloads in flight.
+    pub offloads_pending: u64,
+    /// Offloads started by eviction.
+    pub offloads_started: u64,
+    /// Offloads that landed (the object moved to disk).
+    pub offloads_completed: u64,
+    /// Offloads that failed, were refused or expired.
+    pub offloads_failed: u64,
 }
 
 /// Result of one eviction round.
@@ -71,6 +98,8 @@ pub struct EvictionReport {
     pub evicted_bytes: u64,
     /// Parked buffers released during the round.
     pub released_buffers: u64,
+    /// Of `evicted_keys`, objects whose offload to disk started (memory freed when it lands).
+    pub offloads_started: u64,
 }
 
 /// Quota state of one tenant.
@@ -134,6 +163,24 @@ impl Engine {
         out
     }
 
+    /// Every known disk (mounted or detached), sorted by name then id.
+    pub fn disk_segments(&self) -> Vec<DiskInfo> {
+        let registry = self.disks.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<DiskInfo> = registry
+            .by_id
+            .values()
+            .map(|slot| DiskInfo {
+                disk: slot.info.clone(),
+                client_id: slot.owner,
+                status: if slot.is_mounted() { "OK" } else { "DETACHED" },
+                used_bytes: slot.used_bytes(),
+                capacity_bytes: slot.info.capacity_bytes,
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.disk.name, a.disk.id).cmp(&(&b.disk.name, b.disk.id)));
+        out
+    }
+
     /// Gauges and counters.
     pub fn stats(&self) -> EngineStats {
         let now = self.now();
@@ -165,6 +212,14 @@ impl Engine {
         stats.stalled_writes_reclaimed = load(&c.stalled_writes_reclaimed);
         stats.put_start_alloc_failures = load(&c.put_start_alloc_failures);
         stats.put_start_partial_allocations = load(&c.put_start_partial_allocations);
+        stats.offloads_started = load(&c.offloads_started);
+        stats.offloads_completed = load(&c.offloads_completed);
+        stats.offloads_failed = load(&c.offloads_failed);
+        stats.offloads_pending = self.pending_offloads.load(Ordering::Acquire);
+        for disk in self.disk_segments().iter().filter(|d| d.status == "OK") {
+            stats.disk_capacity_bytes += disk.capacity_bytes;
+            stats.disk_allocated_bytes += disk.used_bytes;
+        }
         stats
     }
 

@@ -75,10 +75,12 @@ impl Allocator {
             return None;
         }
         let &(free_len, offset) = self.by_len.range((len, 0)..).next()?;
-        self.remove_free(offset, free_len);
+        // Remainder first: a segment with one free extent would otherwise see both trees
+        // emptied and refilled, freeing and reallocating their root nodes on every call.
         if free_len > len {
             self.insert_free(offset + len, free_len - len);
         }
+        self.remove_free(offset, free_len);
         self.used += len;
         Some(self.base + offset)
     }

@@ -38,6 +38,9 @@ pub struct EngineConfig {
     pub enable_multi_tenants: bool,
     /// Number of metadata shards; unrelated keys rarely share one.
     pub shard_count: usize,
+    /// How long the disk replicas of a node that expired or unmounted its disk stay known
+    /// (unreadable), so a node restarting on the same directory gets them back.
+    pub disk_detach_grace_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +58,7 @@ impl Default for EngineConfig {
             allocation_strategy: AllocationStrategy::Random,
             enable_multi_tenants: false,
             shard_count: 1024,
+            disk_detach_grace_ms: 300_000,
         }
     }
 }

@@ -5,12 +5,16 @@
 //! lease first; expired parked buffers are released; pass 2 tops up to `ceil(base × lower)`,
 //! falling back to soft-pinned candidates (oldest first) only when allowed. A grouped object is
 //! evicted together with its group, and only if no member holds a lease.
+//!
+//! With a disk tier, evicting the last memory copy of an object whose node has disk room starts
+//! an offload instead (`offload.rs`). Offloads still in flight count toward a round's target, so
+//! rounds do not evict more while they land; but once an allocation has failed while offloads
+//! are pending, the next round evicts plainly (no new offloads), so a slow node cannot stall
+//! writers.
 
 use super::admin::EvictionReport;
 use super::shard::After;
-use super::sink::emit_diff;
 use super::Engine;
-use moonkv_proto::ReplicaKind;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
@@ -39,12 +43,19 @@ struct Round<'a> {
     done: Vec<bool>,
     keys: u64,
     bytes: u64,
+    /// Start offloads instead of dropping last memory copies where possible.
+    offload: bool,
+    /// Offloads started (counted in `keys` too: they are the round's progress).
+    offloads: u64,
 }
 
 impl Engine {
     /// One watermark eviction round, if memory use is above the high watermark or an allocation
     /// failed since the last round.
     pub fn run_eviction(&self) -> EvictionReport {
+        // Read before the usage: an offload landing in between then shows as freed memory,
+        // never as a finished offload whose memory still counts.
+        let pending = self.pending_offloads.load(Ordering::Acquire);
         let capacity = self.usage.capacity.load(Ordering::Acquire);
         let allocated = self.usage.allocated.load(Ordering::Acquire);
         let used = if capacity == 0 {
@@ -76,8 +87,11 @@ impl Engine {
         if scan.base == 0 {
             return report;
         }
+        let plain = flagged && pending > 0;
+        let credit = if plain { 0 } else { pending };
         let allow_pinned = self.config.allow_evict_soft_pinned_objects;
         let mut round = Round::new(&scan);
+        round.offload = !plain;
         let unpinned = scan.order(false);
         let pinned = if allow_pinned {
             scan.order(true)
@@ -85,7 +99,7 @@ impl Engine {
             Vec::new()
         };
 
-        let want = (scan.base as f64 * target).ceil() as u64;
+        let want = ((scan.base as f64 * target).ceil() as u64).saturating_sub(credit);
         for &i in &unpinned {
             if round.keys >= want {
                 break;
@@ -94,7 +108,7 @@ impl Engine {
         }
         let released = self.release_parked(now) as u64;
         let floor = (scan.base as f64 * lower).ceil() as u64;
-        let need = floor.saturating_sub(round.keys + released);
+        let need = floor.saturating_sub(round.keys + released + credit);
         if need > 0 {
             let goal = round.keys + need;
             for &i in unpinned.iter().chain(pinned.iter()) {
@@ -107,9 +121,10 @@ impl Engine {
         report.evicted_keys = round.keys;
         report.evicted_bytes = round.bytes;
         report.released_buffers = released;
+        report.offloads_started = round.offloads;
         self.counters
             .evicted_key_count
-            .fetch_add(round.keys, Ordering::Relaxed);
+            .fetch_add(round.keys - round.offloads, Ordering::Relaxed);
         self.counters
             .evicted_size_bytes
             .fetch_add(round.bytes, Ordering::Relaxed);
@@ -118,7 +133,13 @@ impl Engine {
                 .evictions_total
                 .fetch_add(1, Ordering::Relaxed);
         }
-        tracing::debug!(used, evicted = round.keys, released, "eviction round");
+        tracing::debug!(
+            used,
+            evicted = round.keys,
+            offloads = round.offloads,
+            released,
+            "eviction round"
+        );
         report
     }
 
@@ -166,7 +187,7 @@ impl Engine {
                         continue;
                     }
                     scan.base += 1;
-                    if obj.lease_active(now) {
+                    if obj.lease_active(now) || obj.offload.is_some() {
                         continue;
                     }
                     scan.candidates.push(Candidate {
@@ -213,38 +234,41 @@ impl Engine {
         }
     }
 
-    /// Drops the evictable memory replicas of one object after re-checking it under its lock.
+    /// Drops the evictable memory replicas of one object after re-checking it under its lock,
+    /// or starts its offload to disk.
     fn evict_one(&self, round: &mut Round<'_>, i: usize, now: u64) {
         let c = &round.scan.candidates[i];
+        let offload = round.offload;
         let mut shard = self.lock_shard(c.shard);
         let freed = self.with_object(&mut shard, &c.tenant, &c.key, |tenant, obj| {
-            if obj.hard_pinned || obj.lease_active(now) || !obj.has_evictable_memory() {
+            if obj.hard_pinned
+                || obj.lease_active(now)
+                || !obj.has_evictable_memory()
+                || obj.offload.is_some()
+            {
                 return (None, After::Keep);
             }
-            let before = obj.media();
-            let count = obj.replicas.len();
-            obj.replicas
-                .retain(|r| !(r.kind() == ReplicaKind::Memory && r.is_readable()));
-            let dropped = (count - obj.replicas.len()) as u64;
-            emit_diff(
-                self.sink.as_ref(),
-                tenant,
-                &c.key,
-                obj.group(),
-                before,
-                obj.media(),
-            );
-            self.settle_charge(tenant.as_str(), obj);
+            if offload && self.try_start_offload(tenant, &c.key, obj, now) {
+                return (Some(None), After::Keep);
+            }
+            let bytes = self.drop_memory_copies(tenant, &c.key, obj);
             let after = if obj.replicas.is_empty() {
                 After::Erase
             } else {
                 After::Keep
             };
-            (Some(obj.size.saturating_mul(dropped)), after)
+            (Some(Some(bytes)), after)
         });
-        if let Some(Some(bytes)) = freed {
-            round.keys += 1;
-            round.bytes += bytes;
+        match freed {
+            Some(Some(Some(bytes))) => {
+                round.keys += 1;
+                round.bytes += bytes;
+            }
+            Some(Some(None)) => {
+                round.keys += 1;
+                round.offloads += 1;
+            }
+            _ => {}
         }
     }
 }
@@ -277,6 +301,8 @@ impl<'a> Round<'a> {
             done: vec![false; scan.candidates.len()],
             keys: 0,
             bytes: 0,
+            offload: false,
+            offloads: 0,
         }
     }
 }

@@ -9,12 +9,15 @@
 //! - `put`, `end`, `read`, `remove`: the RPC operations on objects.
 //! - `mounts`: segments and clients (mount, unmount, ping, expiry).
 //! - `evict`, `sweep`: watermark eviction, stalled-write reclamation, parked buffers.
+//! - `disk`, `disk_mounts`, `offload`: the disk tier — disk accounting and file handles, disk
+//!   mount/detach/revive, write-through placement and offload-on-evict (`docs/disk-tier.md`).
 //! - `tenants`: tenant registration and quotas; `admin`: stats and snapshots.
 //!
 //! Locking: every object lives in one of `shard_count` shards chosen by hash(tenant, key); a
 //! request takes its shard's mutex once (a batch takes each involved shard's mutex once). Lock
-//! order is clients → shards (ascending index) → tenant accounts → segment registry → one
-//! segment allocator → parked buffers; no path takes them in another order.
+//! order is clients → shards (ascending index) → tenant accounts → segment registry → disk
+//! registry → one segment allocator → parked buffers → offload mailboxes; a disk's tombstone and
+//! deletion lists are leaves. No path takes them in another order.
 
 pub mod clock;
 pub mod config;
@@ -22,10 +25,13 @@ pub mod sink;
 
 mod admin;
 mod alloc;
+mod disk;
+mod disk_mounts;
 mod end;
 mod evict;
 mod mounts;
 mod object;
+mod offload;
 mod put;
 mod read;
 mod remove;
@@ -39,13 +45,14 @@ mod validate;
 mod tests;
 
 pub use admin::{
-    EngineStats, EvictionReport, PlacedObject, PlacementSnapshot, SegmentInfo, TenantQuotaSnapshot,
+    DiskInfo, EngineStats, EvictionReport, PlacedObject, PlacementSnapshot, SegmentInfo,
+    TenantQuotaSnapshot,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AllocationStrategy, EngineConfig};
 pub use sink::{AvailabilitySink, Medium, NoopSink};
 
-use moonkv_proto::ClientId;
+use moonkv_proto::{ClientId, OffloadTask};
 use object::ReplicaIdGen;
 use segments::{MemBuffer, Registry, SpaceUsage};
 use shard::Shard;
@@ -75,6 +82,9 @@ struct Counters {
     stalled_writes_reclaimed: AtomicU64,
     put_start_alloc_failures: AtomicU64,
     put_start_partial_allocations: AtomicU64,
+    offloads_started: AtomicU64,
+    offloads_completed: AtomicU64,
+    offloads_failed: AtomicU64,
 }
 
 /// The master's metadata engine. `Send + Sync`; every method takes `&self`.
@@ -94,6 +104,11 @@ pub struct Engine {
     need_eviction: AtomicBool,
     tenants: tenants::TenantBook,
     counters: Counters,
+    disks: RwLock<disk::DiskRegistry>,
+    /// Offload tasks not yet fetched, per disk owner.
+    offload_mailboxes: Mutex<HashMap<ClientId, Vec<OffloadTask>>>,
+    /// Offloads started and not yet landed, failed or cancelled.
+    pending_offloads: Arc<AtomicU64>,
 }
 
 impl Engine {
@@ -122,6 +137,9 @@ impl Engine {
             need_eviction: AtomicBool::new(false),
             tenants: tenants::TenantBook::default(),
             counters: Counters::default(),
+            disks: RwLock::new(disk::DiskRegistry::default()),
+            offload_mailboxes: Mutex::new(HashMap::new()),
+            pending_offloads: Arc::new(AtomicU64::new(0)),
         }
     }
 

@@ -179,8 +179,10 @@ impl Engine {
     }
 
     /// Expires clients whose heartbeat deadline passed: their segments are unmounted and objects
-    /// that only lived there disappear (with `removed` events). Returns the number expired.
+    /// that only lived there disappear (with `removed` events); their disks are detached. Also
+    /// ends detached disks whose grace period passed. Returns the number of clients expired.
     pub fn expire_clients(&self) -> usize {
+        self.expire_detached_disks();
         let now = self.now();
         let expired: Vec<ClientId> = {
             let mut clients = lock(&self.clients);
@@ -210,6 +212,7 @@ impl Engine {
             tracing::info!(client = %client, "client heartbeat expired; unmounting its segments");
         }
         self.unmount_many(&segments);
+        self.detach_disks_of(&expired);
         expired.len()
     }
 
@@ -247,7 +250,7 @@ impl Engine {
         )));
     }
 
-    fn mark_client_alive(&self, client: ClientId) {
+    pub(crate) fn mark_client_alive(&self, client: ClientId) {
         let deadline = self.now().saturating_add(self.config.client_live_ttl_ms);
         lock(&self.clients).insert(client, deadline);
     }
@@ -267,7 +270,7 @@ impl Engine {
     }
 
     /// Drops replicas on dead segments from every object (and objects left with none).
-    fn sweep_dead_replicas(&self) {
+    pub(crate) fn sweep_dead_replicas(&self) {
         for i in 0..self.shards.len() {
             let mut shard = self.lock_shard(i);
             for t in shard.tenants.values_mut() {

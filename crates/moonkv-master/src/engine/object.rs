@@ -1,6 +1,7 @@
 //! Per-object metadata and replicas, kept compact: a replica is an id, a status and a handle to
 //! its segment buffer (no strings), and an object is a fixed-size record plus its replica list.
 
+use super::disk::{DiskHandle, PendingOffload};
 use super::segments::MemBuffer;
 use super::sink::{MediaSet, Medium};
 use moonkv_proto::{
@@ -8,12 +9,13 @@ use moonkv_proto::{
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Where a replica's bytes are. Only memory exists today; a disk variant (`ReplicaKind::LocalDisk`,
-/// medium `Disk`) slots in here without touching the state machine.
+/// Where a replica's bytes are.
 #[derive(Debug)]
 pub(crate) enum Placement {
     /// A range of a mounted segment.
     Memory(MemBuffer),
+    /// A file on a node's disk (`ReplicaKind::LocalDisk`, medium `disk`).
+    Disk(DiskHandle),
 }
 
 /// One full copy of an object.
@@ -28,19 +30,41 @@ impl Replica {
     pub(crate) fn kind(&self) -> ReplicaKind {
         match self.placement {
             Placement::Memory(_) => ReplicaKind::Memory,
+            Placement::Disk(_) => ReplicaKind::LocalDisk,
         }
     }
 
     pub(crate) fn medium(&self) -> Medium {
         match self.placement {
             Placement::Memory(_) => Medium::Cpu,
+            Placement::Disk(_) => Medium::Disk,
         }
     }
 
-    /// Whether the storage behind the replica still exists (its segment is mounted).
+    /// Whether the storage behind the replica still exists (its segment is mounted; for disk:
+    /// its disk is mounted or detached within its grace period).
     pub(crate) fn handle_valid(&self) -> bool {
         match &self.placement {
             Placement::Memory(buf) => buf.segment.is_alive(),
+            Placement::Disk(file) => file.valid(),
+        }
+    }
+
+    /// Whether the replica counts for its medium's availability (events): complete, and for
+    /// disk, not detached.
+    pub(crate) fn is_available(&self) -> bool {
+        self.is_complete()
+            && match &self.placement {
+                Placement::Memory(_) => true,
+                Placement::Disk(file) => file.attached,
+            }
+    }
+
+    /// The disk file, for disk replicas.
+    pub(crate) fn disk(&self) -> Option<&DiskHandle> {
+        match &self.placement {
+            Placement::Disk(file) => Some(file),
+            Placement::Memory(_) => None,
         }
     }
 
@@ -54,7 +78,11 @@ impl Replica {
 
     /// Complete and backed by live storage.
     pub(crate) fn is_readable(&self) -> bool {
-        self.is_complete() && self.handle_valid()
+        self.is_complete()
+            && match &self.placement {
+                Placement::Memory(buf) => buf.segment.is_alive(),
+                Placement::Disk(file) => file.readable(),
+            }
     }
 
     /// Whether an End/Revoke of `rtype` addresses this replica.
@@ -70,6 +98,7 @@ impl Replica {
     pub(crate) fn memory_bytes(&self, object_size: u64) -> u64 {
         match self.placement {
             Placement::Memory(_) => object_size,
+            Placement::Disk(_) => 0,
         }
     }
 
@@ -84,6 +113,16 @@ impl Replica {
                 segment_name: buf.segment.info.name.clone(),
                 endpoint: buf.segment.info.endpoint.clone(),
                 address: buf.address,
+            },
+            Placement::Disk(file) => ReplicaDescriptor {
+                id: self.id,
+                kind: ReplicaKind::LocalDisk,
+                status: self.status,
+                size: object_size,
+                segment_id: file.slot.info.id,
+                segment_name: file.slot.info.name.clone(),
+                endpoint: file.slot.info.endpoint.clone(),
+                address: file.file_id,
             },
         }
     }
@@ -120,6 +159,8 @@ pub(crate) struct ObjectMeta {
     pub(crate) hard_pinned: bool,
     /// A Put/Upsert is in progress (some replica is PROCESSING).
     pub(crate) in_flight: bool,
+    /// An offload to disk in progress (eviction chose this object and its node has disk room).
+    pub(crate) offload: Option<Box<PendingOffload>>,
 }
 
 impl ObjectMeta {
@@ -127,10 +168,20 @@ impl ObjectMeta {
     /// moment) available: media holding a COMPLETE replica. Events are the diff of this set.
     pub(crate) fn media(&self) -> MediaSet {
         let mut set = MediaSet::EMPTY;
-        for r in self.replicas.iter().filter(|r| r.is_complete()) {
+        for r in self.replicas.iter().filter(|r| r.is_available()) {
             set.insert(r.medium());
         }
         set
+    }
+
+    /// Whether a complete replica is available (a detached disk replica is not).
+    pub(crate) fn has_available(&self) -> bool {
+        self.replicas.iter().any(Replica::is_available)
+    }
+
+    /// Whether the object has any disk replica (complete, in flight or detached) or an offload.
+    pub(crate) fn has_disk(&self) -> bool {
+        self.offload.is_some() || self.replicas.iter().any(|r| r.disk().is_some())
     }
 
     pub(crate) fn has_readable(&self) -> bool {

@@ -177,7 +177,7 @@ impl Engine {
         let discard = self.config.put_start_discard_timeout_ms;
         let release = self.config.put_start_release_timeout_ms;
         let existing = self.with_object(shard, spec.tenant, spec.key, |_, obj| {
-            if obj.has_complete() || now <= obj.put_start_ms.saturating_add(discard) {
+            if obj.has_available() || now <= obj.put_start_ms.saturating_add(discard) {
                 return (
                     Err(Error::new(
                         ErrorCode::OBJECT_ALREADY_EXISTS,
@@ -250,7 +250,14 @@ impl Engine {
                 }
             }
             let before = obj.media();
-            if obj.size == spec.size {
+            // Disk files are written once: an object with a disk copy (or one wanted) is
+            // replaced, never rewritten in place. Nor is one under a read lease: a reader may
+            // be copying those bytes right now and, its lease still live, would not revalidate.
+            let in_place = obj.size == spec.size
+                && !obj.has_disk()
+                && !spec.config.with_disk_replica
+                && !obj.lease_active(now);
+            if in_place {
                 // In place: same buffers and addresses. The replicas get NEW ids on purpose
                 // (upstream keeps them): a reader revalidating ids it got before this rewrite
                 // must be told INVALID_REPLICA, since the bytes behind them are being replaced.
@@ -323,11 +330,15 @@ impl Engine {
         hard_pinned: bool,
         group: Option<&str>,
     ) -> Result<Vec<ReplicaDescriptor>> {
-        let replicas = self.place(
+        let mut replicas = self.place(
             spec.size,
             spec.config.replica_num,
             &spec.config.preferred_segments,
         )?;
+        if spec.config.with_disk_replica {
+            let disk = self.place_disk(spec.size, &replicas)?;
+            replicas.push(disk);
+        }
         let mut obj = ObjectMeta {
             size: spec.size,
             writer: spec.client,
@@ -341,6 +352,7 @@ impl Engine {
             pin_intent: spec.pin,
             hard_pinned,
             in_flight: true,
+            offload: None,
         };
         self.settle_charge(spec.tenant, &mut obj);
         let descriptors = obj
@@ -425,6 +437,7 @@ impl Engine {
     fn try_group(&self, group: &NameGroup, len: u64, out: &mut Vec<Replica>, rng: &mut impl Rng) {
         let taken = out.iter().any(|r| match &r.placement {
             Placement::Memory(buf) => buf.segment.info.name == group.name,
+            Placement::Disk(_) => false,
         });
         if taken || group.slots.is_empty() {
             return;

@@ -191,13 +191,19 @@ impl Engine {
         let ttl = self.config.default_kv_lease_ttl_ms;
         self.with_object(shard, tenant, key, |_, obj| {
             if !obj.has_readable() {
-                return (
-                    Err(Error::new(
+                let e = if obj.in_flight {
+                    Error::new(
                         ErrorCode::REPLICA_IS_NOT_READY,
                         "no replica is complete yet",
-                    )),
-                    After::Keep,
-                );
+                    )
+                } else {
+                    // Only copies on a detached disk: a miss until its node comes back.
+                    Error::new(
+                        ErrorCode::OBJECT_NOT_FOUND,
+                        "object not found (its only copy is on a disk whose node is away)",
+                    )
+                };
+                return (Err(e), After::Keep);
             }
             obj.grant_lease(now, ttl);
             let response = GetReplicaListResponse {

@@ -103,6 +103,12 @@ impl Engine {
         let before = obj.media();
         obj.replicas.retain(Replica::handle_valid);
         obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
+        if obj.offload.as_ref().is_some_and(|p| {
+            !p.replica.handle_valid() || !obj.replicas.iter().any(|r| r.id == p.source)
+        }) {
+            // The pinned source (or the target disk) is gone: the offload cannot land.
+            obj.offload = None;
+        }
         emit_diff(
             self.sink.as_ref(),
             tenant,
@@ -167,10 +173,12 @@ impl Engine {
         obj.in_flight = false;
     }
 
-    /// Moves every replica of the object to the parked list.
+    /// Moves every replica of the object to the parked list (disk replicas are dropped) and
+    /// cancels its offload.
     pub(crate) fn park_all(&self, obj: &mut ObjectMeta, release_at_ms: u64) {
         self.park_where(obj, release_at_ms, |_| true);
         obj.in_flight = false;
+        obj.offload = None;
     }
 
     fn park_where(
@@ -199,6 +207,9 @@ impl Engine {
                         buffer,
                     });
                 }
+                // File ids are never reused, so a late writer cannot hurt anyone: the file is
+                // deleted now (and again by the node if the writer finishes later).
+                super::object::Placement::Disk(_) => {}
             }
         }
     }

@@ -14,7 +14,8 @@ use std::sync::atomic::Ordering;
 impl Engine {
     /// Reclaims writes started more than `put_start_release_timeout` ago (their PROCESSING
     /// replicas are freed; an object left empty disappears) and releases parked buffers whose
-    /// deadline passed. Returns writes reclaimed plus buffers released.
+    /// deadline passed, and cancels offloads not reported by their deadline. Returns writes
+    /// reclaimed plus buffers released plus offloads cancelled.
     pub fn sweep_stalled_writes(&self) -> usize {
         let now = self.now();
         let release = self.config.put_start_release_timeout_ms;
@@ -68,7 +69,7 @@ impl Engine {
                 .fetch_add(reclaimed as u64, Ordering::Relaxed);
             tracing::info!(reclaimed, "reclaimed stalled writes");
         }
-        reclaimed + self.release_parked(now)
+        reclaimed + self.release_parked(now) + self.expire_offloads(now)
     }
 
     /// Returns parked buffers whose deadline passed to their segments.

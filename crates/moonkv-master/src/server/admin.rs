@@ -6,7 +6,7 @@ use super::events::EventHook;
 use super::metrics::Metrics;
 use crate::engine::{Engine, Medium};
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,6 +25,28 @@ pub(crate) struct AdminState {
     pub metrics: Arc<Metrics>,
     pub events: Arc<EventHook>,
     pub backend_id: String,
+    /// When set, mutating endpoints require `Authorization: Bearer <secret>`.
+    pub secret: Option<moonkv_proto::auth::Secret>,
+}
+
+/// Refuses a mutating request that does not carry the shared secret (when one is configured).
+fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), Response> {
+    let Some(secret) = &state.secret else {
+        return Ok(());
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::as_bytes);
+    match presented {
+        Some(token) if secret.matches(token) => Ok(()),
+        _ => {
+            let body = json!({"success": false, "error_code": ErrorCode::ILLEGAL_CLIENT.as_i32(),
+                "error_message": "this endpoint changes data: send `Authorization: Bearer <shared secret>`"});
+            Err((StatusCode::UNAUTHORIZED, Json(body)).into_response())
+        }
+    }
 }
 
 /// Builds the admin router.
@@ -236,16 +258,38 @@ async fn get_segments_detail(State(s): State<AdminState>) -> Json<Value> {
                 "allocator_used_bytes": seg.used_bytes,
                 "allocator_capacity_bytes": seg.capacity_bytes,
                 "allocator_usage_percent": pct,
+                "medium": "cpu",
             })
         })
+        .chain(s.engine.disk_segments().iter().map(|disk| {
+            let pct = disk.used_bytes as f64 * 100.0 / disk.capacity_bytes.max(1) as f64;
+            json!({
+                "segment_name": disk.disk.name,
+                "segment_id": disk.disk.id.to_string(),
+                "client_id": disk.client_id.to_string(),
+                "size_bytes": disk.capacity_bytes,
+                "size_human": human_bytes(disk.capacity_bytes),
+                "te_endpoint": disk.disk.endpoint,
+                "protocol": "file",
+                "status": disk.status,
+                "allocator_used_bytes": disk.used_bytes,
+                "allocator_capacity_bytes": disk.capacity_bytes,
+                "allocator_usage_percent": pct,
+                "medium": "disk",
+            })
+        }))
         .collect();
     Json(json!({"total_segments": segments.len(), "segments": segments}))
 }
 
 async fn remove_all(
     State(s): State<AdminState>,
+    headers: HeaderMap,
     Query(p): Query<HashMap<String, String>>,
 ) -> Response {
+    if let Err(refused) = authorize(&s, &headers) {
+        return refused;
+    }
     let force = matches!(p.get("force").map(String::as_str), Some("true") | Some("1"));
     let engine = s.engine.clone();
     let tenant = p.get("tenant_id").cloned();
@@ -277,9 +321,13 @@ struct QuotaBody {
 
 async fn put_quota(
     State(s): State<AdminState>,
+    headers: HeaderMap,
     Query(p): Query<TenantParam>,
     body: axum::body::Bytes,
 ) -> Response {
+    if let Err(refused) = authorize(&s, &headers) {
+        return refused;
+    }
     let Some(tenant) = p.tenant_id else {
         return bad_request("missing `tenant_id` query parameter");
     };
@@ -300,7 +348,14 @@ async fn put_quota(
     }
 }
 
-async fn delete_quota(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> Response {
+async fn delete_quota(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    Query(p): Query<TenantParam>,
+) -> Response {
+    if let Err(refused) = authorize(&s, &headers) {
+        return refused;
+    }
     let Some(tenant) = p.tenant_id else {
         return bad_request("missing `tenant_id` query parameter");
     };

@@ -30,6 +30,7 @@ keys! {
     "metrics_port" => "admin HTTP port: /metrics, /health, ... (default 9003; 0 picks a free port)",
     "rpc_thread_num" => "RPC worker threads (0 = one per core)",
     "max_frame_bytes" => "largest accepted protocol frame in bytes (default 64 MiB)",
+    "auth_secret_file" => "file holding the shared secret clients must prove (also MOONKV_AUTH_SECRET[_FILE]); unset = no authentication",
     "default_kv_lease_ttl" => "read lease in ms, or with a unit: 10s, 500ms (default 10000)",
     "default_kv_soft_pin_ttl" => "soft pin TTL in ms or with a unit (default 30m)",
     "max_kv_soft_pin_ttl" => "longest soft pin a write may ask for (default 24h)",
@@ -132,6 +133,8 @@ pub struct MasterConfig {
     pub engine: EngineConfig,
     /// Event stream settings.
     pub kv_events: KvEventsSettings,
+    /// Shared secret clients must prove in the handshake; `None` = open (loopback default).
+    pub auth_secret: Option<moonkv_proto::auth::Secret>,
 }
 
 impl Default for MasterConfig {
@@ -144,6 +147,7 @@ impl Default for MasterConfig {
             max_frame_bytes: moonkv_proto::frame::DEFAULT_MAX_FRAME_BYTES,
             engine: EngineConfig::default(),
             kv_events: KvEventsSettings::default(),
+            auth_secret: None,
         }
     }
 }
@@ -222,6 +226,12 @@ impl MasterConfig {
             "rpc_port" => self.rpc_addr.set_port(int(key, value, 0, 65535)? as u16),
             "metrics_host" => self.admin_addr.set_ip(ip(key, value)?),
             "metrics_port" => self.admin_addr.set_port(int(key, value, 0, 65535)? as u16),
+            "auth_secret_file" => {
+                let path = string(key, value)?;
+                let secret = moonkv_proto::auth::Secret::from_file(Path::new(&path))
+                    .map_err(|e| bad(key, e))?;
+                self.auth_secret = Some(secret);
+            }
             "rpc_thread_num" => self.rpc_threads = int(key, value, 0, 1024)? as usize,
             "max_frame_bytes" => {
                 self.max_frame_bytes = int(key, value, 4096, u32::MAX as u64)? as u32
@@ -281,6 +291,15 @@ impl MasterConfig {
                     "unknown key (see `moonkv master --help` for the accepted keys)",
                 ))
             }
+        }
+        Ok(())
+    }
+
+    /// Takes the secret from `MOONKV_AUTH_SECRET[_FILE]` when no `auth_secret_file` was given.
+    pub fn secret_from_env(&mut self) -> Result<(), ConfigError> {
+        if self.auth_secret.is_none() {
+            self.auth_secret =
+                moonkv_proto::auth::Secret::from_env().map_err(|e| bad("auth_secret_file", e))?;
         }
         Ok(())
     }

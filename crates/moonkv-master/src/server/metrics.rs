@@ -227,6 +227,42 @@ impl Collector for EngineCollector {
             "PutStart with fewer replicas than asked",
             s.put_start_partial_allocations,
         )?;
+        gauge(
+            e,
+            "master_total_file_capacity_bytes",
+            "mounted disk capacity",
+            s.disk_capacity_bytes,
+        )?;
+        gauge(
+            e,
+            "master_allocated_file_size_bytes",
+            "bytes charged on mounted disks",
+            s.disk_allocated_bytes,
+        )?;
+        gauge(
+            e,
+            "master_offloads_pending",
+            "offloads to disk in flight",
+            s.offloads_pending,
+        )?;
+        counter(
+            e,
+            "master_offloads_started",
+            "offloads to disk started by eviction",
+            s.offloads_started,
+        )?;
+        counter(
+            e,
+            "master_offloads_completed",
+            "offloads to disk that landed",
+            s.offloads_completed,
+        )?;
+        counter(
+            e,
+            "master_offloads_failed",
+            "offloads to disk that failed or expired",
+            s.offloads_failed,
+        )?;
         let segments = self.engine.segments();
         let mut used = e.encode_descriptor(
             "segment_allocated_bytes",
@@ -247,6 +283,27 @@ impl Collector for EngineCollector {
         for seg in &segments {
             let labels = [("segment", seg.segment.name.as_str())];
             ConstGauge::new(seg.capacity_bytes as i64).encode(cap.encode_family(&labels)?)?;
+        }
+        let disks = self.engine.disk_segments();
+        let mut used = e.encode_descriptor(
+            "disk_segment_allocated_bytes",
+            "bytes charged per disk",
+            None,
+            MetricType::Gauge,
+        )?;
+        for disk in &disks {
+            let labels = [("segment", disk.disk.name.as_str())];
+            ConstGauge::new(disk.used_bytes as i64).encode(used.encode_family(&labels)?)?;
+        }
+        let mut cap = e.encode_descriptor(
+            "disk_segment_total_capacity_bytes",
+            "capacity per disk",
+            None,
+            MetricType::Gauge,
+        )?;
+        for disk in &disks {
+            let labels = [("segment", disk.disk.name.as_str())];
+            ConstGauge::new(disk.capacity_bytes as i64).encode(cap.encode_family(&labels)?)?;
         }
         Ok(())
     }

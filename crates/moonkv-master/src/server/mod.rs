@@ -106,6 +106,7 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
         engine: engine.clone(),
         metrics: metrics.clone(),
         max_frame_bytes: config.max_frame_bytes,
+        secret: config.auth_secret.clone(),
     });
     let rpc_task = tokio::spawn(rpc::serve(rpc_listener, shared, stop_rx.clone()));
 
@@ -114,6 +115,7 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
         metrics,
         events: events.clone(),
         backend_id: config.kv_events.backend_id.clone(),
+        secret: config.auth_secret.clone(),
     };
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(async move {

@@ -7,6 +7,7 @@
 
 use super::metrics::Metrics;
 use crate::engine::Engine;
+use moonkv_proto::auth::{Secret, NONCE_LEN};
 use moonkv_proto::frame::{self, FrameKind};
 use moonkv_proto::msg::*;
 use moonkv_proto::{Error, ErrorCode, PROTOCOL_MAGIC, PROTOCOL_VERSION};
@@ -22,6 +23,17 @@ pub(crate) struct RpcShared {
     pub engine: Arc<Engine>,
     pub metrics: Arc<Metrics>,
     pub max_frame_bytes: u32,
+    pub secret: Option<Secret>,
+}
+
+/// Where a connection is in its handshake.
+enum Handshake {
+    /// Nothing received yet.
+    New,
+    /// The master sent this challenge and waits for the proof.
+    Challenged(Vec<u8>),
+    /// Requests are accepted.
+    Ready,
 }
 
 macro_rules! gen_dispatch {
@@ -107,14 +119,14 @@ async fn serve_connection(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let mut input: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut output: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let mut greeted = false;
+    let mut handshake = Handshake::New;
     loop {
         tokio::select! {
             read = reader.read_buf(&mut input) => {
                 if read? == 0 {
                     return Ok(());
                 }
-                let verdict = process_input(&shared, &mut input, &mut output, &mut greeted, &done_tx);
+                let verdict = process_input(&shared, &mut input, &mut output, &mut handshake, &done_tx);
                 if !output.is_empty() {
                     writer.write_all(&output).await?;
                     output.clear();
@@ -132,7 +144,7 @@ fn process_input(
     shared: &Arc<RpcShared>,
     input: &mut Vec<u8>,
     output: &mut Vec<u8>,
-    greeted: &mut bool,
+    handshake: &mut Handshake,
     done_tx: &mpsc::UnboundedSender<Vec<u8>>,
 ) -> Result<(), CloseReason> {
     let mut consumed = 0;
@@ -155,9 +167,9 @@ fn process_input(
                 break Err(CloseReason::Protocol(e.to_string()));
             }
         };
-        if !*greeted {
-            match handshake(&frame, shared.max_frame_bytes, output) {
-                Ok(()) => *greeted = true,
+        if !matches!(handshake, Handshake::Ready) {
+            match greet(&frame, shared, handshake, output) {
+                Ok(next) => *handshake = next,
                 Err(reason) => break Err(reason),
             }
             continue;
@@ -218,26 +230,42 @@ fn reserve_for_next_frame(input: &mut Vec<u8>, max: u32) {
     }
 }
 
-fn handshake(
+fn refuse(
     frame: &frame::Frame<'_>,
-    max_frame_bytes: u32,
     output: &mut Vec<u8>,
-) -> Result<(), CloseReason> {
-    let refuse = |output: &mut Vec<u8>, code: ErrorCode, msg: String| {
-        frame::encode_err(output, frame.request_id, &Error::new(code, msg.clone()));
-        Err(CloseReason::Protocol(msg))
-    };
+    code: ErrorCode,
+    msg: String,
+) -> Result<Handshake, CloseReason> {
+    frame::encode_err(output, frame.request_id, &Error::new(code, msg.clone()));
+    Err(CloseReason::Protocol(msg))
+}
+
+/// Handles a frame that arrives before the handshake completed; returns the next state.
+fn greet(
+    frame: &frame::Frame<'_>,
+    shared: &RpcShared,
+    state: &Handshake,
+    output: &mut Vec<u8>,
+) -> Result<Handshake, CloseReason> {
     if frame.kind != FrameKind::Hello {
-        return refuse(
-            output,
-            ErrorCode::INVALID_PARAMS,
-            "the first frame must be a hello (kind 3)".into(),
-        );
+        let msg = match state {
+            Handshake::Challenged(_) => {
+                "authentication required: answer the challenge with a second hello"
+            }
+            _ => "the first frame must be a hello (kind 3)",
+        };
+        let code = if matches!(state, Handshake::Challenged(_)) {
+            ErrorCode::ILLEGAL_CLIENT
+        } else {
+            ErrorCode::INVALID_PARAMS
+        };
+        return refuse(frame, output, code, msg.into());
     }
     let hello: Hello = match rmp_serde::from_slice(frame.body) {
         Ok(h) => h,
         Err(e) => {
             return refuse(
+                frame,
                 output,
                 ErrorCode::INVALID_PARAMS,
                 format!("malformed hello: {e}"),
@@ -246,6 +274,7 @@ fn handshake(
     };
     if hello.magic != PROTOCOL_MAGIC {
         return refuse(
+            frame,
             output,
             ErrorCode::INVALID_PARAMS,
             format!("bad magic {:?}; not a moonkv client", hello.magic),
@@ -256,13 +285,48 @@ fn handshake(
             "protocol version {} is not supported; this master speaks version {PROTOCOL_VERSION}",
             hello.protocol_version
         );
-        return refuse(output, ErrorCode::NOT_SUPPORTED, msg);
+        return refuse(frame, output, ErrorCode::NOT_SUPPORTED, msg);
     }
-    let ack = HelloAck {
+    let mut ack = HelloAck {
         protocol_version: PROTOCOL_VERSION,
         server_version: env!("CARGO_PKG_VERSION").to_string(),
-        max_frame_bytes,
+        max_frame_bytes: shared.max_frame_bytes,
+        challenge: None,
+        server_proof: None,
+    };
+    let next = match (&shared.secret, state) {
+        (None, _) => Handshake::Ready,
+        (Some(_), Handshake::New) => {
+            let challenge: [u8; NONCE_LEN] = rand::random();
+            ack.challenge = Some(challenge.to_vec());
+            Handshake::Challenged(challenge.to_vec())
+        }
+        (Some(secret), Handshake::Challenged(challenge)) => {
+            let Some(auth) = hello.auth else {
+                return refuse(
+                    frame,
+                    output,
+                    ErrorCode::ILLEGAL_CLIENT,
+                    "authentication required: the hello carries no proof".into(),
+                );
+            };
+            if auth.client_nonce.len() != NONCE_LEN
+                || !secret.verify_client(challenge, &auth.client_nonce, &auth.proof)
+            {
+                tracing::warn!(client = %hello.client_name, "authentication failed");
+                return refuse(
+                    frame,
+                    output,
+                    ErrorCode::ILLEGAL_CLIENT,
+                    "authentication failed: wrong shared secret".into(),
+                );
+            }
+            ack.server_proof = Some(secret.server_proof(challenge, &auth.client_nonce));
+            Handshake::Ready
+        }
+        (Some(_), Handshake::Ready) => Handshake::Ready,
     };
     frame::encode_ok(output, frame.request_id, &ack)
-        .map_err(|e| CloseReason::Protocol(e.to_string()))
+        .map_err(|e| CloseReason::Protocol(e.to_string()))?;
+    Ok(next)
 }

@@ -52,7 +52,7 @@ pub fn spawn(args: &[&str]) -> Proc {
 /// A blocking client that speaks docs/protocol.md with raw frames.
 pub struct RawClient {
     pub stream: TcpStream,
-    next_id: u64,
+    pub next_id: u64,
 }
 
 impl RawClient {
@@ -68,6 +68,7 @@ impl RawClient {
             magic: PROTOCOL_MAGIC.into(),
             protocol_version: PROTOCOL_VERSION,
             client_name: "test".into(),
+            auth: None,
         };
         frame::encode_value(&mut out, FrameKind::Hello, 0, 0, &hello).unwrap();
         c.stream.write_all(&out).unwrap();
@@ -114,12 +115,17 @@ impl RawClient {
 
 /// A minimal HTTP/1.1 request over a fresh connection: returns (status, body).
 pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_with(addr, method, path, body, "")
+}
+
+/// Like [`http`], with extra header lines (each ending in `\r\n`).
+pub fn http_with(addr: &str, method: &str, path: &str, body: &str, headers: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connect admin");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).unwrap();

@@ -4,6 +4,7 @@
 //! tests pin the deliberate fixes of SPEC §2, `rfc_*` the replica-id RFC.
 
 mod bad_input;
+mod disk;
 mod events;
 mod evict;
 mod model;

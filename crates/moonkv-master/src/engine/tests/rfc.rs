@@ -210,6 +210,8 @@ fn rfc_revalidate_after_same_size_upsert_is_invalid() {
     let h = Harness::new();
     h.put("k", 64);
     let read = h.get("k").unwrap().replicas;
+    // Rewritten in place only once the reader's lease is over (then it must revalidate).
+    h.advance(10 * LEASE_MS);
     let new = upsert(&h, "k", 64);
     assert_eq!(new[0].address, read[0].address, "same buffer...");
     assert_eq!(

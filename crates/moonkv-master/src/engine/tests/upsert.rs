@@ -57,6 +57,21 @@ fn case_38_same_size_upsert_reuses_buffers() {
 }
 
 #[test]
+fn same_size_upsert_under_a_read_lease_allocates_new_buffers() {
+    let h = Harness::new();
+    let old = h.put("k", 1000);
+    h.get("k").unwrap(); // a reader holds a lease and may be copying the bytes
+    let other = ClientId::new(2, 2);
+    let new = upsert_start(&h, other, "k", 1000).unwrap();
+    assert_ne!(
+        new[0].address, old[0].address,
+        "the leased bytes must not be rewritten under the reader"
+    );
+    upsert_end(&h, other, "k", &new).unwrap();
+    assert_eq!(h.get("k").unwrap().replicas[0].address, new[0].address);
+}
+
+#[test]
 fn case_39_size_changing_upsert_allocates_new_buffers() {
     let h = Harness::new();
     let old = h.put("k", 1000);

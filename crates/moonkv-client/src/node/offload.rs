@@ -1,0 +1,151 @@
+//! The node side of the disk tier: mounting the disk on the master (handing back the files found
+//! in the directory), then polling for offload tasks and file deletions.
+//!
+//! Every `disk_poll_interval` the node asks `OffloadHeartbeat`: it deletes the listed files,
+//! copies each task's memory replica (a segment of this node) into a file and reports the
+//! outcomes with `NotifyOffload`; a file the master refuses is deleted. When the master no longer
+//! knows the disk (it restarted, or expired this node), the node rescans the directory and
+//! mounts it again.
+
+use super::disk::DiskStore;
+use crate::data_plane::server::SegmentTable;
+use crate::master_client::MasterClient;
+use moonkv_proto::msg::{MountDiskSegmentRequest, NotifyOffloadRequest, OffloadHeartbeatRequest};
+use moonkv_proto::types::{DiskFile, DiskSegment, OffloadResult, OffloadTask};
+use moonkv_proto::{ErrorCode, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the loop needs.
+pub(crate) struct DiskAgent {
+    pub master: MasterClient,
+    pub disk: Arc<DiskStore>,
+    pub info: DiskSegment,
+    pub segments: SegmentTable,
+}
+
+impl DiskAgent {
+    /// Mounts the disk with `existing` files; deletes the files the master refused.
+    pub async fn mount(&self, existing: Vec<DiskFile>) -> Result<()> {
+        let answer = self
+            .master
+            .mount_disk_segment(MountDiskSegmentRequest {
+                client_id: self.master.client_id(),
+                disk: self.info.clone(),
+                existing,
+            })
+            .await?;
+        if !answer.rejected.is_empty() {
+            tracing::info!(
+                files = answer.rejected.len(),
+                "deleting disk files the master no longer knows"
+            );
+        }
+        for id in answer.rejected {
+            self.disk.delete(id.0);
+        }
+        Ok(())
+    }
+
+    /// Polls until the task is aborted.
+    pub async fn run(self, interval: Duration) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failures = 0u32;
+        loop {
+            ticker.tick().await;
+            match self.poll().await {
+                Ok(()) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 || failures.is_multiple_of(50) {
+                        tracing::warn!(error = %e, failures, "disk heartbeat failed");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn poll(&self) -> Result<()> {
+        let request = OffloadHeartbeatRequest {
+            client_id: self.master.client_id(),
+        };
+        let work = match self.master.offload_heartbeat(request).await {
+            Ok(work) => work,
+            Err(e) if e.code == ErrorCode::SEGMENT_NOT_FOUND => {
+                tracing::info!("the master does not know this disk; mounting it again");
+                let (files, _) = self.disk.scan(false)?;
+                return self.mount(files).await;
+            }
+            Err(e) => return Err(e),
+        };
+        for id in work.deletions {
+            self.disk.delete(id);
+        }
+        if work.tasks.is_empty() {
+            return Ok(());
+        }
+        let mut results = Vec::with_capacity(work.tasks.len());
+        for task in &work.tasks {
+            results.push(OffloadResult {
+                tenant: task.tenant.clone(),
+                key: task.key.clone(),
+                disk_replica_id: task.disk_replica_id,
+                ok: self.offload(task).await,
+            });
+        }
+        let answers = self
+            .master
+            .notify_offload(NotifyOffloadRequest {
+                client_id: self.master.client_id(),
+                results: results.clone(),
+            })
+            .await?;
+        for (result, answer) in results.iter().zip(answers) {
+            if result.ok && answer.0.is_err() {
+                // The object changed while we copied it: the file is not wanted.
+                self.disk.delete(result.disk_replica_id.0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies one memory replica of this node into a disk file.
+    async fn offload(&self, task: &OffloadTask) -> bool {
+        let source = &task.source;
+        let segment = self
+            .segments
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&source.segment_id)
+            .cloned();
+        let Some(segment) = segment else {
+            tracing::warn!(key = %task.key, "offload source is not a segment of this node");
+            return false;
+        };
+        let bytes = match segment.read_view(source.address, source.size).await {
+            Ok(view) => view.to_vec(),
+            Err(status) => {
+                tracing::warn!(key = %task.key, error = status.describe(), "offload source unreadable");
+                return false;
+            }
+        };
+        let written = self
+            .disk
+            .write_from(
+                task.disk_replica_id.0,
+                &task.tenant,
+                &task.key,
+                source.size,
+                &mut bytes.as_slice(),
+            )
+            .await;
+        match written {
+            Ok(()) => true,
+            Err(fault) => {
+                tracing::warn!(key = %task.key, fault = ?fault, "offload to disk failed");
+                false
+            }
+        }
+    }
+}

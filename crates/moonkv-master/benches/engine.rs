@@ -1,0 +1,212 @@
+//! Engine hot-path micro-benchmarks, single-threaded, no network: PutStart + PutEnd,
+//! GetReplicaList, their batch forms, and put/remove churn (which exercises the segment
+//! allocator's allocate and free, since the allocator itself is private to the engine).
+//!
+//! `cargo bench -p moonkv-master --bench engine -- --quick`
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use moonkv_master::engine::{Engine, EngineConfig, NoopSink, SystemClock};
+use moonkv_proto::msg::{
+    BatchEndRequest, BatchPutStartRequest, EndItem, EndRequest, KeyRequest, KeysRequest,
+    MountSegmentRequest, PutStartRequest, RemoveRequest,
+};
+use moonkv_proto::{ClientId, ReplicaType, ReplicateConfig, Segment, SegmentId};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+const WRITER: ClientId = ClientId::new(0xbe9c, 1);
+const SEGMENTS: u64 = 128;
+const SEGMENT_SIZE: u64 = 64 << 30;
+const VALUE_SIZE: u64 = 4096;
+const PREFILL: usize = 10_000;
+
+/// An engine with fake segments mounted (only their base and size matter to the master).
+fn engine() -> Engine {
+    let engine = Engine::new(
+        EngineConfig::default(),
+        Arc::new(SystemClock),
+        Arc::new(NoopSink),
+    );
+    for i in 0..SEGMENTS {
+        let segment = Segment {
+            id: SegmentId::new(0xbe9c, i),
+            name: format!("bench-segment-{i:03}"),
+            base: (i + 1) << 40,
+            size: SEGMENT_SIZE,
+            endpoint: "127.0.0.1:1".into(),
+            protocol: "tcp".into(),
+            host_id: "bench".into(),
+        };
+        engine
+            .mount_segment(&MountSegmentRequest {
+                segment,
+                client_id: WRITER,
+            })
+            .unwrap();
+    }
+    engine
+}
+
+fn set_key(buf: &mut String, prefix: &str, n: u64) {
+    buf.clear();
+    let _ = write!(buf, "{prefix}-{n:016}");
+}
+
+/// One PutStart + PutEnd of `key`, reusing the request buffers.
+fn put(engine: &Engine, start: &mut PutStartRequest, end: &mut EndRequest) {
+    let replicas = engine.put_start(start).unwrap();
+    end.key.clone_from(&start.key);
+    end.replica_ids.clear();
+    end.replica_ids.extend(replicas.iter().map(|r| r.id));
+    engine.put_end(end).unwrap();
+}
+
+fn put_requests() -> (PutStartRequest, EndRequest) {
+    let start = PutStartRequest {
+        client_id: WRITER,
+        tenant: String::new(),
+        key: String::new(),
+        size: VALUE_SIZE,
+        config: ReplicateConfig::default(),
+    };
+    let end = EndRequest {
+        client_id: WRITER,
+        tenant: String::new(),
+        key: String::new(),
+        replica_type: ReplicaType::All,
+        replica_ids: Vec::new(),
+        checksum: None,
+    };
+    (start, end)
+}
+
+fn single_key(c: &mut Criterion) {
+    let engine = engine();
+    let (mut start, mut end) = put_requests();
+    let mut g = c.benchmark_group("engine");
+    let mut n = 0u64;
+    g.bench_function("put_start+put_end", |b| {
+        b.iter(|| {
+            n += 1;
+            set_key(&mut start.key, "put", n);
+            put(&engine, &mut start, &mut end);
+        })
+    });
+
+    for i in 0..PREFILL as u64 {
+        set_key(&mut start.key, "get", i);
+        put(&engine, &mut start, &mut end);
+    }
+    let gets: Vec<KeyRequest> = (0..PREFILL as u64)
+        .map(|i| {
+            let mut key = String::new();
+            set_key(&mut key, "get", i);
+            KeyRequest {
+                tenant: String::new(),
+                key,
+            }
+        })
+        .collect();
+    let mut i = 0;
+    g.bench_function("get_replica_list", |b| {
+        b.iter(|| {
+            i = (i + 1) % gets.len();
+            black_box(engine.get_replica_list(&gets[i]).unwrap())
+        })
+    });
+
+    let mut remove = RemoveRequest {
+        tenant: String::new(),
+        key: String::new(),
+        force: true,
+    };
+    g.bench_function("put+remove_churn", |b| {
+        b.iter(|| {
+            n += 1;
+            set_key(&mut start.key, "churn", n);
+            put(&engine, &mut start, &mut end);
+            remove.key.clone_from(&start.key);
+            engine.remove(&remove).unwrap();
+        })
+    });
+    g.finish();
+}
+
+fn batches(c: &mut Criterion) {
+    let engine = engine();
+    let mut g = c.benchmark_group("engine_batch");
+    for batch in [8usize, 128] {
+        g.throughput(Throughput::Elements(batch as u64));
+        let mut start = BatchPutStartRequest {
+            client_id: WRITER,
+            tenant: String::new(),
+            keys: vec![String::new(); batch],
+            sizes: vec![VALUE_SIZE; batch],
+            config: ReplicateConfig::default(),
+        };
+        let mut end = BatchEndRequest {
+            client_id: WRITER,
+            tenant: String::new(),
+            replica_type: ReplicaType::All,
+            items: Vec::with_capacity(batch),
+        };
+        let prefix = format!("bput{batch}");
+        let mut n = 0u64;
+        g.bench_function(format!("batch_put_b{batch}"), |b| {
+            b.iter(|| {
+                for key in start.keys.iter_mut() {
+                    n += 1;
+                    set_key(key, &prefix, n);
+                }
+                let started = engine.batch_put_start(&start).unwrap();
+                end.items.clear();
+                end.items
+                    .extend(start.keys.iter().zip(&started).map(|(key, r)| EndItem {
+                        key: key.clone(),
+                        replica_ids: r.0.as_ref().unwrap().iter().map(|d| d.id).collect(),
+                        checksum: None,
+                    }));
+                black_box(engine.batch_put_end(&end).unwrap())
+            })
+        });
+        let keys: Vec<String> = (0..batch as u64)
+            .map(|i| {
+                let mut key = String::new();
+                set_key(&mut key, &prefix, i + 1);
+                key
+            })
+            .collect();
+        let req = KeysRequest {
+            tenant: String::new(),
+            keys,
+        };
+        g.bench_function(format!("batch_get_b{batch}"), |b| {
+            b.iter(|| black_box(engine.batch_get_replica_list(&req).unwrap()))
+        });
+    }
+    g.finish();
+}
+
+/// A fresh engine per sample batch: the first puts into empty shard maps (growth included).
+fn cold_start(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine_cold");
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("1000_puts_into_new_engine", |b| {
+        b.iter_batched(
+            engine,
+            |engine| {
+                let (mut start, mut end) = put_requests();
+                for n in 0..1000 {
+                    set_key(&mut start.key, "cold", n);
+                    put(&engine, &mut start, &mut end);
+                }
+                engine
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, single_key, batches, cold_start);
+criterion_main!(benches);

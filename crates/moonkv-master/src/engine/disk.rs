@@ -1,0 +1,365 @@
+//! Mounted disks: byte accounting per disk, the file handle disk replicas hold, and what a disk
+//! id remembers across its owners (removed file ids and deletions not yet delivered).
+//!
+//! A disk is accounted as a counter, not an address map: a replica is one file named by its id.
+//! A disk replica holds a [`DiskHandle`]; dropping it returns its bytes to the disk, tombstones
+//! its file id and queues the file for deletion by the owning node, so no path that forgets a
+//! disk replica can leak space or let the file come back after a node restart.
+
+use super::segments::lock;
+use moonkv_proto::{ClientId, DiskSegment, SegmentId};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Bytes charged per file on top of the object size: the file header and block rounding.
+pub(crate) const DISK_FILE_OVERHEAD: u64 = 4096;
+
+/// Removed file ids remembered per disk, so a restarted node cannot re-register them.
+pub(crate) const TOMBSTONES_PER_DISK: usize = 1 << 17;
+
+/// Deletions kept for a disk whose owner does not poll; the oldest are dropped beyond this (the
+/// tombstones still reject those files at the next mount).
+const MAX_PENDING_DELETIONS: usize = 1 << 20;
+
+/// Bytes a disk replica of `size` bytes is charged.
+pub(crate) fn disk_charge(size: u64) -> u64 {
+    size.saturating_add(DISK_FILE_OVERHEAD)
+}
+
+/// What outlives one mount of a disk id: tombstones and undelivered deletions.
+#[derive(Debug, Default)]
+pub(crate) struct DiskMemory {
+    tombstones: Mutex<Tombstones>,
+    deletions: Mutex<VecDeque<u64>>,
+}
+
+#[derive(Debug, Default)]
+struct Tombstones {
+    set: HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+impl DiskMemory {
+    /// Records that file `id` was removed: it is tombstoned and queued for deletion.
+    pub(crate) fn forget_file(&self, id: u64) {
+        {
+            let mut t = lock(&self.tombstones);
+            if t.set.insert(id) {
+                t.order.push_back(id);
+                if t.order.len() > TOMBSTONES_PER_DISK {
+                    if let Some(old) = t.order.pop_front() {
+                        t.set.remove(&old);
+                    }
+                }
+            }
+        }
+        let mut d = lock(&self.deletions);
+        d.push_back(id);
+        if d.len() > MAX_PENDING_DELETIONS {
+            d.pop_front();
+        }
+    }
+
+    /// Whether file `id` was removed (recently enough to be remembered).
+    pub(crate) fn is_tombstoned(&self, id: u64) -> bool {
+        lock(&self.tombstones).set.contains(&id)
+    }
+
+    /// Takes every pending deletion.
+    pub(crate) fn take_deletions(&self) -> Vec<u64> {
+        lock(&self.deletions).drain(..).collect()
+    }
+}
+
+/// Lifecycle of one mount of a disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum DiskState {
+    /// Owner alive: readable and allocatable.
+    Mounted = 0,
+    /// Owner gone or unmounted: replicas kept, unreadable, until revived or the grace ends.
+    Detached = 1,
+    /// Finished: its replicas are dropped.
+    Gone = 2,
+}
+
+/// One mount of a disk.
+#[derive(Debug)]
+pub(crate) struct DiskSlot {
+    pub(crate) info: DiskSegment,
+    pub(crate) owner: ClientId,
+    state: AtomicU8,
+    /// When a detached disk's replicas are dropped (ms).
+    pub(crate) detach_deadline_ms: AtomicU64,
+    used: AtomicU64,
+    pub(crate) memory: Arc<DiskMemory>,
+}
+
+impl DiskSlot {
+    pub(crate) fn new(info: DiskSegment, owner: ClientId, memory: Arc<DiskMemory>) -> Self {
+        Self {
+            info,
+            owner,
+            state: AtomicU8::new(DiskState::Mounted as u8),
+            detach_deadline_ms: AtomicU64::new(u64::MAX),
+            used: AtomicU64::new(0),
+            memory,
+        }
+    }
+
+    pub(crate) fn state(&self) -> DiskState {
+        match self.state.load(Ordering::Acquire) {
+            0 => DiskState::Mounted,
+            1 => DiskState::Detached,
+            _ => DiskState::Gone,
+        }
+    }
+
+    pub(crate) fn set_state(&self, state: DiskState) {
+        self.state.store(state as u8, Ordering::Release);
+    }
+
+    pub(crate) fn is_mounted(&self) -> bool {
+        self.state() == DiskState::Mounted
+    }
+
+    pub(crate) fn used_bytes(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn free_bytes(&self) -> u64 {
+        self.info.capacity_bytes.saturating_sub(self.used_bytes())
+    }
+
+    /// Reserves `charge` bytes if the disk is mounted and has room.
+    pub(crate) fn try_reserve(&self, charge: u64) -> bool {
+        if !self.is_mounted() {
+            return false;
+        }
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(charge)
+                    .filter(|total| *total <= self.info.capacity_bytes)
+            })
+            .is_ok()
+    }
+
+    fn force_reserve(&self, charge: u64) {
+        self.used.fetch_add(charge, Ordering::AcqRel);
+    }
+
+    fn release(&self, charge: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(charge))
+            });
+    }
+}
+
+/// The file of one disk replica. Dropping it releases the bytes and removes the file.
+#[derive(Debug)]
+pub(crate) struct DiskHandle {
+    pub(crate) slot: Arc<DiskSlot>,
+    /// File id (the replica id it was created with).
+    pub(crate) file_id: u64,
+    pub(crate) charge: u64,
+    /// False while the disk is detached: the replica exists but is unreadable and unannounced.
+    pub(crate) attached: bool,
+}
+
+impl DiskHandle {
+    /// A handle on bytes already reserved on `slot`.
+    pub(crate) fn reserved(slot: Arc<DiskSlot>, file_id: u64, charge: u64) -> Self {
+        Self {
+            slot,
+            file_id,
+            charge,
+            attached: true,
+        }
+    }
+
+    /// A handle for a file found on a remounted disk (charged even beyond capacity: the bytes
+    /// are already there).
+    pub(crate) fn adopted(slot: Arc<DiskSlot>, file_id: u64, charge: u64) -> Self {
+        slot.force_reserve(charge);
+        Self::reserved(slot, file_id, charge)
+    }
+
+    /// Moves the replica to a new mount of the same disk and attaches it.
+    pub(crate) fn reattach(&mut self, slot: &Arc<DiskSlot>) {
+        if !Arc::ptr_eq(&self.slot, slot) {
+            self.slot.release(self.charge);
+            slot.force_reserve(self.charge);
+            self.slot = slot.clone();
+        }
+        self.attached = true;
+    }
+
+    /// Whether the replica's bytes can be read now.
+    pub(crate) fn readable(&self) -> bool {
+        self.attached && self.slot.is_mounted()
+    }
+
+    /// Whether the replica still stands for a file (its disk is not gone).
+    pub(crate) fn valid(&self) -> bool {
+        self.slot.state() != DiskState::Gone
+    }
+}
+
+impl Drop for DiskHandle {
+    fn drop(&mut self) {
+        self.slot.release(self.charge);
+        self.slot.memory.forget_file(self.file_id);
+    }
+}
+
+/// Every known disk mount and what each disk id remembers.
+#[derive(Debug, Default)]
+pub(crate) struct DiskRegistry {
+    /// Mounted or detached disks, by id.
+    pub(crate) by_id: HashMap<SegmentId, Arc<DiskSlot>>,
+    /// Owner → its mounted disk (one per client).
+    pub(crate) by_client: HashMap<ClientId, SegmentId>,
+    /// Per disk id, across mounts.
+    pub(crate) memory: HashMap<SegmentId, Arc<DiskMemory>>,
+}
+
+impl DiskRegistry {
+    /// The mounted disk of `client`, if any.
+    pub(crate) fn of_client(&self, client: ClientId) -> Option<&Arc<DiskSlot>> {
+        let id = self.by_client.get(&client)?;
+        self.by_id.get(id).filter(|s| s.is_mounted())
+    }
+
+    /// What disk `id` remembers (created on first use).
+    pub(crate) fn memory_of(&mut self, id: SegmentId) -> Arc<DiskMemory> {
+        self.memory.entry(id).or_default().clone()
+    }
+
+    /// Mounted disks, emptiest first.
+    pub(crate) fn mounted_by_free_space(&self) -> Vec<Arc<DiskSlot>> {
+        let mut disks: Vec<Arc<DiskSlot>> = self
+            .by_id
+            .values()
+            .filter(|s| s.is_mounted())
+            .cloned()
+            .collect();
+        disks.sort_by_key(|s| (std::cmp::Reverse(s.free_bytes()), s.info.id));
+        disks
+    }
+}
+
+/// An offload in progress: the disk replica being written from a pinned memory replica. Kept
+/// beside the object's replicas, so it is neither readable nor seen by writes until it lands.
+#[derive(Debug)]
+pub(crate) struct PendingOffload {
+    pub(crate) replica: super::object::Replica,
+    pub(crate) source: moonkv_proto::ReplicaId,
+    pub(crate) deadline_ms: u64,
+    _count: OffloadCount,
+}
+
+/// One unit of the engine's in-flight offload counter, returned when the offload ends.
+#[derive(Debug)]
+struct OffloadCount(Arc<AtomicU64>);
+
+impl Drop for OffloadCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl PendingOffload {
+    pub(crate) fn new(
+        replica: super::object::Replica,
+        source: moonkv_proto::ReplicaId,
+        deadline_ms: u64,
+        counter: Arc<AtomicU64>,
+    ) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        Self {
+            replica,
+            source,
+            deadline_ms,
+            _count: OffloadCount(counter),
+        }
+    }
+
+    /// The disk replica, and the offload's unit of the pending count: drop it once the memory
+    /// copy is freed, so eviction never sees the offload done while its memory is still used.
+    pub(crate) fn into_replica(self) -> (super::object::Replica, impl Drop) {
+        (self.replica, self._count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(capacity: u64) -> Arc<DiskSlot> {
+        let info = DiskSegment {
+            id: SegmentId::new(1, 1),
+            name: "d".into(),
+            endpoint: "e".into(),
+            capacity_bytes: capacity,
+        };
+        Arc::new(DiskSlot::new(
+            info,
+            ClientId::new(1, 1),
+            Arc::new(DiskMemory::default()),
+        ))
+    }
+
+    #[test]
+    fn reservations_respect_capacity_and_drops_release() {
+        let s = slot(10_000);
+        assert!(s.try_reserve(6000));
+        assert!(!s.try_reserve(6000));
+        let h = DiskHandle::reserved(s.clone(), 42, 6000);
+        assert_eq!(s.used_bytes(), 6000);
+        drop(h);
+        assert_eq!(s.used_bytes(), 0);
+        assert!(s.memory.is_tombstoned(42));
+        assert_eq!(s.memory.take_deletions(), vec![42]);
+        assert!(s.memory.take_deletions().is_empty());
+        s.set_state(DiskState::Detached);
+        assert!(!s.try_reserve(1), "a detached disk takes no new files");
+    }
+
+    #[test]
+    fn tombstones_are_bounded() {
+        let m = DiskMemory::default();
+        for id in 0..(TOMBSTONES_PER_DISK as u64 + 10) {
+            m.forget_file(id);
+        }
+        assert!(!m.is_tombstoned(0));
+        assert!(m.is_tombstoned(TOMBSTONES_PER_DISK as u64 + 9));
+    }
+
+    #[test]
+    fn pending_offloads_are_counted_until_resolved() {
+        let counter = Arc::new(AtomicU64::new(0));
+        let s = slot(1 << 20);
+        let replica = |id| super::super::object::Replica {
+            id: moonkv_proto::ReplicaId(id),
+            status: moonkv_proto::ReplicaStatus::Processing,
+            placement: super::super::object::Placement::Disk(DiskHandle::reserved(
+                s.clone(),
+                id,
+                10,
+            )),
+        };
+        let a = PendingOffload::new(replica(1), moonkv_proto::ReplicaId(9), 0, counter.clone());
+        let b = PendingOffload::new(replica(2), moonkv_proto::ReplicaId(9), 0, counter.clone());
+        assert_eq!(counter.load(Ordering::SeqCst), 2);
+        drop(a);
+        let (r, count) = b.into_replica();
+        assert_eq!(counter.load(Ordering::SeqCst), 1);
+        drop(count);
+        assert_eq!(counter.load(Ordering::SeqCst), 0);
+        assert_eq!(r.id, moonkv_proto::ReplicaId(2));
+        assert_eq!(Arc::strong_count(&counter), 1);
+    }
+}

@@ -1,0 +1,306 @@
+//! `moonkv bench master`: metadata-only load on a master, in the shape of the upstream
+//! master_bench. Fake segments are mounted (numbers only, never touched), then each shape runs
+//! `clients × threads` workers for a fixed time over one operation.
+//!
+//! Targets: a running master (`--master`), a fresh master started in this process for each
+//! shape (`--spawn`), or the engine called directly with no network (`--in-process`).
+
+use super::client::Connection;
+use super::load::{self, LoadSettings, MetaTarget, Shape, ShapeResult};
+use super::report;
+use moonkv_master::engine::{Engine, EngineConfig, NoopSink, SystemClock};
+use moonkv_master::server::{self, MasterConfig};
+use moonkv_proto::msg::{PingRequest, UnmountSegmentRequest};
+use moonkv_proto::{ClientId, Segment};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often the benchmark's segment owner pings (the master's default TTL is 10 s).
+const PING_PERIOD: Duration = Duration::from_secs(1);
+
+/// `moonkv bench master`.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["master", "spawn", "in_process"])))]
+pub struct MasterBenchArgs {
+    /// RPC address of a running master (HOST:PORT). Keys written are removed after each shape
+    /// and the fake segments are unmounted at the end.
+    #[arg(long, value_name = "ADDR")]
+    master: Option<String>,
+    /// Start a fresh master in this process for each shape (127.0.0.1, ephemeral port,
+    /// default settings) and measure it over loopback TCP.
+    #[arg(long)]
+    spawn: bool,
+    /// Call the engine directly, no network and no serialization: the engine's ceiling.
+    #[arg(long)]
+    in_process: bool,
+    /// Shapes to run, `OP:CxT[:bB]` with OP one of put, get, batch-put, batch-get (comma
+    /// separated or repeated). Default: the eight shapes of the upstream comparison.
+    #[arg(long = "shape", value_delimiter = ',', value_name = "SHAPE")]
+    shapes: Vec<Shape>,
+    /// Measured time per shape (e.g. 10s, 500ms).
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    duration: Duration,
+    /// Fake segments to mount.
+    #[arg(long, default_value_t = 128)]
+    segments: u64,
+    /// Size of each fake segment, in GiB.
+    #[arg(long, default_value_t = 64)]
+    segment_gib: u64,
+    /// Object size announced by every put, in bytes.
+    #[arg(long, default_value_t = 4096)]
+    value_size: u64,
+    /// Keys each worker writes before a get shape and then reads in a cycle.
+    #[arg(long, default_value_t = 10_000)]
+    prefill: u64,
+    /// Tab-separated comparator figures (`shape keys_per_s latency_us target_ratio`) to print
+    /// next to the results.
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
+    /// What the baseline figures are, for the column headers.
+    #[arg(long, default_value = "upstream")]
+    baseline_name: String,
+    /// Print one JSON object per shape instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl MasterBenchArgs {
+    fn settings(&self) -> anyhow::Result<LoadSettings> {
+        anyhow::ensure!(self.segments > 0, "--segments must be positive");
+        anyhow::ensure!(self.value_size > 0, "--value-size must be positive");
+        let segment_size = self
+            .segment_gib
+            .checked_mul(1 << 30)
+            .filter(|s| *s > 0 && s.checked_add(self.segments << 44).is_some())
+            .ok_or_else(|| anyhow::anyhow!("--segment-gib must be between 1 and 1048575"))?;
+        Ok(LoadSettings {
+            duration: self.duration,
+            segments: self.segments,
+            segment_size,
+            value_size: self.value_size,
+            prefill: self.prefill,
+        })
+    }
+}
+
+/// Runs the shapes against the chosen target and prints the table.
+pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
+    let settings = args.settings()?;
+    let baselines = match &args.baseline {
+        Some(path) => report::load_baselines(path)?,
+        None => Default::default(),
+    };
+    let shapes = if args.shapes.is_empty() {
+        Shape::upstream_matrix()
+    } else {
+        args.shapes.clone()
+    };
+    let mut results = Vec::with_capacity(shapes.len());
+    let emit = |r: &ShapeResult| {
+        if args.json {
+            println!("{}", serde_json::to_string(r).unwrap_or_default());
+        }
+        tracing::info!(
+            shape = %r.shape,
+            keys_per_s = r.keys_per_s as u64,
+            mean_us = r.mean_us,
+            p99_us = r.p99_us,
+            errors = r.errors,
+            "shape done"
+        );
+    };
+    if args.in_process {
+        for shape in &shapes {
+            let engine = Arc::new(new_engine());
+            let r = run_on_engine(&engine, *shape, &settings)?;
+            emit(&r);
+            results.push(r);
+        }
+    } else if args.spawn {
+        let rt = crate::runtime(0)?;
+        for shape in &shapes {
+            let master = rt.block_on(server::start(MasterConfig::ephemeral()))?;
+            let outcome = run_on_wire(master.rpc_addr(), &[*shape], &settings, "spawn", false);
+            rt.block_on(master.shutdown());
+            let r = outcome?.remove(0);
+            emit(&r);
+            results.push(r);
+        }
+    } else if let Some(addr) = &args.master {
+        let addr = resolve(addr)?;
+        for r in run_on_wire(addr, &shapes, &settings, "wire", true)? {
+            emit(&r);
+            results.push(r);
+        }
+    }
+    if !args.json {
+        print!(
+            "{}",
+            report::shape_table(&results, &baselines, &args.baseline_name)
+        );
+    }
+    let failed: u64 = results.iter().map(|r| r.errors).sum();
+    if failed > 0 {
+        tracing::warn!(failed, "some calls failed; their keys are not counted");
+    }
+    Ok(())
+}
+
+fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("cannot resolve --master {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("--master {addr} resolves to no address"))
+}
+
+/// An engine with default settings and no event sink, as `moonkv master` builds it.
+pub fn new_engine() -> Engine {
+    Engine::new(
+        EngineConfig::default(),
+        Arc::new(SystemClock),
+        Arc::new(NoopSink),
+    )
+}
+
+/// Mounts the fake segments on `engine` and runs one shape on it directly.
+pub fn run_on_engine(
+    engine: &Arc<Engine>,
+    shape: Shape,
+    settings: &LoadSettings,
+) -> anyhow::Result<ShapeResult> {
+    let nonce = super::nonce();
+    let owner = ClientId::new(nonce, 1);
+    load::mount_all(&**engine, owner, &load::fake_segments(nonce, settings))?;
+    let targets = vec![engine.clone(); shape.clients];
+    tracing::info!(%shape, "running in-process");
+    load::run_shape(
+        &targets,
+        shape,
+        settings,
+        &key_space(nonce),
+        "in-process",
+        false,
+    )
+}
+
+fn key_space(nonce: u64) -> String {
+    format!("mkb{:08x}", nonce as u32)
+}
+
+/// Mounts the fake segments through one connection, keeps their owner alive with pings and runs
+/// every shape. With `cleanup` (a shared master) the keys are removed after each shape and the
+/// segments unmounted at the end; a spawned master is simply dropped.
+fn run_on_wire(
+    addr: SocketAddr,
+    shapes: &[Shape],
+    settings: &LoadSettings,
+    mode: &str,
+    cleanup: bool,
+) -> anyhow::Result<Vec<ShapeResult>> {
+    let session = Session::open(addr, settings)?;
+    let mut results = Vec::with_capacity(shapes.len());
+    let mut outcome = Ok(());
+    for shape in shapes {
+        tracing::info!(%shape, %addr, "running over the wire");
+        let connected: anyhow::Result<Vec<Arc<Connection>>> = (0..shape.clients)
+            .map(|c| Connection::connect(addr, &format!("moonkv-bench-{c}")).map(Arc::new))
+            .collect();
+        let r = connected.and_then(|targets| {
+            load::run_shape(
+                &targets,
+                *shape,
+                settings,
+                &key_space(super::nonce()),
+                mode,
+                cleanup,
+            )
+        });
+        match r {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
+    }
+    session.close(cleanup);
+    outcome.map(|()| results)
+}
+
+/// The benchmark's segment owner on a master: mounted segments plus a heartbeat thread.
+struct Session {
+    control: Arc<Connection>,
+    owner: ClientId,
+    segments: Vec<Segment>,
+    stop: Arc<AtomicBool>,
+    pinger: Option<JoinHandle<()>>,
+}
+
+impl Session {
+    fn open(addr: SocketAddr, settings: &LoadSettings) -> anyhow::Result<Session> {
+        let control = Arc::new(Connection::connect(addr, "moonkv-bench-control")?);
+        let nonce = super::nonce();
+        let owner = ClientId::new(nonce, 1);
+        let segments = load::fake_segments(nonce, settings);
+        let started = Instant::now();
+        load::mount_all(&*control, owner, &segments)
+            .map_err(|e| anyhow::anyhow!("mounting the fake segments failed: {e}"))?;
+        tracing::info!(
+            segments = segments.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "fake segments mounted"
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let pinger = {
+            let (control, stop) = (control.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("moonkv-bench-ping".into())
+                .spawn(move || heartbeat(&control, owner, &stop))?
+        };
+        Ok(Session {
+            control,
+            owner,
+            segments,
+            stop,
+            pinger: Some(pinger),
+        })
+    }
+
+    fn close(mut self, unmount: bool) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(p) = self.pinger.take() {
+            let _ = p.join();
+        }
+        if !unmount {
+            return;
+        }
+        for s in &self.segments {
+            let req = UnmountSegmentRequest {
+                segment_id: s.id,
+                client_id: self.owner,
+            };
+            if let Err(e) = self.control.unmount_segment(&req) {
+                tracing::warn!(error = %e, "unmounting a fake segment failed");
+                break;
+            }
+        }
+    }
+}
+
+fn heartbeat(control: &Connection, owner: ClientId, stop: &AtomicBool) {
+    let req = PingRequest { client_id: owner };
+    let mut last = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+        if last.elapsed() >= PING_PERIOD {
+            last = Instant::now();
+            if let Err(e) = control.ping(&req) {
+                tracing::warn!(error = %e, "benchmark heartbeat failed");
+            }
+        }
+    }
+}

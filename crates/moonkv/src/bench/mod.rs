@@ -1,0 +1,91 @@
+//! `moonkv bench`: system benchmarks whose results go to `docs/benchmarks.md`.
+//!
+//! - [`master`]: metadata operations per second over the wire or in-process (`bench master`).
+//! - `memory`: metadata bytes per resident object (`bench memory`).
+//! - [`events`]: event stream rate and the master's rate with events on vs off (`bench events`).
+//! - `load`: shapes and the per-thread loop; `client`: the blocking protocol client;
+//!   `histogram`: latency percentiles; `report`: markdown tables.
+
+mod client;
+pub mod events;
+mod histogram;
+mod load;
+pub mod master;
+mod memory;
+mod report;
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+/// Arguments of `moonkv bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum BenchCommand {
+    /// Metadata operations per second and latency: put, get and their batch forms.
+    Master(master::MasterBenchArgs),
+    /// Metadata memory per resident object (in-process engine, RSS growth).
+    Memory(memory::MemoryBenchArgs),
+    /// Event stream rate end to end, and the master's rate with events on vs off.
+    Events(events::EventsBenchArgs),
+}
+
+/// Runs the chosen benchmark; results go to stdout, progress to the log (stderr).
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        BenchCommand::Master(a) => master::run(a),
+        BenchCommand::Memory(a) => memory::run(a),
+        BenchCommand::Events(a) => events::run(a),
+    }
+}
+
+/// A fresh random number, for ids and key prefixes that must not collide between runs.
+fn nonce() -> u64 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// `10s`, `500ms`, `2m`, or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 10s, 500ms or 2m"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "m" => value * 60.0,
+        _ => return Err(format!("unknown unit `{unit}` in `{text}`; use ms, s or m")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{text}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3h").is_err());
+    }
+
+    #[test]
+    fn nonces_differ() {
+        assert_ne!(nonce(), nonce());
+    }
+}

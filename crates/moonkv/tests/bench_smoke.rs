@@ -1,0 +1,92 @@
+//! `moonkv bench` runs end to end in each mode with short durations and every call succeeds;
+//! against a shared master it leaves no keys and no segments behind.
+
+mod common;
+
+use common::{http, spawn};
+use std::process::Command;
+
+/// Runs `moonkv bench master <args> --json` and returns one JSON object per shape.
+fn bench_master(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
+        .args([
+            "bench",
+            "master",
+            "--json",
+            "--duration",
+            "300ms",
+            "--prefill",
+            "300",
+        ])
+        .args(["--segments", "4"])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run moonkv bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
+        .collect()
+}
+
+fn assert_all_succeeded(results: &[serde_json::Value], shapes: usize) {
+    assert_eq!(results.len(), shapes, "{results:?}");
+    for r in results {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["keys"].as_u64().unwrap_or(0) > 0, "{r}");
+        assert!(r["p99_us"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+    }
+}
+
+// Two threads on one connection (1x2) exercise the shared-connection reply hand-off.
+const SHAPES: &str = "put:1x2,get:2x1,batch-put:1x1:b8,batch-get:1x2:b16";
+
+#[test]
+fn spawned_master_every_shape_succeeds() {
+    let results = bench_master(&["--spawn", "--shape", SHAPES]);
+    assert_all_succeeded(&results, 4);
+    assert_eq!(results[0]["shape"], "put:1x2:b1");
+    assert_eq!(results[0]["mode"], "spawn");
+}
+
+#[test]
+fn in_process_engine_every_shape_succeeds() {
+    let results = bench_master(&["--in-process", "--shape", SHAPES]);
+    assert_all_succeeded(&results, 4);
+    assert_eq!(results[3]["mode"], "in-process");
+}
+
+#[test]
+fn shared_master_is_left_clean() {
+    let master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let results = bench_master(&["--master", &master.addr("rpc"), "--shape", SHAPES]);
+    assert_all_succeeded(&results, 4);
+    let (_, metrics) = http(&master.addr("admin"), "GET", "/metrics", "");
+    assert!(metrics.contains("master_key_count 0"), "{metrics}");
+    assert!(
+        metrics.contains("master_total_capacity_bytes 0"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn bad_shapes_are_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
+        .args([
+            "bench",
+            "master",
+            "--in-process",
+            "--shape",
+            "batch-put:2x1",
+        ])
+        .output()
+        .expect("run moonkv bench");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("batch size"));
+}

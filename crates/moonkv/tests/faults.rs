@@ -1,0 +1,529 @@
+//! Faults with real processes: `moonkv master` and `moonkv node` on loopback, killed (SIGKILL),
+//! frozen (SIGSTOP) and restarted while the `moonkv_client::Store` library works against them.
+//!
+//! What every test checks afterwards: no torn or stale object is readable, the master's
+//! metadata (`/get_all_keys`, `/kv_events/snapshot`, `master_key_count`) matches what the test
+//! believes, and the dead party's space is reclaimed (`/get_segments_detail`,
+//! `master_allocated_bytes`). Waits are bounded polls; the only timing assertions are upper
+//! bounds on client deadlines.
+
+mod common;
+mod support;
+
+use moonkv_client::{ErrorCode, ReplicateConfig, Store, StoreConfig};
+use moonkv_events::subscriber::{Delivery, SequenceVerdict, Subscriber};
+use moonkv_proto::msg::*;
+use moonkv_proto::types::*;
+use moonkv_proto::ClientId;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// Generous bound for anything the master does on its own schedule (TTL expiry, sweeps).
+const SETTLE: Duration = Duration::from_secs(60);
+const MIB: usize = 1 << 20;
+
+fn on(segment: &str) -> ReplicateConfig {
+    ReplicateConfig {
+        preferred_segments: vec![segment.to_string()],
+        ..ReplicateConfig::default()
+    }
+}
+
+fn replicas(n: u32) -> ReplicateConfig {
+    ReplicateConfig {
+        replica_num: n,
+        ..ReplicateConfig::default()
+    }
+}
+
+async fn store(master: &Proc, adjust: impl FnOnce(&mut StoreConfig)) -> Store {
+    let mut config = StoreConfig::new(master.field("rpc"));
+    config.transfer_timeout = Duration::from_secs(30);
+    adjust(&mut config);
+    Store::connect(config).await.expect("store connects")
+}
+
+/// The segment name a key's first replica lives in.
+async fn segment_of(store: &Store, key: &str) -> String {
+    let list = store.replicas(key).await.expect("replica list");
+    list.replicas[0].segment_name.clone()
+}
+
+/// Used bytes of one segment as the master reports them.
+fn used(admin: &str, segment: &str) -> u64 {
+    segments(admin)
+        .expect("segments detail")
+        .into_iter()
+        .find(|(n, _)| n == segment)
+        .map(|(_, u)| u)
+        .expect("segment mounted")
+}
+
+async fn expect_gone(store: &Store, key: &str) {
+    let err = store.get(key).await.expect_err("object must be gone");
+    assert_eq!(err.code, ErrorCode::OBJECT_NOT_FOUND, "{key}: {err}");
+}
+
+/// Not readable now (gone, or a write still in flight), and gone once the master settles.
+async fn expect_unreadable_then_gone(store: &Store, key: &str) {
+    let err = store.get(key).await.expect_err("nothing readable");
+    assert!(
+        matches!(
+            err.code,
+            ErrorCode::OBJECT_NOT_FOUND | ErrorCode::REPLICA_IS_NOT_READY
+        ),
+        "{key}: {err}"
+    );
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        match store.get(key).await {
+            Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => return,
+            Err(e) if e.code == ErrorCode::REPLICA_IS_NOT_READY => {}
+            other => panic!("{key}: {:?}", other.map(|v| v.len())),
+        }
+        assert!(Instant::now() < deadline, "{key} never went away");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed() {
+    let m = master(&["--client-live-ttl-sec", "2"]);
+    let admin = m.field("admin");
+    let a = node(&m.field("rpc"), "seg-a", "512MiB");
+    let _b = node(&m.field("rpc"), "seg-b", "64MiB");
+    let s = store(&m, |_| {}).await;
+
+    let survivor = payload(1, 1, MIB);
+    s.put("survivor", &survivor, &on("seg-b")).await.unwrap();
+    let old = payload(2, 1, 4 * MIB);
+    s.put("old-on-a", &old, &on("seg-a")).await.unwrap();
+    assert_eq!(segment_of(&s, "survivor").await, "seg-b");
+    assert_eq!(segment_of(&s, "old-on-a").await, "seg-a");
+    let survivor_bytes = used(&admin, "seg-b");
+
+    // Freeze the node so the 128 MiB put is certainly mid-transfer, then kill it.
+    a.freeze();
+    let victim = payload(3, 1, 128 * MIB);
+    let writer = s.clone();
+    let put = tokio::spawn(async move { writer.put("victim", &victim, &on("seg-a")).await });
+    wait_for(SETTLE, "the victim put to start", || {
+        (metric(&admin, "master_key_count")? >= 3.0).then_some(())
+    });
+    a.kill();
+    let err = put
+        .await
+        .unwrap()
+        .expect_err("a put to a killed node fails");
+    assert!(
+        matches!(
+            err.code,
+            ErrorCode::TRANSFER_FAIL | ErrorCode::RPC_FAIL | ErrorCode::NO_AVAILABLE_HANDLE
+        ),
+        "{err}"
+    );
+    // The failed put was revoked: nothing of it is readable, now or later.
+    expect_gone(&s, "victim").await;
+    // The committed object on the dead node errors cleanly (or is already gone), never Ok.
+    let err = s.get("old-on-a").await.expect_err("its node is dead");
+    assert!(
+        matches!(
+            err.code,
+            ErrorCode::TRANSFER_FAIL | ErrorCode::RPC_FAIL | ErrorCode::OBJECT_NOT_FOUND
+        ),
+        "{err}"
+    );
+
+    // After the client TTL the node's segment, its objects and their space are gone.
+    wait_for_master_state(&admin, SETTLE, &[("seg-b", survivor_bytes)], 1);
+    expect_gone(&s, "old-on-a").await;
+    assert_eq!(s.get("survivor").await.unwrap(), survivor);
+    assert_eq!(all_keys(&admin).unwrap(), ["survivor"]);
+    assert_eq!(snapshot_keys(&admin).unwrap(), ["survivor"]);
+    assert_eq!(
+        metric(&admin, "master_total_capacity_bytes"),
+        Some((64 * MIB) as f64)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_killed_mid_get_fails_over_or_errors_and_never_returns_wrong_bytes() {
+    let m = master(&["--client-live-ttl-sec", "2"]);
+    let admin = m.field("admin");
+    let mut nodes = vec![
+        Some(node(&m.field("rpc"), "seg-x", "256MiB")),
+        Some(node(&m.field("rpc"), "seg-y", "256MiB")),
+    ];
+    let s = store(&m, |_| {}).await;
+
+    // Two replicas: killing the node serving the first one mid-read fails over to the second.
+    let two = payload(1, 1, 128 * MIB);
+    s.put("two", &two, &replicas(2)).await.unwrap();
+    let first = segment_of(&s, "two").await;
+    let (dead, alive) = if first == "seg-x" { (0, 1) } else { (1, 0) };
+    let alive_name = if alive == 0 { "seg-x" } else { "seg-y" };
+    let reader = s.clone();
+    let get = tokio::spawn(async move { reader.get("two").await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    nodes[dead].take().unwrap().kill();
+    let got = get
+        .await
+        .unwrap()
+        .expect("the second replica serves the read");
+    assert!(got == two, "failover returned wrong bytes");
+
+    // After the TTL the dead replica is dropped and the object lives on in one replica.
+    wait_for(SETTLE, "the dead node's segment to be unmounted", || {
+        let segs = segments(&admin)?;
+        (segs.len() == 1 && segs[0].0 == alive_name).then_some(())
+    });
+    let list = s.replicas("two").await.unwrap();
+    assert_eq!(list.replicas.len(), 1);
+    assert_eq!(list.replicas[0].segment_name, alive_name);
+    assert_eq!(s.get("two").await.unwrap(), two);
+
+    // One replica, node frozen with the read in flight, then killed: a clean error.
+    let last = nodes[alive].take().unwrap();
+    let _fresh = node(&m.field("rpc"), "seg-z", "64MiB");
+    last.freeze();
+    let reader = s.clone();
+    let get = tokio::spawn(async move { reader.get("two").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    last.kill();
+    let err = get.await.unwrap().expect_err("no replica is left");
+    assert!(
+        matches!(err.code, ErrorCode::TRANSFER_FAIL | ErrorCode::RPC_FAIL),
+        "{err}"
+    );
+
+    wait_for_master_state(&admin, SETTLE, &[("seg-z", 0)], 0);
+    expect_gone(&s, "two").await;
+    assert!(all_keys(&admin).unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_restart_clients_reconnect_nodes_remount_and_subscribers_see_the_restart() {
+    let (rpc, http, events) = (free_port(), free_port(), free_port());
+    let flags = [
+        "--rpc-port".to_string(),
+        rpc.to_string(),
+        "--metrics-port".into(),
+        http.to_string(),
+        "--client-live-ttl-sec".into(),
+        "3".into(),
+        "--enable-kv-events".into(),
+        "true".into(),
+        "--kv-events-bind-endpoint".into(),
+        format!("tcp://127.0.0.1:{events}"),
+        "--kv-events-backend-id".into(),
+        "faults".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let m = master(&flags);
+    let admin = m.field("admin");
+    let _n = node(&m.field("rpc"), "seg-n", "64MiB");
+    let s = store(&m, |c| c.rpc_timeout = Duration::from_secs(3)).await;
+    let mut sub = Subscriber::connect(
+        &format!("tcp://127.0.0.1:{events}"),
+        Duration::from_millis(100),
+    )
+    .unwrap();
+
+    // Enough messages that the restarted publisher's sequence is certainly behind.
+    let mut n = 0;
+    while sub.counters().last_sequence.unwrap_or(0) < 30 {
+        assert!(
+            n < 2000,
+            "the subscriber never joined: {:?}",
+            sub.counters()
+        );
+        s.put(&format!("before-{n}"), b"x", &ReplicateConfig::default())
+            .await
+            .unwrap();
+        n += 1;
+        while !matches!(sub.poll().unwrap(), Delivery::Idle) {}
+    }
+
+    m.kill();
+    let err = s.get("before-0").await.expect_err("the master is down");
+    assert!(
+        matches!(err.code, ErrorCode::RPC_FAIL | ErrorCode::RPC_TIMEOUT),
+        "{err}"
+    );
+
+    let m = master_again(&flags);
+    assert_eq!(m.field("admin"), admin);
+    // The node's heartbeat gets NEED_REMOUNT and re-registers its segment by itself.
+    wait_for(SETTLE, "the node to remount", || {
+        (segments(&admin)? == [("seg-n".to_string(), 0)]).then_some(())
+    });
+    // The same Store reconnects on its next call; metadata did not survive the restart.
+    expect_gone(&s, "before-0").await;
+    let value = payload(7, 1, MIB);
+    s.put("after", &value, &ReplicateConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(s.get("after").await.unwrap(), value);
+    assert_eq!(all_keys(&admin).unwrap(), ["after"]);
+    assert_eq!(snapshot_keys(&admin).unwrap(), ["after"]);
+
+    // The subscriber sees the sequence move backwards: a restart, not a gap.
+    let mut verdict = None;
+    for i in 0..200 {
+        s.put(&format!("probe-{i}"), b"p", &ReplicateConfig::default())
+            .await
+            .unwrap();
+        if let Delivery::Message { verdict: v, .. } = sub.poll().unwrap() {
+            verdict = Some(v);
+            break;
+        }
+    }
+    assert!(
+        matches!(verdict, Some(SequenceVerdict::Restart { .. })),
+        "{verdict:?} {:?}",
+        sub.counters()
+    );
+    drop(m);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_node_or_master_makes_operations_fail_within_their_deadline() {
+    let m = master(&["--client-live-ttl-sec", "60"]);
+    let admin = m.field("admin");
+    let n = node(&m.field("rpc"), "seg-f", "256MiB");
+    let rpc_timeout = Duration::from_secs(1);
+    let transfer_timeout = Duration::from_secs(1);
+    let s = store(&m, |c| {
+        c.rpc_timeout = rpc_timeout;
+        c.connect_timeout = Duration::from_secs(1);
+        c.transfer_timeout = transfer_timeout;
+    })
+    .await;
+    let small = payload(1, 1, 4 * MIB);
+    s.put("small", &small, &ReplicateConfig::default())
+        .await
+        .unwrap();
+    let kept = used(&admin, "seg-f");
+    // Two master calls and one chunk deadline per attempt, plus slack for a loaded machine.
+    let bound = rpc_timeout * 2 + transfer_timeout * 2 + Duration::from_secs(10);
+
+    n.freeze();
+    let started = Instant::now();
+    let err = s.get("small").await.expect_err("the node is frozen");
+    assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
+    assert!(
+        started.elapsed() < bound,
+        "get took {:?}",
+        started.elapsed()
+    );
+
+    for (key, size) in [("put-small", 4 * MIB), ("put-big", 64 * MIB)] {
+        let started = Instant::now();
+        let err = s
+            .put(key, &payload(2, 1, size), &ReplicateConfig::default())
+            .await
+            .expect_err("the node is frozen");
+        assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
+        assert!(
+            started.elapsed() < bound,
+            "put took {:?}",
+            started.elapsed()
+        );
+        // The revoke waits until the frozen node can no longer apply the write.
+        let err = s.get(key).await.expect_err("nothing readable");
+        assert!(
+            matches!(
+                err.code,
+                ErrorCode::OBJECT_NOT_FOUND | ErrorCode::REPLICA_IS_NOT_READY
+            ),
+            "{err}"
+        );
+    }
+
+    m.freeze();
+    let started = Instant::now();
+    let err = s.exists("small").await.expect_err("the master is frozen");
+    assert_eq!(err.code, ErrorCode::RPC_TIMEOUT, "{err}");
+    assert!(started.elapsed() < rpc_timeout + Duration::from_secs(10));
+    m.thaw();
+    n.thaw();
+
+    // Thawed: the committed object reads back intact; the timed-out puts left nothing.
+    assert_eq!(s.get("small").await.unwrap(), small);
+    expect_unreadable_then_gone(&s, "put-small").await;
+    expect_unreadable_then_gone(&s, "put-big").await;
+    wait_for_master_state(&admin, SETTLE, &[("seg-f", kept)], 1);
+    assert_eq!(all_keys(&admin).unwrap(), ["small"]);
+    s.put("after-thaw", &small, &ReplicateConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(s.get("after-thaw").await.unwrap(), small);
+}
+
+/// A write whose deadline passed on a stalled node must not land on the next object given its
+/// space: the revoke waits until the node has let go of the abandoned connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_write_never_lands_on_a_newer_object() {
+    let m = master(&["--client-live-ttl-sec", "60"]);
+    let admin = m.field("admin");
+    let n = node(&m.field("rpc"), "seg-t", "64MiB");
+    let hasty = store(&m, |c| c.transfer_timeout = Duration::from_secs(1)).await;
+    let patient = store(&m, |_| {}).await;
+    let size = 4 * MIB;
+    for round in 0..3u64 {
+        n.freeze();
+        let old = payload(1, round, size);
+        let err = hasty
+            .put(&format!("old-{round}"), &old, &ReplicateConfig::default())
+            .await
+            .expect_err("the node is frozen");
+        assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
+        // The next writer is allocated while the old bytes still sit in the node's socket.
+        let new = payload(2, round, size);
+        let writer = patient.clone();
+        let (key, value) = (format!("new-{round}"), new.clone());
+        let put =
+            tokio::spawn(
+                async move { writer.put(&key, &value, &ReplicateConfig::default()).await },
+            );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        n.thaw();
+        put.await.unwrap().expect("the patient put succeeds");
+        let got = patient.get(&format!("new-{round}")).await.unwrap();
+        assert!(
+            got == new,
+            "round {round}: the new object holds {:?}",
+            payload_header(&got)
+        );
+        expect_unreadable_then_gone(&patient, &format!("old-{round}")).await;
+    }
+    let keys: Vec<String> = (0..3).map(|r| format!("new-{r}")).collect();
+    assert_eq!(all_keys(&admin).unwrap(), keys);
+    let used_now = used(&admin, "seg-t");
+    wait_for_master_state(&admin, SETTLE, &[("seg-t", used_now)], 3);
+}
+
+fn raw_put_start(c: &mut common::RawClient, me: ClientId, key: &str, size: u64) {
+    let start = PutStartRequest {
+        client_id: me,
+        tenant: String::new(),
+        key: key.into(),
+        size,
+        config: ReplicateConfig::default(),
+    };
+    let replicas: Vec<ReplicaDescriptor> = c.call(Request::PutStart(start)).expect("put start");
+    assert_eq!(replicas[0].status, ReplicaStatus::Processing);
+}
+
+fn raw_get(c: &mut common::RawClient, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
+    c.call(Request::GetReplicaList(KeyRequest {
+        tenant: String::new(),
+        key: key.into(),
+    }))
+    .map_err(|e| e.code)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_writes_die_with_their_expired_client_or_node() {
+    let m = master(&["--client-live-ttl-sec", "2"]);
+    let admin = m.field("admin");
+    let rpc = m.field("rpc");
+
+    // A raw client owns a segment (nothing serves its bytes), starts a write into it, and
+    // then stops pinging.
+    let mut owner = common::RawClient::connect(&rpc);
+    let me = ClientId::new(77, 1);
+    let mut segment = common::fake_segment(1);
+    segment.name = "seg-raw".into();
+    owner
+        .call::<()>(Request::MountSegment(MountSegmentRequest {
+            segment,
+            client_id: me,
+        }))
+        .unwrap();
+    raw_put_start(&mut owner, me, "owner-in-flight", 4096);
+
+    // Another raw writer starts a write into a real node's segment, then the node dies.
+    let n = node(&rpc, "seg-dies", "64MiB");
+    let mut writer = common::RawClient::connect(&rpc);
+    let writer_id = ClientId::new(78, 1);
+    let start = PutStartRequest {
+        client_id: writer_id,
+        tenant: String::new(),
+        key: "node-in-flight".into(),
+        size: (8 * MIB) as u64,
+        config: on("seg-dies"),
+    };
+    let got: Vec<ReplicaDescriptor> = writer.call(Request::PutStart(start)).unwrap();
+    assert_eq!(got[0].segment_name, "seg-dies");
+    assert_eq!(
+        raw_get(&mut writer, "node-in-flight").unwrap_err(),
+        ErrorCode::REPLICA_IS_NOT_READY
+    );
+    assert_eq!(metric(&admin, "master_key_count"), Some(2.0));
+    n.kill();
+
+    // After the TTL: both clients expired, their segments unmounted, the writes gone.
+    wait_for_master_state(&admin, SETTLE, &[], 0);
+    for key in ["owner-in-flight", "node-in-flight"] {
+        assert_eq!(
+            raw_get(&mut writer, key).unwrap_err(),
+            ErrorCode::OBJECT_NOT_FOUND
+        );
+    }
+    assert_eq!(metric(&admin, "master_total_capacity_bytes"), Some(0.0));
+    // A late End from the expired writer changes nothing.
+    let late = EndRequest {
+        client_id: writer_id,
+        tenant: String::new(),
+        key: "node-in-flight".into(),
+        replica_type: ReplicaType::All,
+        replica_ids: got.iter().map(|r| r.id).collect(),
+        checksum: None,
+    };
+    assert!(writer.call::<()>(Request::PutEnd(late)).is_err());
+
+    // The key is free again for a new node and a new writer.
+    let _n2 = node(&rpc, "seg-new", "64MiB");
+    let s = store(&m, |_| {}).await;
+    let value = payload(9, 2, 8 * MIB);
+    s.put("node-in-flight", &value, &ReplicateConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(s.get("node-in-flight").await.unwrap(), value);
+    assert_eq!(all_keys(&admin).unwrap(), ["node-in-flight"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_write_is_reclaimed_after_the_release_timeout() {
+    let m = master(&[
+        "--put-start-discard-timeout-sec",
+        "1",
+        "--put-start-release-timeout-sec",
+        "2",
+    ]);
+    let admin = m.field("admin");
+    let rpc = m.field("rpc");
+    let _n = node(&rpc, "seg-s", "64MiB");
+
+    // A writer that never pings (writers need not) starts a write and disappears.
+    let mut writer = common::RawClient::connect(&rpc);
+    raw_put_start(
+        &mut writer,
+        ClientId::new(79, 1),
+        "abandoned",
+        (4 * MIB) as u64,
+    );
+    assert!(used(&admin, "seg-s") >= (4 * MIB) as u64);
+    drop(writer);
+
+    wait_for_master_state(&admin, SETTLE, &[("seg-s", 0)], 0);
+    assert!(metric(&admin, "master_stalled_writes_reclaimed").unwrap_or(0.0) >= 1.0);
+    let s = store(&m, |_| {}).await;
+    expect_gone(&s, "abandoned").await;
+    let value = payload(4, 1, 4 * MIB);
+    s.put("abandoned", &value, &ReplicateConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(s.get("abandoned").await.unwrap(), value);
+}
