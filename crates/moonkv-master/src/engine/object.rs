@@ -165,7 +165,8 @@ pub(crate) struct ObjectMeta {
 
 impl ObjectMeta {
     /// Media in which the object is (or, for a replica whose segment just died, was until this
-    /// moment) available: media holding a COMPLETE replica. Events are the diff of this set.
+    /// moment) available: media holding a COMPLETE replica that is not on a detached disk.
+    /// Events are the diff of this set.
     pub(crate) fn media(&self) -> MediaSet {
         let mut set = MediaSet::EMPTY;
         for r in self.replicas.iter().filter(|r| r.is_available()) {

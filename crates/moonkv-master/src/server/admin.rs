@@ -29,24 +29,21 @@ pub(crate) struct AdminState {
     pub secret: Option<moonkv_proto::auth::Secret>,
 }
 
-/// Refuses a mutating request that does not carry the shared secret (when one is configured).
-fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), Response> {
-    let Some(secret) = &state.secret else {
-        return Ok(());
-    };
+/// The refusal for a mutating request that does not carry the shared secret (when one is
+/// configured); `None` lets it through.
+fn refuse_unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
+    let secret = state.secret.as_ref()?;
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::as_bytes);
-    match presented {
-        Some(token) if secret.matches(token) => Ok(()),
-        _ => {
-            let body = json!({"success": false, "error_code": ErrorCode::ILLEGAL_CLIENT.as_i32(),
-                "error_message": "this endpoint changes data: send `Authorization: Bearer <shared secret>`"});
-            Err((StatusCode::UNAUTHORIZED, Json(body)).into_response())
-        }
+    if presented.is_some_and(|token| secret.matches(token)) {
+        return None;
     }
+    let body = json!({"success": false, "error_code": ErrorCode::ILLEGAL_CLIENT.as_i32(),
+        "error_message": "this endpoint changes data: send `Authorization: Bearer <shared secret>`"});
+    Some((StatusCode::UNAUTHORIZED, Json(body)).into_response())
 }
 
 /// Builds the admin router.
@@ -287,7 +284,7 @@ async fn remove_all(
     headers: HeaderMap,
     Query(p): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(refused) = authorize(&s, &headers) {
+    if let Some(refused) = refuse_unauthorized(&s, &headers) {
         return refused;
     }
     let force = matches!(p.get("force").map(String::as_str), Some("true") | Some("1"));
@@ -325,7 +322,7 @@ async fn put_quota(
     Query(p): Query<TenantParam>,
     body: axum::body::Bytes,
 ) -> Response {
-    if let Err(refused) = authorize(&s, &headers) {
+    if let Some(refused) = refuse_unauthorized(&s, &headers) {
         return refused;
     }
     let Some(tenant) = p.tenant_id else {
@@ -353,7 +350,7 @@ async fn delete_quota(
     headers: HeaderMap,
     Query(p): Query<TenantParam>,
 ) -> Response {
-    if let Err(refused) = authorize(&s, &headers) {
+    if let Some(refused) = refuse_unauthorized(&s, &headers) {
         return refused;
     }
     let Some(tenant) = p.tenant_id else {

@@ -41,6 +41,7 @@ keys! {
     "put_start_discard_timeout_sec" => "age after which an unfinished put may be replaced (default 30)",
     "put_start_release_timeout_sec" => "age after which an unfinished put is reclaimed (default 600)",
     "allocation_strategy" => "replica placement: random | free_ratio_first (default random)",
+    "disk_detach_grace_sec" => "seconds a gone node's disk replicas stay revivable before they are dropped (default 300)",
     "enable_multi_tenants" => "require tenant registration and enforce quotas (default false)",
     "enable_kv_events" => "publish the KV event stream over ZMQ (default false)",
     "kv_events_bind_endpoint" => "ZMQ endpoint the publisher binds, e.g. tcp://127.0.0.1:5557",
@@ -253,6 +254,7 @@ impl MasterConfig {
             "put_start_release_timeout_sec" => {
                 e.put_start_release_timeout_ms = int(key, value, 1, 86_400 * 30)? * 1000
             }
+            "disk_detach_grace_sec" => e.disk_detach_grace_ms = int(key, value, 0, 86_400 * 30)? * 1000,
             "allocation_strategy" => {
                 e.allocation_strategy = match string(key, value)?.as_str() {
                     "random" => AllocationStrategy::Random,
@@ -447,6 +449,8 @@ mod tests {
         c.apply("default_kv_lease_ttl", &json!("5s")).unwrap();
         c.apply("eviction_ratio", &json!(0.1)).unwrap();
         c.apply("client_live_ttl_sec", &json!(60)).unwrap();
+        c.apply("disk_detach_grace_sec", &json!(7)).unwrap();
+        assert_eq!(c.engine.disk_detach_grace_ms, 7000);
         c.apply("rpc_port", &flag_value("0")).unwrap();
         c.apply("enable_kv_events", &flag_value("true")).unwrap();
         assert_eq!(c.engine.default_kv_lease_ttl_ms, 5000);
