@@ -148,7 +148,15 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
 }
 
 async fn connect(options: &ClientOptions) -> anyhow::Result<Store> {
+    connect_with_progress(options, None).await
+}
+
+async fn connect_with_progress(
+    options: &ClientOptions,
+    progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+) -> anyhow::Result<Store> {
     let mut config = StoreConfig::new(options.master.clone());
+    config.progress = progress;
     config.tenant = options.tenant.clone();
     config.rpc_timeout = Duration::from_millis(options.timeout_ms.max(1));
     Ok(Store::connect(config).await?)
@@ -172,13 +180,21 @@ pub async fn run_put(args: PutArgs) -> anyhow::Result<()> {
         with_disk_replica: args.disk,
         ..ReplicateConfig::default()
     };
-    let store = connect(&args.options).await?;
+    let copies = u64::from(config.replica_num.max(1)) + u64::from(config.with_disk_replica);
+    let total = value.len() as u64 * copies;
+    let (counter, progress) = crate::progress::Progress::start(
+        &format!("put {}", args.key),
+        Some(total),
+        !args.options.json,
+    );
+    let store = connect_with_progress(&args.options, counter).await?;
     let started = std::time::Instant::now();
     let result = if args.upsert {
         store.upsert(&args.key, &value, &config).await
     } else {
         store.put(&args.key, &value, &config).await
     };
+    progress.finish().await;
     if let Err(e) = result {
         if e.code == ErrorCode::OBJECT_ALREADY_EXISTS {
             let hint = format!("{}; use --upsert to replace it", e.message);
@@ -212,8 +228,12 @@ pub async fn run_get(args: GetArgs) -> anyhow::Result<()> {
         )
         .into());
     }
-    let store = connect(&args.options).await?;
-    let value = store.get(&args.key).await?;
+    let (counter, progress) =
+        crate::progress::Progress::start(&format!("get {}", args.key), None, !args.options.json);
+    let store = connect_with_progress(&args.options, counter).await?;
+    let value = store.get(&args.key).await;
+    progress.finish().await;
+    let value = value?;
     match &args.output {
         Some(path) => {
             std::fs::write(path, &value).with_context(|| format!("writing {}", path.display()))?;

@@ -11,6 +11,7 @@ mod client_cmd;
 mod events_cmd;
 mod master_cmd;
 mod node_cmd;
+mod progress;
 mod up_cmd;
 
 use clap::{Parser, Subcommand};

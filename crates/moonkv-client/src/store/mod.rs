@@ -18,6 +18,7 @@ use crate::util::check_key;
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::{ClientId, Error, ErrorCode, ReplicaId, Result, TenantId};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transfer::Transfer;
@@ -43,6 +44,9 @@ pub struct StoreConfig {
     pub local_copy: bool,
     /// Writer identity; random when `None`.
     pub client_id: Option<ClientId>,
+    /// Counter of bytes moved by data-plane transfers (chunks as they complete), for
+    /// progress displays; `None` = not counted.
+    pub progress: Option<Arc<AtomicU64>>,
 }
 
 impl StoreConfig {
@@ -58,6 +62,7 @@ impl StoreConfig {
             chunk_size: 8 << 20,
             local_copy: true,
             client_id: None,
+            progress: None,
         }
     }
 }
@@ -117,6 +122,7 @@ impl Store {
             config.transfer_timeout,
             config.connect_timeout,
             config.local_copy,
+            config.progress.clone(),
         );
         Ok(Store {
             master,

@@ -9,6 +9,7 @@ use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -25,6 +26,8 @@ pub(crate) struct Transfer {
     lanes: usize,
     timeout: Duration,
     local_copy: bool,
+    /// Bytes moved so far, for progress displays.
+    progress: Option<Arc<AtomicU64>>,
     /// Writes whose deadline passed while the node may still be applying them, by replica:
     /// each task settles once the node has closed the abandoned connection.
     fences: Mutex<HashMap<ReplicaId, Vec<JoinHandle<bool>>>>,
@@ -37,6 +40,7 @@ impl Transfer {
         timeout: Duration,
         connect_timeout: Duration,
         local_copy: bool,
+        progress: Option<Arc<AtomicU64>>,
     ) -> Self {
         let lanes = lanes.max(1);
         Self {
@@ -45,7 +49,14 @@ impl Transfer {
             lanes,
             timeout,
             local_copy,
+            progress,
             fences: Mutex::default(),
+        }
+    }
+
+    fn advance(&self, bytes: usize) {
+        if let Some(progress) = &self.progress {
+            progress.fetch_add(bytes as u64, Ordering::Relaxed);
         }
     }
 
@@ -111,6 +122,7 @@ impl Transfer {
                 .await
                 .map_err(|s| local_refusal(replica, s))?;
             buf.copy_from_slice(&view);
+            self.advance(buf.len());
             return Ok(());
         }
         let lanes = spread(buf.chunks_mut(self.chunk_size), self.lanes, self.chunk_size);
@@ -142,6 +154,7 @@ impl Transfer {
                 .await
                 .map_err(|s| local_refusal(replica, s))?;
             view.copy_from_slice(data);
+            self.advance(data.len());
             return Ok(());
         }
         let lanes = spread(data.chunks(self.chunk_size), self.lanes, self.chunk_size);
@@ -172,6 +185,7 @@ impl Transfer {
             }
         }
         self.pool.checkin(lane.conn);
+        self.advance(buf.len());
         Ok(())
     }
 
@@ -195,6 +209,7 @@ impl Transfer {
             }
         }
         self.pool.checkin(lane.conn);
+        self.advance(data.len());
         Ok(())
     }
 
@@ -209,13 +224,14 @@ impl Transfer {
             loop {
                 let attempt = tokio::time::timeout(
                     self.timeout,
-                    lane.conn.read(replica.segment_id, address, chunk),
+                    lane.conn.read(replica.segment_id, address, &mut *chunk),
                 )
                 .await;
                 if lane.settle(self, attempt).await? {
                     break;
                 }
             }
+            self.advance(chunk.len());
         }
         self.pool.checkin(lane.conn);
         Ok(())
@@ -245,6 +261,7 @@ impl Transfer {
                     break;
                 }
             }
+            self.advance(chunk.len());
         }
         self.pool.checkin(lane.conn);
         Ok(())
