@@ -150,7 +150,7 @@ async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed(
 async fn node_killed_mid_get_fails_over_or_errors_and_never_returns_wrong_bytes() {
     let m = master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
-    let mut nodes = vec![
+    let mut nodes = [
         Some(node(&m.field("rpc"), "seg-x", "256MiB")),
         Some(node(&m.field("rpc"), "seg-y", "256MiB")),
     ];

@@ -35,7 +35,6 @@ const EXPECTED: [ErrorCode; 7] = [
 struct Mutation {
     /// Version written (0 for a remove).
     version: u64,
-    len: usize,
     start: Instant,
     ack: Instant,
 }
@@ -159,7 +158,7 @@ async fn client_task(shared: Arc<Shared>, store: Store, seed: u64, until: Instan
         let key = rng.below(u64::from(KEYS)) as u32;
         let name = format!("soak-{key}");
         match rng.below(20) {
-            0..=4 | 5..=9 => {
+            0..=9 => {
                 let upsert = rng.below(2) == 0;
                 let version = shared.next_version[key as usize].fetch_add(1, Ordering::Relaxed);
                 let len = random_size(&mut rng);
@@ -178,7 +177,6 @@ async fn client_task(shared: Arc<Shared>, store: Store, seed: u64, until: Instan
                     if result.is_ok() {
                         book.done[key as usize].push(Mutation {
                             version,
-                            len,
                             start,
                             ack,
                         });
@@ -213,7 +211,6 @@ async fn client_task(shared: Arc<Shared>, store: Store, seed: u64, until: Instan
                     let ack = Instant::now();
                     shared.book().done[key as usize].push(Mutation {
                         version: 0,
-                        len: 0,
                         start,
                         ack,
                     });

@@ -75,12 +75,10 @@ impl Allocator {
             return None;
         }
         let &(free_len, offset) = self.by_len.range((len, 0)..).next()?;
-        // Remainder first: a segment with one free extent would otherwise see both trees
-        // emptied and refilled, freeing and reallocating their root nodes on every call.
+        self.remove_free(offset, free_len);
         if free_len > len {
             self.insert_free(offset + len, free_len - len);
         }
-        self.remove_free(offset, free_len);
         self.used += len;
         Some(self.base + offset)
     }

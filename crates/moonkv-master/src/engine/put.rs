@@ -284,7 +284,9 @@ impl Engine {
                     .collect();
                 return (Ok(UpsertPath::InPlace(descriptors)), After::Keep);
             }
-            // Size changes: the old value goes away now; its buffers stay parked for late writers.
+            // Replaced: the old value goes away now. Its committed buffers have no writer left,
+            // only readers, so they stay parked until the last read lease ends (writes in flight
+            // were parked above for the full release timeout).
             let group = obj.group_id.take();
             emit_diff(
                 self.sink.as_ref(),
@@ -294,7 +296,7 @@ impl Engine {
                 before,
                 MediaSet::EMPTY,
             );
-            self.park_all(obj, release_at);
+            self.park_all(obj, obj.lease_deadline_ms.max(now));
             let fresh = UpsertPath::Fresh {
                 soft_pin_deadline_ms: carried_pin,
                 hard_pinned: obj.hard_pinned || spec.config.with_hard_pin,
