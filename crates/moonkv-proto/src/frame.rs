@@ -19,7 +19,7 @@ use serde::Serialize;
 /// Header length in bytes, including the length field.
 pub const HEADER_LEN: usize = 17;
 /// Default cap on one frame, in bytes.
-pub const DEFAULT_MAX_FRAME_BYTES: u32 = 64 * 1024 * 1024;
+pub const DEFAULT_MAX_FRAME_BYTES: u32 = 16 * 1024 * 1024;
 
 /// What a frame carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

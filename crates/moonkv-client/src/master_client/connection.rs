@@ -120,7 +120,9 @@ impl Connection {
         let pending: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
         let (outgoing, queue) = mpsc::unbounded_channel();
-        let read_limit = ack.max_frame_bytes.max(frame::DEFAULT_MAX_FRAME_BYTES);
+        // Responses are not bound by the master's request limit (a regex listing of a large
+        // tenant can be big); the master is trusted to send frames it built itself.
+        let read_limit = ack.max_frame_bytes.max(MAX_RESPONSE_BYTES);
         let writer_task = tokio::spawn(write_loop(writer, queue, alive.clone()));
         let reader_task = tokio::spawn(read_loop(
             reader,
@@ -224,6 +226,9 @@ async fn hello_round(
             )
         })?
 }
+
+/// Largest response frame accepted from the master.
+const MAX_RESPONSE_BYTES: u32 = 1 << 30;
 
 async fn read_hello_ack(reader: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result<HelloAck> {
     loop {

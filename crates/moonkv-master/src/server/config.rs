@@ -29,7 +29,7 @@ keys! {
     "metrics_host" => "address the admin HTTP server binds (default 127.0.0.1)",
     "metrics_port" => "admin HTTP port: /metrics, /health, ... (default 9003; 0 picks a free port)",
     "rpc_thread_num" => "RPC worker threads (0 = one per core)",
-    "max_frame_bytes" => "largest accepted protocol frame in bytes (default 64 MiB)",
+    "max_frame_bytes" => "largest accepted protocol frame in bytes (default 16 MiB)",
     "auth_secret_file" => "file holding the shared secret clients must prove (also MOONKV_AUTH_SECRET[_FILE]); unset = no authentication",
     "default_kv_lease_ttl" => "read lease in ms, or with a unit: 10s, 500ms (default 10000)",
     "default_kv_soft_pin_ttl" => "soft pin TTL in ms or with a unit (default 30m)",
