@@ -66,6 +66,29 @@ pub fn format_size(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// The shared secret from `MOONKV_AUTH_SECRET[_FILE]`; a bad one is logged and ignored, so
+/// the failure surfaces as an authentication error naming the variables.
+pub fn secret_from_env() -> Option<moonkv_proto::auth::Secret> {
+    logged(moonkv_proto::auth::Secret::from_env())
+}
+
+/// The grant secret from `MOONKV_GRANT_SECRET[_FILE]`, like [`secret_from_env`].
+pub fn grant_secret_from_env() -> Option<moonkv_proto::auth::Secret> {
+    logged(moonkv_proto::auth::Secret::grant_secret_from_env())
+}
+
+fn logged(
+    found: std::result::Result<Option<moonkv_proto::auth::Secret>, String>,
+) -> Option<moonkv_proto::auth::Secret> {
+    match found {
+        Ok(secret) => secret,
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring a secret from the environment");
+            None
+        }
+    }
+}
+
 /// A fresh random 128-bit id (clients, nodes, segments generate their own).
 pub fn random_client_id() -> ClientId {
     ClientId::new(rand::random(), rand::random())

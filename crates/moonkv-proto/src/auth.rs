@@ -18,6 +18,10 @@ pub const MIN_SECRET_LEN: usize = 16;
 pub const SECRET_ENV: &str = "MOONKV_AUTH_SECRET";
 /// Environment variable naming a file that holds the secret.
 pub const SECRET_FILE_ENV: &str = "MOONKV_AUTH_SECRET_FILE";
+/// Environment variable holding the grant secret of the master and the nodes (never clients).
+pub const GRANT_SECRET_ENV: &str = "MOONKV_GRANT_SECRET";
+/// Environment variable naming a file that holds the grant secret.
+pub const GRANT_SECRET_FILE_ENV: &str = "MOONKV_GRANT_SECRET_FILE";
 
 /// A shared secret. Its `Debug` and `Display` never show the bytes.
 #[derive(Clone, PartialEq, Eq)]
@@ -55,14 +59,24 @@ impl Secret {
 
     /// The secret from `MOONKV_AUTH_SECRET` or the file named by `MOONKV_AUTH_SECRET_FILE`.
     pub fn from_env() -> Result<Option<Self>, String> {
-        if let Ok(value) = std::env::var(SECRET_ENV) {
+        Self::from_env_vars(SECRET_ENV, SECRET_FILE_ENV)
+    }
+
+    /// The grant secret from `MOONKV_GRANT_SECRET` or the file named by
+    /// `MOONKV_GRANT_SECRET_FILE`.
+    pub fn grant_secret_from_env() -> Result<Option<Self>, String> {
+        Self::from_env_vars(GRANT_SECRET_ENV, GRANT_SECRET_FILE_ENV)
+    }
+
+    fn from_env_vars(value_var: &str, file_var: &str) -> Result<Option<Self>, String> {
+        if let Ok(value) = std::env::var(value_var) {
             if !value.is_empty() {
                 return Self::new(value.into_bytes())
                     .map(Some)
-                    .map_err(|e| format!("{SECRET_ENV}: {e}"));
+                    .map_err(|e| format!("{value_var}: {e}"));
             }
         }
-        match std::env::var(SECRET_FILE_ENV) {
+        match std::env::var(file_var) {
             Ok(path) if !path.is_empty() => Self::from_file(Path::new(&path)).map(Some),
             _ => Ok(None),
         }
@@ -91,6 +105,25 @@ impl Secret {
             .finalize()
             .into_bytes()
             .to_vec()
+    }
+
+    /// HMAC-SHA256 of the concatenated `parts` under the secret (capability grants).
+    pub fn tag(&self, parts: &[&[u8]]) -> [u8; 32] {
+        self.tagger(parts).finalize().into_bytes().into()
+    }
+
+    /// Checks a [`Secret::tag`] in constant time.
+    pub fn verify_tag(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        self.tagger(parts).verify_slice(tag).is_ok()
+    }
+
+    fn tagger(&self, parts: &[&[u8]]) -> Hmac<Sha256> {
+        let mut mac =
+            <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        for part in parts {
+            mac.update(part);
+        }
+        mac
     }
 
     /// Checks a client proof in constant time.

@@ -5,13 +5,15 @@
 //! - [`types`]: replica descriptors, segments, [`ReplicateConfig`], enums with stable numbers.
 //! - [`msg`]: one request struct per RPC, its response type, and the opcode table.
 //! - [`frame`]: the length-prefixed frame codec of the client ↔ master protocol (`docs/protocol.md`).
-//! - [`auth`]: shared-secret challenge-response proofs used by the handshake.
+//! - [`auth`]: shared-secret challenge-response proofs used by the handshakes.
+//! - [`grant`]: capability grants on replica ranges, issued by the master, checked by nodes.
 //!
 //! This crate does no I/O; it only defines and encodes.
 
 pub mod auth;
 pub mod error;
 pub mod frame;
+pub mod grant;
 pub mod ids;
 pub mod msg;
 pub mod types;

@@ -163,6 +163,11 @@ pub struct ReplicaDescriptor {
     pub endpoint: String,
     /// Absolute address inside the segment (memory) or file id (disk).
     pub address: u64,
+    /// Capability grant for this replica ([`crate::grant`]), present when the master runs with
+    /// a shared secret; the caller passes it with every data-plane request on the replica.
+    /// Absent (not encoded) otherwise.
+    #[serde(default, with = "serde_bytes", skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Vec<u8>>,
 }
 
 /// Placement and pinning options of one write.

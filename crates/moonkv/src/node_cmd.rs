@@ -2,6 +2,7 @@
 
 use moonkv_client::node::{DiskConfig, Node, NodeConfig};
 use moonkv_client::util::parse_size;
+use moonkv_proto::auth::Secret;
 
 /// Arguments of `moonkv node`.
 #[derive(clap::Args, Debug, Clone)]
@@ -27,6 +28,16 @@ pub struct NodeArgs {
     /// Host identity reported with each segment (default: this machine's host name).
     #[arg(long, env = "MOONKV_HOST_ID")]
     pub host_id: Option<String>,
+    /// File holding the cluster's shared secret: proven to the master, and required of every
+    /// data-plane caller together with a grant from the master (default: MOONKV_AUTH_SECRET or
+    /// MOONKV_AUTH_SECRET_FILE; neither = the data plane is open).
+    #[arg(long, value_name = "FILE")]
+    pub auth_secret_file: Option<std::path::PathBuf>,
+    /// File holding the secret the master signs grants with, when the cluster keeps it apart
+    /// from the one clients hold (the master's --grant-secret-file; default:
+    /// MOONKV_GRANT_SECRET or MOONKV_GRANT_SECRET_FILE).
+    #[arg(long, value_name = "FILE")]
+    pub grant_secret_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub disk: DiskArgs,
 }
@@ -70,7 +81,7 @@ pub fn host_name() -> String {
 
 impl NodeArgs {
     /// The node configuration these flags describe.
-    pub fn to_config(&self) -> NodeConfig {
+    pub fn to_config(&self) -> anyhow::Result<NodeConfig> {
         let mut config = NodeConfig::new(self.master.clone(), self.segment_size);
         config.segment_count = self.segment_count;
         config.segment_names = self.segment_names.clone();
@@ -78,13 +89,25 @@ impl NodeArgs {
         config.advertise_host = self.advertise_host.clone();
         config.host_id = self.host_id.clone().unwrap_or_else(host_name);
         config.disk = self.disk.to_config();
-        config
+        config.auth_secret = match &self.auth_secret_file {
+            Some(path) => Some(
+                Secret::from_file(path).map_err(|e| anyhow::anyhow!("--auth-secret-file: {e}"))?,
+            ),
+            None => Secret::from_env().map_err(anyhow::Error::msg)?,
+        };
+        config.grant_secret = match &self.grant_secret_file {
+            Some(path) => Some(
+                Secret::from_file(path).map_err(|e| anyhow::anyhow!("--grant-secret-file: {e}"))?,
+            ),
+            None => Secret::grant_secret_from_env().map_err(anyhow::Error::msg)?,
+        };
+        Ok(config)
     }
 }
 
 /// Starts the node, prints the ready line, serves until SIGINT/SIGTERM, then unmounts.
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let node = Node::start(args.to_config())
+    let node = Node::start(args.to_config()?)
         .await
         .map_err(anyhow::Error::new)?;
     let capacity: u64 = node.segments().iter().map(|s| s.size).sum();

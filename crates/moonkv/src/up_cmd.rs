@@ -37,12 +37,18 @@ impl UpArgs {
 
 /// Runs master and node until SIGINT or SIGTERM, then unmounts and stops both.
 pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
+    // The embedded node shares the master's secret (if any): it proves it to the master and
+    // requires it, with grants, of data-plane callers.
+    let secret = config.auth_secret.clone();
+    let grant_secret = config.grant_secret.clone();
     let master = server::start(config).await?;
     let mut node_config = NodeConfig::new(master.rpc_addr().to_string(), args.segment_size);
     node_config.segment_count = args.segment_count;
     node_config.data_bind = args.data_bind.clone();
     node_config.host_id = host_name();
     node_config.disk = args.disk.to_config();
+    node_config.auth_secret = secret;
+    node_config.grant_secret = grant_secret;
     let node = match Node::start(node_config).await {
         Ok(node) => node,
         Err(e) => {

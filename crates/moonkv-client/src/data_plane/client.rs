@@ -1,7 +1,14 @@
 //! The caller side of the data plane: one request at a time per connection, and a pool of idle
-//! connections per node endpoint so parallel transfers reuse sockets.
+//! connections per node endpoint so parallel transfers reuse sockets. With a shared secret a
+//! connection opens with the authentication handshake; every request carries the grant of the
+//! replica it touches (empty when the master issued none).
 
-use super::header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use super::handshake::{self, Answer, Mode, ANSWER_LEN};
+use super::header::{
+    DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN, RESPONSE_LEN,
+};
+use moonkv_proto::auth::{Secret, NONCE_LEN, SECRET_ENV, SECRET_FILE_ENV};
+use moonkv_proto::grant::GRANT_LEN;
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,15 +26,29 @@ pub struct DataConnection {
 }
 
 impl DataConnection {
-    /// Connects to a node's data endpoint.
-    pub async fn connect(endpoint: &str, timeout: Duration) -> Result<DataConnection> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(endpoint))
+    /// Connects to a node's data endpoint; with a `secret`, performs the handshake (one round
+    /// trip) and checks the node's proof. Without one, a node that requires authentication
+    /// refuses the first request.
+    pub async fn connect(
+        endpoint: &str,
+        timeout: Duration,
+        secret: Option<&Secret>,
+    ) -> Result<DataConnection> {
+        let opened = async {
+            let mut stream = TcpStream::connect(endpoint)
+                .await
+                .map_err(|e| transfer_fail(endpoint, &format!("connect failed: {e}")))?;
+            stream
+                .set_nodelay(true)
+                .map_err(|e| transfer_fail(endpoint, &e.to_string()))?;
+            if let Some(secret) = secret {
+                authenticate(&mut stream, endpoint, secret).await?;
+            }
+            Ok::<_, Error>(stream)
+        };
+        let stream = tokio::time::timeout(timeout, opened)
             .await
-            .map_err(|_| transfer_fail(endpoint, "connect timed out"))?
-            .map_err(|e| transfer_fail(endpoint, &format!("connect failed: {e}")))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| transfer_fail(endpoint, &e.to_string()))?;
+            .map_err(|_| transfer_fail(endpoint, "connect timed out"))??;
         Ok(DataConnection {
             stream,
             endpoint: endpoint.to_string(),
@@ -41,15 +62,30 @@ impl DataConnection {
         &self.endpoint
     }
 
-    /// Reads `buf.len()` bytes at `address` of `segment` straight into `buf`.
-    pub async fn read(&mut self, segment: SegmentId, address: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_op(DataOp::Read, segment, address, buf).await
+    /// Reads `buf.len()` bytes at `address` of `segment` straight into `buf`, presenting
+    /// `grant` (empty: none).
+    pub async fn read(
+        &mut self,
+        segment: SegmentId,
+        address: u64,
+        buf: &mut [u8],
+        grant: &[u8],
+    ) -> Result<()> {
+        self.read_op(DataOp::Read, segment, address, buf, grant)
+            .await
     }
 
     /// Reads disk file `file_id` of disk `disk` (exactly `buf.len()` bytes) into `buf`. The node
     /// verifies the file first; a missing or corrupt file is refused with nothing sent.
-    pub async fn read_file(&mut self, disk: SegmentId, file_id: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_op(DataOp::FileRead, disk, file_id, buf).await
+    pub async fn read_file(
+        &mut self,
+        disk: SegmentId,
+        file_id: u64,
+        buf: &mut [u8],
+        grant: &[u8],
+    ) -> Result<()> {
+        self.read_op(DataOp::FileRead, disk, file_id, buf, grant)
+            .await
     }
 
     /// Writes disk file `file_id` of disk `disk`; returns once the node synced it.
@@ -59,14 +95,16 @@ impl DataConnection {
         file_id: u64,
         meta: &FileMeta,
         data: &[u8],
+        grant: &[u8],
     ) -> Result<()> {
         let prefix = meta.encode();
         let length = (prefix.len() + data.len()) as u64;
         let id = self.take_id();
         let header = RequestHeader::new(DataOp::FileWrite, id, disk, file_id, length);
+        let head = head(header, grant)?;
         self.healthy = false;
         let sent = async {
-            let mut head = header.encode().to_vec();
+            let mut head = head.to_vec();
             head.extend_from_slice(&prefix);
             self.stream.write_all(&head).await?;
             self.stream.write_all(data).await
@@ -76,10 +114,7 @@ impl DataConnection {
             return Err(self.io_fail("send file write", e));
         }
         let response = self.read_response(id).await?;
-        self.healthy = !matches!(
-            response.status,
-            DataStatus::TooLarge | DataStatus::BadHeader
-        );
+        self.healthy = stays_in_step(response.status);
         if response.status != DataStatus::Ok {
             return Err(self.refused("file write", disk, file_id, length, response.status));
         }
@@ -92,17 +127,19 @@ impl DataConnection {
         segment: SegmentId,
         address: u64,
         buf: &mut [u8],
+        grant: &[u8],
     ) -> Result<()> {
         let id = self.take_id();
         let header = RequestHeader::new(op, id, segment, address, buf.len() as u64);
+        let head = head(header, grant)?;
         self.healthy = false;
         self.stream
-            .write_all(&header.encode())
+            .write_all(&head)
             .await
             .map_err(|e| self.io_fail("send read", e))?;
         let response = self.read_response(id).await?;
         if response.status != DataStatus::Ok {
-            self.healthy = true;
+            self.healthy = stays_in_step(response.status);
             let what = if op == DataOp::FileRead {
                 "file read"
             } else {
@@ -124,14 +161,21 @@ impl DataConnection {
         Ok(())
     }
 
-    /// Writes `data` at `address` of `segment`; returns once the node confirmed the bytes are in
-    /// its memory.
-    pub async fn write(&mut self, segment: SegmentId, address: u64, data: &[u8]) -> Result<()> {
+    /// Writes `data` at `address` of `segment`, presenting `grant` (empty: none); returns once
+    /// the node confirmed the bytes are in its memory.
+    pub async fn write(
+        &mut self,
+        segment: SegmentId,
+        address: u64,
+        data: &[u8],
+        grant: &[u8],
+    ) -> Result<()> {
         let id = self.take_id();
         let header = RequestHeader::new(DataOp::Write, id, segment, address, data.len() as u64);
+        let head = head(header, grant)?;
         self.healthy = false;
         let sent = async {
-            self.stream.write_all(&header.encode()).await?;
+            self.stream.write_all(&head).await?;
             self.stream.write_all(data).await
         }
         .await;
@@ -147,11 +191,7 @@ impl DataConnection {
             };
         }
         let response = self.read_response(id).await?;
-        // After these two the node closes the connection.
-        self.healthy = !matches!(
-            response.status,
-            DataStatus::TooLarge | DataStatus::BadHeader
-        );
+        self.healthy = stays_in_step(response.status);
         if response.status != DataStatus::Ok {
             return Err(self.refused(
                 "write",
@@ -192,7 +232,8 @@ impl DataConnection {
             .map_err(|e| self.io_fail("receive answer", e))?;
         let response = ResponseHeader::decode(&raw)
             .ok_or_else(|| transfer_fail(&self.endpoint, "malformed answer header"))?;
-        if response.request_id != request_id {
+        // A failed handshake proof is answered before any request was read, as request 0.
+        if response.request_id != request_id && response.status != DataStatus::Unauthenticated {
             return Err(transfer_fail(&self.endpoint, "answer for another request"));
         }
         Ok(response)
@@ -217,6 +258,7 @@ impl DataConnection {
             DataStatus::FileCorrupt => ErrorCode::CHECKSUM_MISMATCH,
             DataStatus::FileWriteFail | DataStatus::DiskFull => ErrorCode::FILE_WRITE_FAIL,
             DataStatus::FileReadFail => ErrorCode::FILE_READ_FAIL,
+            DataStatus::Unauthenticated | DataStatus::Forbidden => ErrorCode::ILLEGAL_CLIENT,
             _ => ErrorCode::TRANSFER_FAIL,
         };
         Error::new(
@@ -228,6 +270,74 @@ impl DataConnection {
             ),
         )
     }
+}
+
+/// Whether the node keeps the connection after answering `status`.
+fn stays_in_step(status: DataStatus) -> bool {
+    !matches!(
+        status,
+        DataStatus::TooLarge | DataStatus::BadHeader | DataStatus::Unauthenticated
+    )
+}
+
+/// The request header followed by the grant, ready to send.
+fn head(mut header: RequestHeader, grant: &[u8]) -> Result<HeadBytes> {
+    if grant.len() > GRANT_LEN {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("a grant is at most {GRANT_LEN} bytes, got {}", grant.len()),
+        ));
+    }
+    header.grant_len = grant.len() as u16;
+    let mut bytes = [0u8; REQUEST_LEN + GRANT_LEN];
+    bytes[..REQUEST_LEN].copy_from_slice(&header.encode());
+    bytes[REQUEST_LEN..REQUEST_LEN + grant.len()].copy_from_slice(grant);
+    Ok(HeadBytes {
+        bytes,
+        len: REQUEST_LEN + grant.len(),
+    })
+}
+
+/// A request header and its grant, on the stack.
+struct HeadBytes {
+    bytes: [u8; REQUEST_LEN + GRANT_LEN],
+    len: usize,
+}
+
+impl std::ops::Deref for HeadBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The caller's side of the handshake: hello, answer (checking the node's proof), then the
+/// caller's proof when asked, sent without waiting.
+async fn authenticate(stream: &mut TcpStream, endpoint: &str, secret: &Secret) -> Result<()> {
+    let client_nonce: [u8; NONCE_LEN] = rand::random();
+    let io = |e: std::io::Error| transfer_fail(endpoint, &format!("handshake: {e}"));
+    stream
+        .write_all(&handshake::hello(&client_nonce))
+        .await
+        .map_err(io)?;
+    let mut raw = [0u8; ANSWER_LEN];
+    stream.read_exact(&mut raw).await.map_err(io)?;
+    let answer = Answer::decode(&raw)
+        .ok_or_else(|| transfer_fail(endpoint, "malformed handshake answer"))?;
+    if answer.mode == Mode::Open {
+        return Ok(());
+    }
+    if !secret.verify_server(&answer.challenge, &client_nonce, &answer.server_proof) {
+        return Err(Error::new(
+            ErrorCode::ILLEGAL_CLIENT,
+            format!(
+                "node {endpoint} could not prove it holds the shared secret \
+                 (is {SECRET_ENV} / {SECRET_FILE_ENV} the same as the cluster's?)"
+            ),
+        ));
+    }
+    let proof = secret.client_proof(&answer.challenge, &client_nonce);
+    stream.write_all(&proof).await.map_err(io)
 }
 
 fn transfer_fail(endpoint: &str, why: &str) -> Error {
@@ -242,15 +352,22 @@ pub struct ConnectionPool {
     idle: Mutex<HashMap<String, Vec<DataConnection>>>,
     max_idle_per_endpoint: usize,
     connect_timeout: Duration,
+    secret: Option<Secret>,
 }
 
 impl ConnectionPool {
-    /// A pool keeping at most `max_idle_per_endpoint` idle connections per node.
-    pub fn new(max_idle_per_endpoint: usize, connect_timeout: Duration) -> Self {
+    /// A pool keeping at most `max_idle_per_endpoint` idle connections per node; new
+    /// connections authenticate with `secret` when one is given.
+    pub fn new(
+        max_idle_per_endpoint: usize,
+        connect_timeout: Duration,
+        secret: Option<Secret>,
+    ) -> Self {
         Self {
             idle: Mutex::default(),
             max_idle_per_endpoint,
             connect_timeout,
+            secret,
         }
     }
 
@@ -259,16 +376,13 @@ impl ConnectionPool {
         let idle = self.lock().get_mut(endpoint).and_then(Vec::pop);
         match idle {
             Some(conn) => Ok((conn, true)),
-            None => Ok((
-                DataConnection::connect(endpoint, self.connect_timeout).await?,
-                false,
-            )),
+            None => Ok((self.fresh(endpoint).await?, false)),
         }
     }
 
     /// A new connection to `endpoint`, bypassing the idle list.
     pub async fn fresh(&self, endpoint: &str) -> Result<DataConnection> {
-        DataConnection::connect(endpoint, self.connect_timeout).await
+        DataConnection::connect(endpoint, self.connect_timeout, self.secret.as_ref()).await
     }
 
     /// Returns a connection for reuse if it is still in step.

@@ -59,6 +59,12 @@ pub enum DataStatus {
     DiskFull = 10,
     /// The disk file could not be read.
     FileReadFail = 11,
+    /// The node requires the authentication handshake and it was missing or wrong; the node
+    /// closes the connection after answering.
+    Unauthenticated = 12,
+    /// The request's grant is missing, forged, expired, of the wrong kind or does not cover the
+    /// range; the node keeps serving.
+    Forbidden = 13,
 }
 
 impl DataStatus {
@@ -76,6 +82,8 @@ impl DataStatus {
             9 => DataStatus::FileWriteFail,
             10 => DataStatus::DiskFull,
             11 => DataStatus::FileReadFail,
+            12 => DataStatus::Unauthenticated,
+            13 => DataStatus::Forbidden,
             _ => DataStatus::BadHeader,
         }
     }
@@ -95,6 +103,13 @@ impl DataStatus {
             DataStatus::FileWriteFail => "the disk file could not be written",
             DataStatus::DiskFull => "the node's disk is full",
             DataStatus::FileReadFail => "the disk file could not be read",
+            DataStatus::Unauthenticated => {
+                "the node requires authentication: set MOONKV_AUTH_SECRET or \
+                 MOONKV_AUTH_SECRET_FILE to the cluster's shared secret"
+            }
+            DataStatus::Forbidden => {
+                "no valid grant for this range (missing, forged, expired or for another range)"
+            }
         }
     }
 }
@@ -142,6 +157,8 @@ pub struct RequestHeader {
     pub address: u64,
     /// Bytes to read or write.
     pub length: u64,
+    /// Length of the grant that follows the header: 0 or [`moonkv_proto::grant::GRANT_LEN`].
+    pub grant_len: u16,
 }
 
 impl RequestHeader {
@@ -159,6 +176,7 @@ impl RequestHeader {
             segment_id,
             address,
             length,
+            grant_len: 0,
         }
     }
 
@@ -168,6 +186,7 @@ impl RequestHeader {
         out[0..4].copy_from_slice(&REQUEST_MAGIC);
         out[4] = VERSION;
         out[5] = self.op;
+        out[6..8].copy_from_slice(&self.grant_len.to_be_bytes());
         out[8..16].copy_from_slice(&self.request_id.to_be_bytes());
         out[16..24].copy_from_slice(&self.segment_id.0.hi.to_be_bytes());
         out[24..32].copy_from_slice(&self.segment_id.0.lo.to_be_bytes());
@@ -188,6 +207,7 @@ impl RequestHeader {
             segment_id: SegmentId::new(be_u64(bytes, 16), be_u64(bytes, 24)),
             address: be_u64(bytes, 32),
             length: be_u64(bytes, 40),
+            grant_len: u16::from_be_bytes([bytes[6], bytes[7]]),
         })
     }
 }

@@ -1,9 +1,14 @@
 //! The node side of the data plane: accepts connections and serves reads and writes of the
 //! segments in its table, and of the files of its disk, one request at a time per connection.
+//! With a shared secret, a connection must open with the authentication handshake and every
+//! request must carry a grant covering it (`docs/data-plane.md`).
 
+use super::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use super::header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN};
 use crate::node::disk::{format::MAX_TENANT_LEN, DiskFault, DiskStore};
 use crate::node::segment::SegmentMemory;
+use moonkv_proto::auth::{Secret, NONCE_LEN};
+use moonkv_proto::grant::{self, Grant, Refusal, GRANT_LEN};
 use moonkv_proto::SegmentId;
 use std::collections::HashMap;
 use std::io;
@@ -24,10 +29,21 @@ const COALESCE_BYTES: usize = 16 << 10;
 /// Segments a node serves, by id.
 pub(crate) type SegmentTable = Arc<RwLock<HashMap<SegmentId, Arc<SegmentMemory>>>>;
 
-/// Everything a node serves: its segments and, optionally, its disk.
+/// What a node requires of data-plane callers.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Access {
+    /// Callers must complete the handshake proving this secret.
+    pub secret: Option<Secret>,
+    /// Requests must carry a grant signed with this key.
+    pub grant_key: Option<Secret>,
+}
+
+/// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
+/// admits.
 pub(crate) struct Served {
     segments: SegmentTable,
     disk: Option<Arc<DiskStore>>,
+    access: Access,
 }
 
 impl Served {
@@ -55,20 +71,23 @@ impl DataServer {
     /// Starts serving `table` on an already bound listener.
     #[cfg(test)]
     pub fn spawn(listener: TcpListener, table: SegmentTable) -> io::Result<DataServer> {
-        Self::spawn_with_disk(listener, table, None)
+        Self::spawn_with_disk(listener, table, None, Access::default())
     }
 
-    /// Starts serving `table` and the files of `disk` on an already bound listener.
+    /// Starts serving `table` and the files of `disk` on an already bound listener, to the
+    /// callers `access` admits.
     pub fn spawn_with_disk(
         listener: TcpListener,
         table: SegmentTable,
         disk: Option<Arc<DiskStore>>,
+        access: Access,
     ) -> io::Result<DataServer> {
         let local_addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
         let served = Arc::new(Served {
             segments: table,
             disk,
+            access,
         });
         let task = tokio::spawn(accept_loop(listener, served, stopped));
         Ok(DataServer {
@@ -123,10 +142,25 @@ async fn accept_loop(
 pub(crate) async fn serve_connection(mut stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut raw = [0u8; REQUEST_LEN];
+    if !read_header(&mut stream, &mut raw[..HELLO_MAGIC.len()], 0).await? {
+        return Ok(());
+    }
+    let mut filled = HELLO_MAGIC.len();
+    if raw[..HELLO_MAGIC.len()] == HELLO_MAGIC {
+        greet(&mut stream, served.access.secret.as_ref()).await?;
+        filled = 0;
+    } else if served.access.secret.is_some() {
+        // A request without the handshake: answer it by its id, then close.
+        read_header(&mut stream, &mut raw, filled).await?;
+        let request_id = RequestHeader::decode(&raw).map_or_else(|id| id, |h| h.request_id);
+        return refuse_connection(&mut stream, request_id, "request without the handshake").await;
+    }
+    let mut grant = [0u8; GRANT_LEN];
     loop {
-        if !read_header(&mut stream, &mut raw).await? {
+        if !read_header(&mut stream, &mut raw, filled).await? {
             return Ok(());
         }
+        filled = 0;
         let header = match RequestHeader::decode(&raw) {
             Ok(h) => h,
             Err(request_id) => {
@@ -137,6 +171,33 @@ pub(crate) async fn serve_connection(mut stream: TcpStream, served: Arc<Served>)
                 ));
             }
         };
+        let grant_len = usize::from(header.grant_len);
+        if grant_len != 0 && grant_len != GRANT_LEN {
+            respond(&mut stream, DataStatus::BadHeader, header.request_id).await?;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad data-plane grant length",
+            ));
+        }
+        stream.read_exact(&mut grant[..grant_len]).await?;
+        let mut granted_file_size = None;
+        if let Some(key) = &served.access.grant_key {
+            match check_grant(key, &header, &grant[..grant_len]) {
+                Ok(size) => granted_file_size = size,
+                Err(refusal) => {
+                    tracing::debug!(
+                        op = header.op,
+                        segment = %header.segment_id,
+                        address = header.address,
+                        length = header.length,
+                        reason = refusal.describe(),
+                        "data-plane request refused"
+                    );
+                    refuse(&mut stream, &header, DataStatus::Forbidden).await?;
+                    continue;
+                }
+            }
+        }
         let id = header.segment_id;
         match header.op {
             op if op == DataOp::Read as u8 => {
@@ -149,7 +210,7 @@ pub(crate) async fn serve_connection(mut stream: TcpStream, served: Arc<Served>)
                 serve_file_read(&mut stream, &header, served.disk(id)).await?
             }
             op if op == DataOp::FileWrite as u8 => {
-                serve_file_write(&mut stream, &header, served.disk(id)).await?
+                serve_file_write(&mut stream, &header, served.disk(id), granted_file_size).await?
             }
             // An unknown op carries no payload by definition, so the stream is still in step.
             _ => respond(&mut stream, DataStatus::BadOp, header.request_id).await?,
@@ -157,10 +218,14 @@ pub(crate) async fn serve_connection(mut stream: TcpStream, served: Arc<Served>)
     }
 }
 
-/// Fills `raw`; `Ok(false)` on a clean end of stream before the first byte.
-async fn read_header(stream: &mut TcpStream, raw: &mut [u8; REQUEST_LEN]) -> io::Result<bool> {
-    let mut filled = 0;
-    while filled < REQUEST_LEN {
+/// Fills `raw` from byte `filled` on; `Ok(false)` on a clean end of stream before the first
+/// byte.
+async fn read_header(
+    stream: &mut TcpStream,
+    raw: &mut [u8],
+    mut filled: usize,
+) -> io::Result<bool> {
+    while filled < raw.len() {
         let n = stream.read(&mut raw[filled..]).await?;
         if n == 0 {
             if filled == 0 {
@@ -174,6 +239,102 @@ async fn read_header(stream: &mut TcpStream, raw: &mut [u8; REQUEST_LEN]) -> io:
         filled += n;
     }
     Ok(true)
+}
+
+/// Answers a hello (its magic already read): open without a secret; with one, sends the
+/// challenge and the node's proof, then checks the caller's proof. A failed handshake is
+/// answered `UNAUTHENTICATED` and ends the connection (`Err`).
+async fn greet(stream: &mut TcpStream, secret: Option<&Secret>) -> io::Result<()> {
+    let mut hello = [0u8; HELLO_LEN];
+    hello[..HELLO_MAGIC.len()].copy_from_slice(&HELLO_MAGIC);
+    stream.read_exact(&mut hello[HELLO_MAGIC.len()..]).await?;
+    let Some(client_nonce) = handshake::hello_nonce(&hello) else {
+        respond(stream, DataStatus::BadHeader, 0).await?;
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad data-plane hello",
+        ));
+    };
+    let Some(secret) = secret else {
+        return stream.write_all(&Answer::open().encode()).await;
+    };
+    let challenge: [u8; NONCE_LEN] = rand::random();
+    let mut server_proof = [0u8; PROOF_LEN];
+    server_proof.copy_from_slice(&secret.server_proof(&challenge, &client_nonce));
+    let answer = Answer {
+        mode: Mode::ProofRequired,
+        challenge,
+        server_proof,
+    };
+    stream.write_all(&answer.encode()).await?;
+    let mut proof = [0u8; PROOF_LEN];
+    stream.read_exact(&mut proof).await?;
+    if !secret.verify_client(&challenge, &client_nonce, &proof) {
+        return refuse_connection(stream, 0, "wrong handshake proof").await;
+    }
+    Ok(())
+}
+
+/// Answers `UNAUTHENTICATED` and ends the connection. What the caller already sent is read
+/// (bounded) first, so the answer is not lost to a connection reset.
+async fn refuse_connection(stream: &mut TcpStream, request_id: u64, why: &str) -> io::Result<()> {
+    respond(stream, DataStatus::Unauthenticated, request_id).await?;
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut scratch = [0u8; 16 * 1024];
+        let mut left = MAX_DRAIN_BYTES;
+        while left > 0 {
+            match stream.read(&mut scratch).await {
+                Ok(n) if n > 0 => left = left.saturating_sub(n as u64),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        why.to_string(),
+    ))
+}
+
+/// Checks the request's grant; for file writes returns the granted object size.
+fn check_grant(secret: &Secret, h: &RequestHeader, token: &[u8]) -> Result<Option<u64>, Refusal> {
+    let grant = Grant::open(secret, h.segment_id, token)?;
+    let now = moonkv_proto::grant::unix_now_ms();
+    match h.op {
+        op if op == DataOp::Read as u8 => {
+            grant.permits_range(grant::READ, h.address, h.length, now)
+        }
+        op if op == DataOp::Write as u8 => {
+            grant.permits_range(grant::WRITE, h.address, h.length, now)
+        }
+        op if op == DataOp::FileRead as u8 => {
+            grant.permits_file(grant::READ, h.address, now)?;
+            if h.length != grant.size {
+                return Err(Refusal::OutOfRange);
+            }
+            Ok(())
+        }
+        op if op == DataOp::FileWrite as u8 => {
+            grant.permits_file(grant::WRITE, h.address, now)?;
+            if h.length < grant.size {
+                return Err(Refusal::OutOfRange);
+            }
+            return Ok(Some(grant.size));
+        }
+        // Unknown ops are answered BAD_OP by the dispatcher.
+        _ => Ok(()),
+    }
+    .map(|()| None)
+}
+
+/// Refuses a request with `status`, consuming a write's payload (see [`refuse_write`]).
+async fn refuse(stream: &mut TcpStream, h: &RequestHeader, status: DataStatus) -> io::Result<()> {
+    if h.op == DataOp::Write as u8 || h.op == DataOp::FileWrite as u8 {
+        refuse_write(stream, h, status).await
+    } else {
+        respond(stream, status, h.request_id).await
+    }
 }
 
 async fn respond(stream: &mut TcpStream, status: DataStatus, request_id: u64) -> io::Result<()> {
@@ -303,10 +464,12 @@ async fn serve_file_read(
 }
 
 /// Writes a disk file from the payload; acknowledged once the file is synced under its name.
+/// With a grant, `granted_size` is the object size it allows.
 async fn serve_file_write(
     stream: &mut TcpStream,
     h: &RequestHeader,
     disk: Option<&Arc<DiskStore>>,
+    granted_size: Option<u64>,
 ) -> io::Result<()> {
     let Some(disk) = disk else {
         return refuse_write(stream, h, DataStatus::UnknownSegment).await;
@@ -330,6 +493,10 @@ async fn serve_file_write(
     let mut text = vec![0u8; (tenant_len + key_len) as usize];
     stream.read_exact(&mut text).await?;
     let size = rest - tenant_len - key_len;
+    if granted_size.is_some_and(|granted| granted != size) {
+        let skipped = RequestHeader { length: size, ..*h };
+        return refuse_write(stream, &skipped, DataStatus::Forbidden).await;
+    }
     let (tenant, key) = text.split_at(tenant_len as usize);
     let (Ok(tenant), Ok(key)) = (std::str::from_utf8(tenant), std::str::from_utf8(key)) else {
         let skipped = RequestHeader { length: size, ..*h };

@@ -54,13 +54,7 @@ impl MasterClientConfig {
             connect_timeout: Duration::from_secs(3),
             connect_attempts: 3,
             ping_interval: Duration::from_secs(1),
-            auth_secret: match moonkv_proto::auth::Secret::from_env() {
-                Ok(secret) => secret,
-                Err(e) => {
-                    tracing::warn!(error = %e, "ignoring the shared secret from the environment");
-                    None
-                }
-            },
+            auth_secret: crate::util::secret_from_env(),
         }
     }
 }

@@ -8,7 +8,7 @@ mod offload;
 mod range_lock;
 pub mod segment;
 
-use crate::data_plane::server::{DataServer, SegmentTable};
+use crate::data_plane::server::{Access, DataServer, SegmentTable};
 use crate::master_client::{MasterClient, MasterClientConfig};
 use disk::DiskStore;
 use moonkv_proto::msg::UnmountDiskSegmentRequest;
@@ -57,6 +57,12 @@ pub struct NodeConfig {
     pub disk: Option<DiskConfig>,
     /// How often the node asks the master for offload tasks and file deletions.
     pub disk_poll_interval: Duration,
+    /// Shared secret: proven to the master, and required of data-plane callers together with
+    /// grants (`MOONKV_AUTH_SECRET[_FILE]` by default; `None` = the data plane is open).
+    pub auth_secret: Option<moonkv_proto::auth::Secret>,
+    /// Secret the master signs grants with when it is not `auth_secret`
+    /// (`MOONKV_GRANT_SECRET[_FILE]` by default).
+    pub grant_secret: Option<moonkv_proto::auth::Secret>,
 }
 
 impl NodeConfig {
@@ -75,6 +81,8 @@ impl NodeConfig {
             ping_interval: Duration::from_secs(1),
             disk: None,
             disk_poll_interval: Duration::from_millis(100),
+            auth_secret: crate::util::secret_from_env(),
+            grant_secret: crate::util::grant_secret_from_env(),
         }
     }
 }
@@ -111,13 +119,24 @@ impl Node {
             memories.iter().map(|m| (m.id(), m.clone())).collect(),
         ));
         let disk_store = opened.as_ref().map(|(store, _)| store.clone());
-        let server =
-            DataServer::spawn_with_disk(listener, table.clone(), disk_store).map_err(|e| {
-                Error::new(
-                    ErrorCode::INTERNAL_ERROR,
-                    format!("data plane failed to start: {e}"),
-                )
-            })?;
+        let server = DataServer::spawn_with_disk(
+            listener,
+            table.clone(),
+            disk_store,
+            Access {
+                secret: config.auth_secret.clone(),
+                grant_key: config
+                    .grant_secret
+                    .clone()
+                    .or_else(|| config.auth_secret.clone()),
+            },
+        )
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("data plane failed to start: {e}"),
+            )
+        })?;
         let endpoint = advertised_endpoint(server.local_addr(), config.advertise_host.as_deref());
         let segments: Vec<Segment> = names
             .into_iter()
@@ -141,6 +160,7 @@ impl Node {
         master_config.client_name = format!("moonkv-node/{endpoint}");
         master_config.rpc_timeout = config.rpc_timeout;
         master_config.ping_interval = config.ping_interval;
+        master_config.auth_secret = config.auth_secret.clone();
         let master = match MasterClient::connect(master_config).await {
             Ok(m) => m,
             Err(e) => {
@@ -191,7 +211,12 @@ impl Node {
         for memory in &handle.memories {
             segment::register_local(memory);
         }
-        tracing::info!(endpoint = %handle.endpoint, segments = handle.segments.len(), "node ready");
+        tracing::info!(
+            endpoint = %handle.endpoint,
+            segments = handle.segments.len(),
+            authenticated = config.auth_secret.is_some(),
+            "node ready"
+        );
         Ok(handle)
     }
 }
@@ -313,3 +338,5 @@ impl NodeHandle {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_auth;

@@ -53,15 +53,17 @@ async fn send(stream: &mut TcpStream, op: DataOp, id: u64, seg: SegmentId, addr:
 async fn writes_then_reads_round_trip_byte_exact() {
     tokio::time::timeout(LIMIT, async {
         let f = fixture(1 << 20).await;
-        let mut conn = DataConnection::connect(&f.addr(), LIMIT).await.unwrap();
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + 3) as u8).collect();
         let at = f.segment.base() + 4096;
-        conn.write(f.segment.id(), at, &data).await.unwrap();
+        conn.write(f.segment.id(), at, &data, &[]).await.unwrap();
         let mut back = vec![0u8; data.len()];
-        conn.read(f.segment.id(), at, &mut back).await.unwrap();
+        conn.read(f.segment.id(), at, &mut back, &[]).await.unwrap();
         assert_eq!(back, data);
         let mut small = [0u8; 5];
-        conn.read(f.segment.id(), at + 10, &mut small)
+        conn.read(f.segment.id(), at + 10, &mut small, &[])
             .await
             .unwrap();
         assert_eq!(small, data[10..15]);
@@ -149,8 +151,10 @@ async fn a_huge_refused_write_is_answered_then_closed_without_allocating() {
         let mut rest = Vec::new();
         assert_eq!(s.read_to_end(&mut rest).await.unwrap_or(0), 0);
         // The node keeps serving other connections.
-        let mut conn = DataConnection::connect(&f.addr(), LIMIT).await.unwrap();
-        conn.write(f.segment.id(), f.segment.base(), b"ok")
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
+        conn.write(f.segment.id(), f.segment.base(), b"ok", &[])
             .await
             .unwrap();
     })
@@ -175,9 +179,11 @@ async fn truncated_and_garbled_headers_close_only_their_connection() {
         assert_eq!(answer(&mut s).await.status, DataStatus::BadHeader);
         let mut rest = Vec::new();
         assert_eq!(s.read_to_end(&mut rest).await.unwrap_or(0), 0);
-        let mut conn = DataConnection::connect(&f.addr(), LIMIT).await.unwrap();
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
         let mut one = [9u8; 1];
-        conn.read(f.segment.id(), f.segment.base(), &mut one)
+        conn.read(f.segment.id(), f.segment.base(), &mut one, &[])
             .await
             .unwrap();
         assert_eq!(one, [0]);
@@ -190,19 +196,26 @@ async fn truncated_and_garbled_headers_close_only_their_connection() {
 async fn the_client_maps_refusals_to_error_codes_and_stays_usable() {
     tokio::time::timeout(LIMIT, async {
         let f = fixture(64 << 10).await;
-        let mut conn = DataConnection::connect(&f.addr(), LIMIT).await.unwrap();
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
         let mut buf = [0u8; 8];
         let e = conn
-            .read(SegmentId::new(1, 1), f.segment.base(), &mut buf)
+            .read(SegmentId::new(1, 1), f.segment.base(), &mut buf, &[])
             .await
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::SEGMENT_NOT_FOUND);
         let e = conn
-            .write(f.segment.id(), f.segment.base() + f.segment.size(), b"x")
+            .write(
+                f.segment.id(),
+                f.segment.base() + f.segment.size(),
+                b"x",
+                &[],
+            )
             .await
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
-        conn.write(f.segment.id(), f.segment.base(), b"fine")
+        conn.write(f.segment.id(), f.segment.base(), b"fine", &[])
             .await
             .unwrap();
     })
@@ -218,13 +231,13 @@ async fn parallel_connections_on_disjoint_ranges() {
         for lane in 0..8u64 {
             let (addr, id, base) = (f.addr(), f.segment.id(), f.segment.base());
             tasks.spawn(async move {
-                let mut conn = DataConnection::connect(&addr, LIMIT).await.unwrap();
+                let mut conn = DataConnection::connect(&addr, LIMIT, None).await.unwrap();
                 let data = vec![lane as u8 + 1; 256 << 10];
                 for round in 0..2u64 {
                     let at = base + lane * (512 << 10) + round * (256 << 10);
-                    conn.write(id, at, &data).await.unwrap();
+                    conn.write(id, at, &data, &[]).await.unwrap();
                     let mut back = vec![0u8; data.len()];
-                    conn.read(id, at, &mut back).await.unwrap();
+                    conn.read(id, at, &mut back, &[]).await.unwrap();
                     assert_eq!(back, data);
                 }
             });
@@ -259,7 +272,9 @@ async fn disk_fixture(capacity: u64) -> (DataServer, Arc<DiskStore>, disk::tests
     let store = Arc::new(store);
     let table: SegmentTable = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = DataServer::spawn_with_disk(listener, table, Some(store.clone())).unwrap();
+    let server =
+        DataServer::spawn_with_disk(listener, table, Some(store.clone()), Default::default())
+            .unwrap();
     (server, store, dir)
 }
 
@@ -269,48 +284,60 @@ async fn disk_files_round_trip_and_refusals_keep_the_connection_usable() {
     tokio::time::timeout(LIMIT, async {
         let (server, store, _dir) = disk_fixture(100_000).await;
         let addr = server.local_addr().to_string();
-        let mut conn = DataConnection::connect(&addr, LIMIT).await.unwrap();
+        let mut conn = DataConnection::connect(&addr, LIMIT, None).await.unwrap();
         let meta = FileMeta {
             tenant: "t".into(),
             key: "k".into(),
         };
         let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13) as u8).collect();
-        conn.write_file(store.id(), 11, &meta, &data).await.unwrap();
+        conn.write_file(store.id(), 11, &meta, &data, &[])
+            .await
+            .unwrap();
         let mut back = vec![0u8; data.len()];
-        conn.read_file(store.id(), 11, &mut back).await.unwrap();
+        conn.read_file(store.id(), 11, &mut back, &[])
+            .await
+            .unwrap();
         assert_eq!(back, data);
 
         let code = |r: Result<()>| r.unwrap_err().code;
         let mut wrong = vec![0u8; data.len() - 1];
         assert_eq!(
-            code(conn.read_file(store.id(), 11, &mut wrong).await),
+            code(conn.read_file(store.id(), 11, &mut wrong, &[]).await),
             ErrorCode::CHECKSUM_MISMATCH,
             "another size is refused, nothing sent"
         );
         assert_eq!(
-            code(conn.read_file(store.id(), 12, &mut back).await),
+            code(conn.read_file(store.id(), 12, &mut back, &[]).await),
             ErrorCode::FILE_NOT_FOUND
         );
         assert_eq!(
-            code(conn.read_file(SegmentId::new(9, 9), 11, &mut back).await),
+            code(
+                conn.read_file(SegmentId::new(9, 9), 11, &mut back, &[])
+                    .await
+            ),
             ErrorCode::SEGMENT_NOT_FOUND
         );
         assert_eq!(
-            code(conn.write_file(store.id(), 13, &meta, &data).await),
+            code(conn.write_file(store.id(), 13, &meta, &data, &[]).await),
             ErrorCode::FILE_WRITE_FAIL,
             "over the disk budget"
         );
         assert_eq!(
-            code(conn.write_file(SegmentId::new(9, 9), 13, &meta, b"x").await),
+            code(
+                conn.write_file(SegmentId::new(9, 9), 13, &meta, b"x", &[])
+                    .await
+            ),
             ErrorCode::SEGMENT_NOT_FOUND
         );
         assert_eq!(
-            code(conn.write_file(store.id(), 0, &meta, b"x").await),
+            code(conn.write_file(store.id(), 0, &meta, b"x", &[]).await),
             ErrorCode::FILE_WRITE_FAIL,
             "file id 0 is never valid"
         );
         // Still in step after every refusal.
-        conn.read_file(store.id(), 11, &mut back).await.unwrap();
+        conn.read_file(store.id(), 11, &mut back, &[])
+            .await
+            .unwrap();
         assert_eq!(back, data);
         server.stop().await;
     })

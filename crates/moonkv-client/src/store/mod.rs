@@ -47,6 +47,9 @@ pub struct StoreConfig {
     /// Counter of bytes moved by data-plane transfers (chunks as they complete), for
     /// progress displays; `None` = not counted.
     pub progress: Option<Arc<AtomicU64>>,
+    /// Shared secret proven to the master and to nodes when they ask
+    /// (`MOONKV_AUTH_SECRET[_FILE]` by default).
+    pub auth_secret: Option<moonkv_proto::auth::Secret>,
 }
 
 impl StoreConfig {
@@ -63,6 +66,7 @@ impl StoreConfig {
             local_copy: true,
             client_id: None,
             progress: None,
+            auth_secret: crate::util::secret_from_env(),
         }
     }
 }
@@ -115,6 +119,7 @@ impl Store {
         }
         master_config.rpc_timeout = config.rpc_timeout;
         master_config.connect_timeout = config.connect_timeout;
+        master_config.auth_secret = config.auth_secret.clone();
         let master = MasterClient::connect(master_config).await?;
         let transfer = Transfer::new(
             config.chunk_size,
@@ -123,6 +128,7 @@ impl Store {
             config.connect_timeout,
             config.local_copy,
             config.progress.clone(),
+            config.auth_secret.clone(),
         );
         Ok(Store {
             master,

@@ -42,6 +42,7 @@ fn descriptor(id: ReplicaId, address: u64, size: u64, endpoint: &str) -> Replica
         segment_name: "seg".into(),
         endpoint: endpoint.into(),
         address,
+        grant: None,
     }
 }
 

@@ -4,6 +4,7 @@
 
 use crate::data_plane::{ConnectionPool, DataConnection, FileMeta};
 use crate::node::segment::{lookup_local, SegmentMemory};
+use moonkv_proto::auth::Secret;
 use moonkv_proto::types::{ReplicaDescriptor, ReplicaKind};
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
 use std::collections::HashMap;
@@ -41,10 +42,11 @@ impl Transfer {
         connect_timeout: Duration,
         local_copy: bool,
         progress: Option<Arc<AtomicU64>>,
+        secret: Option<Secret>,
     ) -> Self {
         let lanes = lanes.max(1);
         Self {
-            pool: ConnectionPool::new(lanes * 2, connect_timeout),
+            pool: ConnectionPool::new(lanes * 2, connect_timeout, secret),
             chunk_size: chunk_size.max(4096),
             lanes,
             timeout,
@@ -115,7 +117,7 @@ impl Transfer {
         if replica.kind == ReplicaKind::LocalDisk {
             return self.read_file(replica, buf).await;
         }
-        check_memory(replica)?;
+        check_memory(replica, buf.len())?;
         if let Some(memory) = self.local(replica) {
             let view = memory
                 .read_view(replica.address, buf.len() as u64)
@@ -147,7 +149,7 @@ impl Transfer {
 
     /// Writes `data` (the whole object) into a memory replica.
     pub async fn write(&self, replica: &ReplicaDescriptor, data: &[u8]) -> Result<()> {
-        check_memory(replica)?;
+        check_memory(replica, data.len())?;
         if let Some(memory) = self.local(replica) {
             let mut view = memory
                 .write_view(replica.address, data.len() as u64)
@@ -176,8 +178,12 @@ impl Transfer {
         loop {
             let attempt = tokio::time::timeout(
                 timeout,
-                lane.conn
-                    .read_file(replica.segment_id, replica.address, &mut *buf),
+                lane.conn.read_file(
+                    replica.segment_id,
+                    replica.address,
+                    &mut *buf,
+                    grant_of(replica),
+                ),
             )
             .await;
             if lane.settle(self, attempt).await? {
@@ -200,8 +206,13 @@ impl Transfer {
         loop {
             let attempt = tokio::time::timeout(
                 timeout,
-                lane.conn
-                    .write_file(replica.segment_id, replica.address, meta, data),
+                lane.conn.write_file(
+                    replica.segment_id,
+                    replica.address,
+                    meta,
+                    data,
+                    grant_of(replica),
+                ),
             )
             .await;
             if lane.settle(self, attempt).await? {
@@ -224,7 +235,8 @@ impl Transfer {
             loop {
                 let attempt = tokio::time::timeout(
                     self.timeout,
-                    lane.conn.read(replica.segment_id, address, &mut *chunk),
+                    lane.conn
+                        .read(replica.segment_id, address, &mut *chunk, grant_of(replica)),
                 )
                 .await;
                 if lane.settle(self, attempt).await? {
@@ -248,7 +260,8 @@ impl Transfer {
             loop {
                 let attempt = tokio::time::timeout(
                     self.timeout,
-                    lane.conn.write(replica.segment_id, address, chunk),
+                    lane.conn
+                        .write(replica.segment_id, address, chunk, grant_of(replica)),
                 )
                 .await;
                 if attempt.is_err() {
@@ -314,7 +327,9 @@ impl Lane {
     }
 }
 
-fn check_memory(replica: &ReplicaDescriptor) -> Result<()> {
+/// A memory replica, moved whole: the transfer touches exactly the descriptor's range (the
+/// direct local copy has no node to check a grant, so it checks the length here).
+fn check_memory(replica: &ReplicaDescriptor, len: usize) -> Result<()> {
     if replica.kind != ReplicaKind::Memory {
         return Err(Error::new(
             ErrorCode::NOT_SUPPORTED,
@@ -324,7 +339,21 @@ fn check_memory(replica: &ReplicaDescriptor) -> Result<()> {
             ),
         ));
     }
+    if len as u64 != replica.size {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "replica {} holds {} bytes, not {len}",
+                replica.id, replica.size
+            ),
+        ));
+    }
     Ok(())
+}
+
+/// The replica's grant, empty when the master issued none.
+fn grant_of(replica: &ReplicaDescriptor) -> &[u8] {
+    replica.grant.as_deref().unwrap_or_default()
 }
 
 fn local_refusal(replica: &ReplicaDescriptor, status: crate::data_plane::DataStatus) -> Error {

@@ -41,7 +41,17 @@ pub struct EngineConfig {
     /// How long the disk replicas of a node that expired or unmounted its disk stay known
     /// (unreadable), so a node restarting on the same directory gets them back.
     pub disk_detach_grace_ms: u64,
+    /// Key of the capability grants attached to every replica descriptor handed out (the
+    /// master's shared secret); `None` = no grants (nodes without a secret need none).
+    pub grant_key: Option<moonkv_proto::auth::Secret>,
+    /// Lifetime of read grants (`data_grant_read_ttl`); `None` = the read lease plus
+    /// [`READ_GRANT_MARGIN_MS`]. Write grants live `put_start_release_timeout_ms`.
+    pub read_grant_ttl_ms: Option<u64>,
 }
+
+/// How much longer than the read lease a read grant lives by default, so a transfer that
+/// started just before the lease ended can finish.
+pub const READ_GRANT_MARGIN_MS: u64 = 2_000;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -59,6 +69,8 @@ impl Default for EngineConfig {
             enable_multi_tenants: false,
             shard_count: 1024,
             disk_detach_grace_ms: 300_000,
+            grant_key: None,
+            read_grant_ttl_ms: None,
         }
     }
 }

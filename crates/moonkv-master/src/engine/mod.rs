@@ -12,6 +12,7 @@
 //! - `disk`, `disk_mounts`, `offload`: the disk tier — disk accounting and file handles, disk
 //!   mount/detach/revive, write-through placement and offload-on-evict (`docs/disk-tier.md`).
 //! - `tenants`: tenant registration and quotas; `admin`: stats and snapshots.
+//! - `grants`: capability grants attached to descriptors when a grant key is configured.
 //!
 //! Locking: every object lives in one of `shard_count` shards chosen by hash(tenant, key); a
 //! request takes its shard's mutex once (a batch takes each involved shard's mutex once). Lock
@@ -29,6 +30,7 @@ mod disk;
 mod disk_mounts;
 mod end;
 mod evict;
+mod grants;
 mod mounts;
 mod object;
 mod offload;

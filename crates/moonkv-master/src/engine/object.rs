@@ -113,6 +113,7 @@ impl Replica {
                 segment_name: buf.segment.info.name.clone(),
                 endpoint: buf.segment.info.endpoint.clone(),
                 address: buf.address,
+                grant: None,
             },
             Placement::Disk(file) => ReplicaDescriptor {
                 id: self.id,
@@ -123,6 +124,7 @@ impl Replica {
                 segment_name: file.slot.info.name.clone(),
                 endpoint: file.slot.info.endpoint.clone(),
                 address: file.file_id,
+                grant: None,
             },
         }
     }

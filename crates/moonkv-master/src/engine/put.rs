@@ -3,11 +3,12 @@
 
 use super::alloc::aligned_len;
 use super::config::AllocationStrategy;
+use super::grants::Use;
 use super::object::{ObjectMeta, PinIntent, Placement, Replica};
 use super::segments::{MemBuffer, NameGroup};
 use super::shard::{After, Shard};
 use super::sink::{emit_diff, MediaSet};
-use super::validate::{batch_group, check_object, invalid, single_group};
+use super::validate::{batch_group, check_object, invalid, single_group, tenant_name};
 use super::Engine;
 use moonkv_proto::msg::{BatchPutStartRequest, PutStartRequest};
 use moonkv_proto::{
@@ -45,13 +46,17 @@ enum UpsertPath {
 impl Engine {
     /// PutStart: allocates PROCESSING replicas for a new object.
     pub fn put_start(&self, req: &PutStartRequest) -> Result<Vec<ReplicaDescriptor>> {
-        self.start_one(req, false)
+        let mut descriptors = self.start_one(req, false)?;
+        self.grant(&mut descriptors, tenant_name(&req.tenant), Use::Write);
+        Ok(descriptors)
     }
 
     /// UpsertStart: like PutStart, but replaces an existing object (in place when the size is
     /// unchanged) and preempts any write in flight on the key.
     pub fn upsert_start(&self, req: &PutStartRequest) -> Result<Vec<ReplicaDescriptor>> {
-        self.start_one(req, true)
+        let mut descriptors = self.start_one(req, true)?;
+        self.grant(&mut descriptors, tenant_name(&req.tenant), Use::Write);
+        Ok(descriptors)
     }
 
     /// BatchPutStart: PutStart per key; tenant, length and config errors fail every item.
@@ -59,7 +64,9 @@ impl Engine {
         &self,
         req: &BatchPutStartRequest,
     ) -> Result<Vec<ItemResult<Vec<ReplicaDescriptor>>>> {
-        Ok(self.start_batch(req, false))
+        let mut items = self.start_batch(req, false);
+        self.grant_items(&mut items, tenant_name(&req.tenant), Use::Write);
+        Ok(items)
     }
 
     /// BatchUpsertStart: UpsertStart per key, validated like BatchPutStart.
@@ -67,7 +74,9 @@ impl Engine {
         &self,
         req: &BatchPutStartRequest,
     ) -> Result<Vec<ItemResult<Vec<ReplicaDescriptor>>>> {
-        Ok(self.start_batch(req, true))
+        let mut items = self.start_batch(req, true);
+        self.grant_items(&mut items, tenant_name(&req.tenant), Use::Write);
+        Ok(items)
     }
 
     fn start_one(&self, req: &PutStartRequest, upsert: bool) -> Result<Vec<ReplicaDescriptor>> {

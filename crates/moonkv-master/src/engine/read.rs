@@ -1,9 +1,10 @@
 //! Reads: ExistKey, GetReplicaList (single, batch, regex), RevalidateReplicas, and the admin
 //! key listings. Successful reads grant a read lease.
 
+use super::grants::Use;
 use super::object::ObjectMeta;
 use super::shard::{After, Shard};
-use super::validate::{check_key, invalid, read_tenant};
+use super::validate::{check_key, invalid, read_tenant, tenant_name};
 use super::Engine;
 use moonkv_proto::msg::{
     KeyRequest, KeysRequest, RegexRequest, RevalidateItem, RevalidateRequest, ServiceReadyRequest,
@@ -45,8 +46,12 @@ impl Engine {
     pub fn get_replica_list(&self, req: &KeyRequest) -> Result<GetReplicaListResponse> {
         let tenant = read_tenant(&req.tenant)?;
         check_key(&req.key)?;
-        let mut shard = self.lock_shard(self.shard_index(tenant, &req.key));
-        self.replica_list_locked(&mut shard, tenant, &req.key, self.now())
+        let mut response = {
+            let mut shard = self.lock_shard(self.shard_index(tenant, &req.key));
+            self.replica_list_locked(&mut shard, tenant, &req.key, self.now())?
+        };
+        self.grant(&mut response.replicas, tenant, Use::Read);
+        Ok(response)
     }
 
     /// BatchGetReplicaList: GetReplicaList per key, in input order.
@@ -55,9 +60,11 @@ impl Engine {
         req: &KeysRequest,
     ) -> Result<Vec<ItemResult<GetReplicaListResponse>>> {
         let now = self.now();
-        Ok(self.batch_keys(req, |shard, tenant, key| {
+        let mut items = self.batch_keys(req, |shard, tenant, key| {
             self.replica_list_locked(shard, tenant, key, now)
-        }))
+        });
+        self.grant_reads(&mut items, tenant_name(&req.tenant));
+        Ok(items)
     }
 
     /// GetReplicaListByRegex: readable replicas of every key of the tenant the regex matches
@@ -96,6 +103,9 @@ impl Engine {
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
+        for (_, replicas) in &mut out {
+            self.grant(replicas, tenant, Use::Read);
+        }
         Ok(out)
     }
 
@@ -141,11 +151,12 @@ impl Engine {
     }
 
     /// Admin `/query_key`: GetReplicaList by tenant and key (grants a lease, as upstream does).
+    /// The answer carries no grants: the admin endpoint is for looking, not for reading bytes.
     pub fn query_key(&self, tenant: &str, key: &str) -> Result<GetReplicaListResponse> {
-        self.get_replica_list(&KeyRequest {
-            tenant: tenant.to_string(),
-            key: key.to_string(),
-        })
+        let tenant = read_tenant(tenant)?;
+        check_key(key)?;
+        let mut shard = self.lock_shard(self.shard_index(tenant, key));
+        self.replica_list_locked(&mut shard, tenant, key, self.now())
     }
 
     /// Admin `/get_all_keys`: keys of the tenant's readable objects, sorted.

@@ -31,7 +31,9 @@ keys! {
     "rpc_thread_num" => "RPC worker threads (0 = one per core)",
     "max_frame_bytes" => "largest accepted protocol frame in bytes (default 16 MiB)",
     "auth_secret_file" => "file holding the shared secret clients must prove (also MOONKV_AUTH_SECRET[_FILE]); unset = no authentication",
+    "grant_secret_file" => "file holding the secret that signs data-plane grants, shared with the nodes only (also MOONKV_GRANT_SECRET[_FILE]); unset = the auth secret",
     "default_kv_lease_ttl" => "read lease in ms, or with a unit: 10s, 500ms (default 10000)",
+    "data_grant_read_ttl" => "with a shared secret: lifetime of the read grants handed to clients, in ms or with a unit (default: the read lease plus 2s)",
     "default_kv_soft_pin_ttl" => "soft pin TTL in ms or with a unit (default 30m)",
     "max_kv_soft_pin_ttl" => "longest soft pin a write may ask for (default 24h)",
     "allow_evict_soft_pinned_objects" => "let eviction take soft-pinned objects last (default true)",
@@ -136,6 +138,9 @@ pub struct MasterConfig {
     pub kv_events: KvEventsSettings,
     /// Shared secret clients must prove in the handshake; `None` = open (loopback default).
     pub auth_secret: Option<moonkv_proto::auth::Secret>,
+    /// Secret that signs data-plane grants, known to the master and the nodes but not to
+    /// clients; `None` = grants are signed with `auth_secret`.
+    pub grant_secret: Option<moonkv_proto::auth::Secret>,
 }
 
 impl Default for MasterConfig {
@@ -149,6 +154,7 @@ impl Default for MasterConfig {
             engine: EngineConfig::default(),
             kv_events: KvEventsSettings::default(),
             auth_secret: None,
+            grant_secret: None,
         }
     }
 }
@@ -233,11 +239,18 @@ impl MasterConfig {
                     .map_err(|e| bad(key, e))?;
                 self.auth_secret = Some(secret);
             }
+            "grant_secret_file" => {
+                let path = string(key, value)?;
+                let secret = moonkv_proto::auth::Secret::from_file(Path::new(&path))
+                    .map_err(|e| bad(key, e))?;
+                self.grant_secret = Some(secret);
+            }
             "rpc_thread_num" => self.rpc_threads = int(key, value, 0, 1024)? as usize,
             "max_frame_bytes" => {
                 self.max_frame_bytes = int(key, value, 4096, u32::MAX as u64)? as u32
             }
             "default_kv_lease_ttl" => e.default_kv_lease_ttl_ms = duration_ms(key, value)?,
+            "data_grant_read_ttl" => e.read_grant_ttl_ms = Some(duration_ms(key, value)?),
             "default_kv_soft_pin_ttl" => e.default_kv_soft_pin_ttl_ms = duration_ms(key, value)?,
             "max_kv_soft_pin_ttl" => e.max_kv_soft_pin_ttl_ms = duration_ms(key, value)?,
             "allow_evict_soft_pinned_objects" => {
@@ -254,7 +267,9 @@ impl MasterConfig {
             "put_start_release_timeout_sec" => {
                 e.put_start_release_timeout_ms = int(key, value, 1, 86_400 * 30)? * 1000
             }
-            "disk_detach_grace_sec" => e.disk_detach_grace_ms = int(key, value, 0, 86_400 * 30)? * 1000,
+            "disk_detach_grace_sec" => {
+                e.disk_detach_grace_ms = int(key, value, 0, 86_400 * 30)? * 1000
+            }
             "allocation_strategy" => {
                 e.allocation_strategy = match string(key, value)?.as_str() {
                     "random" => AllocationStrategy::Random,
@@ -297,11 +312,16 @@ impl MasterConfig {
         Ok(())
     }
 
-    /// Takes the secret from `MOONKV_AUTH_SECRET[_FILE]` when no `auth_secret_file` was given.
+    /// Takes the secret from `MOONKV_AUTH_SECRET[_FILE]` when no `auth_secret_file` was given,
+    /// and the grant secret from `MOONKV_GRANT_SECRET[_FILE]` when no `grant_secret_file` was.
     pub fn secret_from_env(&mut self) -> Result<(), ConfigError> {
         if self.auth_secret.is_none() {
             self.auth_secret =
                 moonkv_proto::auth::Secret::from_env().map_err(|e| bad("auth_secret_file", e))?;
+        }
+        if self.grant_secret.is_none() {
+            self.grant_secret = moonkv_proto::auth::Secret::grant_secret_from_env()
+                .map_err(|e| bad("grant_secret_file", e))?;
         }
         Ok(())
     }

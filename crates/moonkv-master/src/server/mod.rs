@@ -83,8 +83,16 @@ impl MasterHandle {
 pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
     config.validate()?;
     let events = Arc::new(EventHook::start(&config.kv_events)?);
+    let mut engine_config = config.engine.clone();
+    // With a secret, descriptors carry grants the nodes check (docs/data-plane.md).
+    if engine_config.grant_key.is_none() {
+        engine_config.grant_key = config
+            .grant_secret
+            .clone()
+            .or_else(|| config.auth_secret.clone());
+    }
     let engine = Arc::new(Engine::new(
-        config.engine.clone(),
+        engine_config,
         Arc::new(SystemClock),
         events.clone(),
     ));

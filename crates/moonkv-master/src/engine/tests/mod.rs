@@ -7,6 +7,7 @@ mod bad_input;
 mod disk;
 mod events;
 mod evict;
+mod grants;
 mod model;
 mod put_get;
 mod remove;

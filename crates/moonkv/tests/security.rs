@@ -1,0 +1,447 @@
+//! The data plane with a shared secret everywhere, end to end with the real binaries on
+//! loopback: the node's handshake, capability grants that keep one tenant out of another's
+//! ranges, and secrets kept out of logs and metrics.
+
+use moonkv_client::data_plane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader};
+use moonkv_client::data_plane::DataConnection;
+use moonkv_client::store::{Store, StoreConfig};
+use moonkv_proto::auth::Secret;
+use moonkv_proto::grant::{unix_now_ms, Grant, READ};
+use moonkv_proto::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const SECRET: &str = "security-test-shared-secret-0123";
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A `moonkv` child process with its stderr in a file; killed when dropped.
+struct Proc {
+    child: Child,
+    ready: serde_json::Value,
+    log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn start(dir: &Path, name: &str, args: &[&str]) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_moonkv"))
+            .args(args)
+            .env("RUST_LOG", "debug")
+            .env_remove("MOONKV_AUTH_SECRET")
+            .env_remove("MOONKV_AUTH_SECRET_FILE")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+            let logs = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("{name} did not start ({e}): {logs}")
+        });
+        Proc { child, ready, log }
+    }
+
+    fn addr(&self, field: &str) -> String {
+        self.ready[field].as_str().unwrap().to_string()
+    }
+
+    /// Stops the process and returns everything it logged.
+    fn stop_and_read_log(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("moonkv-sec-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn secret_file(&self) -> PathBuf {
+        let path = self.0.join("secret");
+        std::fs::write(&path, format!("{SECRET}\n")).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A master and a separate node process, both with the secret from a file.
+fn cluster(dir: &TempDir) -> (Proc, Proc) {
+    cluster_with(dir, &[])
+}
+
+/// [`cluster`], with `extra` flags for both processes.
+fn cluster_with(dir: &TempDir, extra: &[&str]) -> (Proc, Proc) {
+    let secret = dir.secret_file();
+    let secret = secret.to_str().unwrap();
+    let mut args = vec![
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--auth-secret-file",
+        secret,
+    ];
+    args.extend_from_slice(extra);
+    let master = Proc::start(&dir.0, "master", &args);
+    let rpc = master.addr("rpc");
+    let mut args = vec![
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "32MiB",
+        "--auth-secret-file",
+        secret,
+    ];
+    args.extend_from_slice(extra);
+    let node = Proc::start(&dir.0, "node", &args);
+    (master, node)
+}
+
+fn cli(master: &str, secret: Option<&str>, args: &[&str], stdin: &[u8]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moonkv"));
+    cmd.args(args)
+        .env("MOONKV_MASTER", master)
+        .env_remove("MOONKV_AUTH_SECRET")
+        .env_remove("MOONKV_AUTH_SECRET_FILE");
+    if let Some(s) = secret {
+        cmd.env("MOONKV_AUTH_SECRET", s);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn secret() -> Secret {
+    Secret::new(SECRET.as_bytes().to_vec()).unwrap()
+}
+
+async fn store(master: &str, tenant: &str) -> Store {
+    let mut config = StoreConfig::new(master);
+    config.tenant = tenant.into();
+    config.auth_secret = Some(secret());
+    Store::connect(config).await.unwrap()
+}
+
+fn payload(seed: u32, len: usize) -> Vec<u8> {
+    (0..len as u32).map(|i| (i * 31 + seed) as u8).collect()
+}
+
+/// The single replica of `key`, with the read grant the master handed to `store`'s tenant.
+async fn replica(store: &Store, key: &str) -> ReplicaDescriptor {
+    let mut found = store.list(&format!("^{key}$")).await.unwrap();
+    assert_eq!(found.len(), 1);
+    let replica = found.remove(0).replicas.remove(0);
+    assert!(replica.grant.is_some(), "a secured master hands out grants");
+    replica
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn cli_put_get_work_with_a_secret_everywhere_and_fail_clearly_without() {
+    let dir = TempDir::new("cli");
+    let (master, _node) = cluster(&dir);
+    let rpc = master.addr("rpc");
+    let value = payload(1, 3 << 20);
+    let put = cli(&rpc, Some(SECRET), &["put", "doc", "-"], &value);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = cli(&rpc, Some(SECRET), &["get", "doc"], b"");
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(get.stdout == value, "bytes differ");
+
+    let denied = cli(&rpc, None, &["get", "doc"], b"");
+    assert!(!denied.status.success());
+    let err = String::from_utf8_lossy(&denied.stderr);
+    assert!(err.contains("MOONKV_AUTH_SECRET"), "{err}");
+}
+
+#[test]
+fn tenants_cannot_reach_each_others_ranges_on_the_data_plane() {
+    let dir = TempDir::new("tenants");
+    let (mut master, mut node) = cluster(&dir);
+    let rpc = master.addr("rpc");
+    let endpoint = node.addr("data");
+    runtime().block_on(async {
+        let alice = store(&rpc, "alice").await;
+        let bob = store(&rpc, "bob").await;
+        let (a_value, b_value) = (payload(2, 100_000), payload(3, 100_000));
+        alice
+            .put("a", &a_value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        bob.put("b", &b_value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(alice.get("a").await.unwrap(), a_value);
+        let a = replica(&alice, "a").await;
+        let b = replica(&bob, "b").await;
+        assert_eq!(a.endpoint, endpoint);
+
+        // An authenticated caller (it knows the cluster secret) still needs a grant that
+        // covers the range it asks for.
+        let mut conn = DataConnection::connect(&endpoint, LIMIT, Some(&secret()))
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; a.size as usize];
+        conn.read(
+            a.segment_id,
+            a.address,
+            &mut buf,
+            a.grant.as_deref().unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(buf, a_value, "alice's own grant reads alice's bytes");
+
+        let b_grant = b.grant.clone().unwrap();
+        let mut stretched = a.grant.clone().unwrap();
+        stretched[18..26].copy_from_slice(&(a.size * 4).to_be_bytes());
+        let mut rewritten = b_grant.clone();
+        rewritten[10..18].copy_from_slice(&a.address.to_be_bytes());
+        let expired = Grant::new(READ, unix_now_ms() - 60_000, a.address, a.size, "alice")
+            .seal(&secret(), a.segment_id);
+        let attempts: [(&str, &[u8]); 5] = [
+            ("no grant", &[]),
+            ("bob's grant for alice's range", &b_grant),
+            ("bob's grant rewritten to alice's address", &rewritten),
+            ("alice's grant stretched", &stretched),
+            ("an expired grant", &expired),
+        ];
+        for (what, grant) in attempts {
+            let e = conn
+                .read(a.segment_id, a.address, &mut buf, grant)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::ILLEGAL_CLIENT, "{what}: {e}");
+            assert!(e.to_string().contains("grant"), "{what}: {e}");
+        }
+        // Writing over alice's bytes with bob's grant, or with alice's read grant, is refused.
+        for grant in [&b_grant, a.grant.as_ref().unwrap()] {
+            let e = conn
+                .write(a.segment_id, a.address, &b_value, grant)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::ILLEGAL_CLIENT, "{e}");
+        }
+        // The node kept serving, and alice's object is intact.
+        assert_eq!(alice.get("a").await.unwrap(), a_value);
+        assert_eq!(bob.get("b").await.unwrap(), b_value);
+    });
+
+    // The secret shows in no log and not in /metrics.
+    let metrics = http_get(&master.addr("admin"), "/metrics");
+    assert!(metrics.contains("master_"), "{metrics}");
+    assert!(!metrics.contains(SECRET));
+    let node_log = node.stop_and_read_log();
+    assert!(
+        node_log.contains("data-plane request refused"),
+        "refusals are logged at debug"
+    );
+    assert!(!node_log.contains(SECRET), "secret leaked into node logs");
+    assert!(!master.stop_and_read_log().contains(SECRET));
+}
+
+#[test]
+fn with_a_separate_grant_secret_clients_cannot_mint_grants() {
+    const GRANT_SECRET: &str = "grant-secret-held-by-master-and-nodes";
+    let dir = TempDir::new("grant-secret");
+    let grant_file = dir.0.join("grant-secret");
+    std::fs::write(&grant_file, GRANT_SECRET).unwrap();
+    let (mut master, mut node) =
+        cluster_with(&dir, &["--grant-secret-file", grant_file.to_str().unwrap()]);
+    let endpoint = node.addr("data");
+    runtime().block_on(async {
+        let alice = store(&master.addr("rpc"), "alice").await;
+        let value = payload(6, 70_000);
+        alice
+            .put("a", &value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(alice.get("a").await.unwrap(), value);
+        let a = replica(&alice, "a").await;
+
+        // A client holds the cluster secret, so it can authenticate and seal tokens with it,
+        // but those are not grants.
+        let minted = Grant::new(READ, unix_now_ms() + 60_000, a.address, a.size, "alice")
+            .seal(&secret(), a.segment_id);
+        let mut conn = DataConnection::connect(&endpoint, LIMIT, Some(&secret()))
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; a.size as usize];
+        let e = conn
+            .read(a.segment_id, a.address, &mut buf, &minted)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::ILLEGAL_CLIENT, "{e}");
+        conn.read(
+            a.segment_id,
+            a.address,
+            &mut buf,
+            a.grant.as_deref().unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(buf, value);
+    });
+    let metrics = http_get(&master.addr("admin"), "/metrics");
+    assert!(!metrics.contains(GRANT_SECRET) && !metrics.contains(SECRET));
+    for log in [node.stop_and_read_log(), master.stop_and_read_log()] {
+        assert!(!log.contains(GRANT_SECRET) && !log.contains(SECRET));
+    }
+}
+
+#[test]
+fn data_plane_connections_without_the_proof_are_refused() {
+    let dir = TempDir::new("raw");
+    let (master, node) = cluster(&dir);
+    let endpoint = node.addr("data");
+    runtime().block_on(async {
+        let alice = store(&master.addr("rpc"), "alice").await;
+        let value = payload(4, 5000);
+        alice
+            .put("a", &value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        let a = replica(&alice, "a").await;
+
+        // A raw request, even carrying a valid grant, without the handshake.
+        let mut raw = std::net::TcpStream::connect(&endpoint).unwrap();
+        raw.set_read_timeout(Some(LIMIT)).unwrap();
+        let grant = a.grant.clone().unwrap();
+        let mut header = RequestHeader::new(DataOp::Read, 77, a.segment_id, a.address, a.size);
+        header.grant_len = grant.len() as u16;
+        let mut request = header.encode().to_vec();
+        request.extend_from_slice(&grant);
+        raw.write_all(&request).unwrap();
+        let mut answer = [0u8; 24];
+        raw.read_exact(&mut answer).unwrap();
+        let answer = ResponseHeader::decode(&answer).unwrap();
+        assert_eq!(answer.status, DataStatus::Unauthenticated);
+        assert_eq!(answer.request_id, 77);
+        let mut rest = Vec::new();
+        assert_eq!(raw.read_to_end(&mut rest).unwrap_or(0), 0, "closed");
+
+        // The library without a secret: a clear error naming the variable.
+        let mut conn = DataConnection::connect(&endpoint, LIMIT, None)
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; a.size as usize];
+        let e = conn
+            .read(a.segment_id, a.address, &mut buf, &grant)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::ILLEGAL_CLIENT);
+        assert!(e.to_string().contains("MOONKV_AUTH_SECRET"), "{e}");
+
+        // The node still serves authenticated callers.
+        assert_eq!(alice.get("a").await.unwrap(), value);
+    });
+}
+
+#[test]
+fn up_with_a_secret_shares_it_with_its_node() {
+    let dir = TempDir::new("up");
+    let secret = dir.secret_file();
+    let up = Proc::start(
+        &dir.0,
+        "up",
+        &[
+            "up",
+            "--rpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--kv-events-bind-endpoint",
+            "tcp://127.0.0.1:0",
+            "--segment-size",
+            "32MiB",
+            "--auth-secret-file",
+            secret.to_str().unwrap(),
+        ],
+    );
+    let rpc = up.addr("rpc");
+    let value = payload(5, 200_000);
+    let put = cli(&rpc, Some(SECRET), &["put", "k", "-"], &value);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = cli(&rpc, Some(SECRET), &["get", "k"], b"");
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(get.stdout == value, "bytes differ");
+
+    // The embedded node requires the handshake too.
+    let mut raw = std::net::TcpStream::connect(up.addr("data")).unwrap();
+    raw.set_read_timeout(Some(LIMIT)).unwrap();
+    let header = RequestHeader::new(DataOp::Read, 5, moonkv_proto::SegmentId::new(1, 1), 0, 1);
+    raw.write_all(&header.encode()).unwrap();
+    let mut answer = [0u8; 24];
+    raw.read_exact(&mut answer).unwrap();
+    assert_eq!(
+        ResponseHeader::decode(&answer).unwrap().status,
+        DataStatus::Unauthenticated
+    );
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    body
+}
