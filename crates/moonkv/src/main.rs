@@ -52,25 +52,33 @@ pub fn print_ready(fields: &[(&str, String)]) {
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn wait_for_signal() {
+    shutdown_signal().await
+}
+
+/// Registers SIGINT and SIGTERM handlers now and returns a future that resolves on either.
+///
+/// Servers call this before printing their ready line, so a signal sent right after the line
+/// is seen (a handler registered only when first awaited would miss it and the default action
+/// would kill the process without a clean shutdown).
+pub fn shutdown_signal() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
+        if let (Ok(mut interrupt), Ok(mut terminate)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            return Box::pin(async move {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+            });
         }
     }
-    #[cfg(not(unix))]
-    {
+    Box::pin(async {
         let _ = tokio::signal::ctrl_c().await;
-    }
+    })
 }
 
 fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {

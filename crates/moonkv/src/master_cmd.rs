@@ -96,12 +96,13 @@ pub async fn run(config: MasterConfig) -> anyhow::Result<()> {
     let handle = server::start(config)
         .await
         .context("master failed to start")?;
+    let stop = crate::shutdown_signal();
     crate::print_ready(&[
         ("rpc", handle.rpc_addr().to_string()),
         ("admin", handle.admin_addr().to_string()),
         ("kv_events", handle.events_endpoint().unwrap_or_default()),
     ]);
-    crate::wait_for_signal().await;
+    stop.await;
     tracing::info!("shutting down");
     handle.shutdown().await;
     Ok(())

@@ -112,6 +112,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::new)?;
     let capacity: u64 = node.segments().iter().map(|s| s.size).sum();
     let disk_capacity = node.disk().map_or(0, |d| d.capacity_bytes);
+    let stop = crate::shutdown_signal();
     crate::print_ready(&[
         ("data", node.endpoint().to_string()),
         ("master", args.master.clone()),
@@ -120,7 +121,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         ("capacity_bytes", capacity.to_string()),
         ("disk_capacity_bytes", disk_capacity.to_string()),
     ]);
-    crate::wait_for_signal().await;
+    stop.await;
     tracing::info!("shutting down: unmounting segments");
     node.shutdown().await;
     Ok(())

@@ -57,6 +57,7 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
         }
     };
     let events = master.events_endpoint().unwrap_or_default();
+    let stop = crate::shutdown_signal();
     crate::print_ready(&[
         ("rpc", master.rpc_addr().to_string()),
         ("admin", master.admin_addr().to_string()),
@@ -79,7 +80,7 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
         capacity = format_size(capacity),
         data = node.endpoint(),
     );
-    crate::wait_for_signal().await;
+    stop.await;
     tracing::info!("shutting down");
     node.shutdown().await;
     master.shutdown().await;
