@@ -27,6 +27,7 @@ fn descriptor(i: u64) -> ReplicaDescriptor {
         segment_name: format!("bench-segment-{:03}", i % 128),
         endpoint: "127.0.0.1:50052".into(),
         address: 0x7f00_0000_0000 + i * 4096,
+        grant: None,
     }
 }
 

@@ -20,6 +20,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
+/// Largest response accepted: batch answers may exceed the master's request limit.
+const MAX_RESPONSE_BYTES: u32 = 1 << 30;
+
 fn rpc_fail(message: impl Into<String>) -> Error {
     Error::new(ErrorCode::RPC_FAIL, message.into())
 }
@@ -115,7 +118,8 @@ pub struct Connection {
     inbox: Mutex<Inbox>,
     arrived: Condvar,
     next_id: AtomicU64,
-    max_frame: u32,
+    /// Largest response frame accepted.
+    read_limit: u32,
 }
 
 thread_local! {
@@ -184,7 +188,7 @@ impl Connection {
             }),
             arrived: Condvar::new(),
             next_id: AtomicU64::new(1),
-            max_frame: ack.max_frame_bytes,
+            read_limit: ack.max_frame_bytes.max(MAX_RESPONSE_BYTES),
         })
     }
 
@@ -218,7 +222,7 @@ impl Connection {
             }
             if let Some(mut reader) = inbox.reader.take() {
                 drop(inbox);
-                let read = reader.read_replies(self.max_frame);
+                let read = reader.read_replies(self.read_limit);
                 inbox = lock(&self.inbox);
                 inbox.reader = Some(reader);
                 match read {
@@ -249,7 +253,7 @@ fn hello_round(
         .write_all(&out)
         .map_err(|e| rpc_fail(format!("write to the master failed: {e}")))?;
     let (_, reply) = reader
-        .read_replies(frame::DEFAULT_MAX_FRAME_BYTES)?
+        .read_replies(MAX_RESPONSE_BYTES)?
         .into_iter()
         .next()
         .ok_or_else(|| rpc_fail("no answer to the hello"))?;

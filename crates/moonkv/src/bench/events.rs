@@ -2,9 +2,11 @@
 //! loopback), and what publishing costs the master (the same in-process put load with the
 //! real publisher hook as the engine's sink, against the no-op sink).
 
-use super::load::{LoadSettings, Shape, ShapeResult};
+use super::load::{LoadSettings, ShapeResult};
 use super::report::{grouped, micros};
-use moonkv_events::{run_loopback, Delivery, LoopbackOptions, LoopbackReport, Subscriber};
+use super::shape::Shape;
+use super::stream::{paced_loopback, PacedReport};
+use moonkv_events::{run_loopback, Delivery, LoopbackOptions, Subscriber};
 use moonkv_master::engine::{AvailabilitySink, Engine, EngineConfig, NoopSink, SystemClock};
 use moonkv_master::server::events::EventHook;
 use moonkv_master::server::KvEventsSettings;
@@ -19,12 +21,18 @@ pub struct EventsBenchArgs {
     /// Events pushed through publisher → subscriber in each loopback run.
     #[arg(long, default_value_t = 2_000_000)]
     events: u64,
+    /// Offered rates (events/s) of the paced loopback runs, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000000")]
+    rates: Vec<u64>,
     /// Object key length of the loopback events, in bytes.
     #[arg(long, default_value_t = 32)]
     key_len: usize,
     /// Measured time of each master-rate run (events off, on, on with a subscriber).
     #[arg(long, default_value = "5s", value_parser = super::parse_duration)]
     duration: Duration,
+    /// Rounds of the master-rate comparison; the median run of each sink is reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
     /// Load of the master-rate comparison (in-process engine; puts emit one event each).
     #[arg(long, default_value = "put:1x1")]
     shape: Shape,
@@ -47,14 +55,17 @@ enum Part {
     MasterRate,
 }
 
-/// One loopback run.
+/// One loopback run: the unpaced firehose or a paced stream.
 #[derive(Debug, Serialize)]
 struct LoopbackRow {
+    /// How the events were offered.
+    load: String,
+    /// Publisher queue bound (0 = unbounded).
     queue_capacity: usize,
-    report: LoopbackReport,
+    report: PacedReport,
 }
 
-/// One master-rate run.
+/// One master-rate run (or the median of several).
 #[derive(Debug, Serialize)]
 struct SinkRow {
     sink: &'static str,
@@ -73,18 +84,45 @@ pub fn run(args: EventsBenchArgs) -> anyhow::Result<()> {
         _ => vec![0, moonkv_events::DEFAULT_QUEUE_CAPACITY],
     };
     for queue_capacity in capacities {
-        tracing::info!(events = args.events, queue_capacity, "loopback run");
+        tracing::info!(
+            events = args.events,
+            queue_capacity,
+            "loopback firehose run"
+        );
         let opts = LoopbackOptions {
             events: args.events,
             key_len: args.key_len,
             queue_capacity,
             deadline: Duration::from_secs(120),
         };
-        let report = run_loopback(&opts)?;
+        let r = run_loopback(&opts)?;
+        let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let report = PacedReport {
+            offered_per_s: f64::INFINITY,
+            published: r.published,
+            received: r.received,
+            dropped: r.dropped,
+            missed_sequences: r.missed_sequences,
+            publish_per_s: rate(r.published, r.publish_seconds),
+            end_to_end_per_s: r.events_per_second,
+            completed: r.completed,
+        };
         loopback.push(LoopbackRow {
+            load: "firehose".into(),
             queue_capacity,
             report,
         });
+    }
+    if args.part != Part::MasterRate {
+        for &rate in &args.rates {
+            tracing::info!(events = args.events, rate, "loopback paced run");
+            let report = paced_loopback(args.events, rate, args.key_len)?;
+            loopback.push(LoopbackRow {
+                load: format!("paced {}/s", grouped(rate as f64)),
+                queue_capacity: moonkv_events::DEFAULT_QUEUE_CAPACITY,
+                report,
+            });
+        }
     }
 
     let settings = LoadSettings {
@@ -96,25 +134,16 @@ pub fn run(args: EventsBenchArgs) -> anyhow::Result<()> {
     };
     let mut sinks = Vec::new();
     if args.part != Part::Loopback {
-        sinks.push(run_sink(
-            "off (no-op sink)",
-            Hook::Off,
-            args.shape,
-            &settings,
-        )?);
-        sinks.push(run_sink(
-            "on, no subscriber",
-            Hook::On,
-            args.shape,
-            &settings,
-        )?);
-        let with_sub = Hook::OnWithSubscriber;
-        sinks.push(run_sink(
-            "on, subscriber draining",
-            with_sub,
-            args.shape,
-            &settings,
-        )?);
+        anyhow::ensure!(args.repeat > 0, "--repeat must be positive");
+        let kinds = [Hook::Off, Hook::On, Hook::OnWithSubscriber];
+        // Rounds interleave the three sinks so drift in the machine's load hits all of them.
+        let mut runs: Vec<Vec<SinkRow>> = kinds.iter().map(|_| Vec::new()).collect();
+        for _ in 0..args.repeat {
+            for (i, hook) in kinds.iter().enumerate() {
+                runs[i].push(run_sink(*hook, args.shape, &settings)?);
+            }
+        }
+        sinks.extend(runs.into_iter().filter_map(SinkRow::median));
     }
 
     if args.json {
@@ -131,11 +160,35 @@ pub fn run(args: EventsBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+impl SinkRow {
+    /// The median run by keys/s, with the spread of all runs in its load figures.
+    fn median(mut runs: Vec<SinkRow>) -> Option<SinkRow> {
+        runs.sort_by(|a, b| a.load.keys_per_s.total_cmp(&b.load.keys_per_s));
+        let (min, max) = (runs.first()?.load.keys_per_s, runs.last()?.load.keys_per_s);
+        let n = runs.len();
+        let mut median = runs.swap_remove(n / 2);
+        median.load.runs = n;
+        median.load.keys_per_s_min = min;
+        median.load.keys_per_s_max = max;
+        Some(median)
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Hook {
     Off,
     On,
     OnWithSubscriber,
+}
+
+impl Hook {
+    fn name(self) -> &'static str {
+        match self {
+            Hook::Off => "off (no-op sink)",
+            Hook::On => "on, no subscriber",
+            Hook::OnWithSubscriber => "on, subscriber draining",
+        }
+    }
 }
 
 fn hook_settings() -> KvEventsSettings {
@@ -148,12 +201,8 @@ fn hook_settings() -> KvEventsSettings {
 }
 
 /// Runs `shape` on a fresh engine whose sink is the no-op sink or a live publisher hook.
-fn run_sink(
-    name: &'static str,
-    hook: Hook,
-    shape: Shape,
-    settings: &LoadSettings,
-) -> anyhow::Result<SinkRow> {
+fn run_sink(hook: Hook, shape: Shape, settings: &LoadSettings) -> anyhow::Result<SinkRow> {
+    let name = hook.name();
     let publisher = match hook {
         Hook::Off => None,
         Hook::On | Hook::OnWithSubscriber => Some(Arc::new(EventHook::start(&hook_settings())?)),
@@ -272,27 +321,23 @@ fn print_loopback(rows: &[LoopbackRow], key_len: usize) {
     println!(
         "Event stream, publisher → Rust subscriber over loopback TCP ({key_len}-byte keys):\n"
     );
-    println!("| queue capacity | published | received | dropped | missed seq | publish calls/s | end-to-end events/s | completed |");
-    println!("|--:|--:|--:|--:|--:|--:|--:|---|");
+    println!("| load | queue capacity | published | received | dropped | missed seq | publish calls/s | end-to-end events/s | completed |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|---|");
     for row in rows {
         let r = &row.report;
         let capacity = match row.queue_capacity {
             0 => "unbounded".to_string(),
             n => grouped(n as f64),
         };
-        let publish_rate = if r.publish_seconds > 0.0 {
-            r.published as f64 / r.publish_seconds
-        } else {
-            0.0
-        };
         println!(
-            "| {capacity} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {capacity} | {} | {} | {} | {} | {} | {} | {} |",
+            row.load,
             grouped(r.published as f64),
             grouped(r.received as f64),
             grouped(r.dropped as f64),
             grouped(r.missed_sequences as f64),
-            grouped(publish_rate),
-            grouped(r.events_per_second),
+            grouped(r.publish_per_s),
+            grouped(r.end_to_end_per_s),
             if r.completed { "yes" } else { "**no**" },
         );
     }
@@ -301,11 +346,12 @@ fn print_loopback(rows: &[LoopbackRow], key_len: usize) {
 fn print_sinks(rows: &[SinkRow]) {
     let off = rows.first().map_or(0.0, |r| r.load.keys_per_s);
     println!(
-        "\nMaster rate with events off vs on (in-process engine, {}):\n",
+        "\nMaster rate with events off vs on (in-process engine, {}; the median run of each):\n",
         rows[0].load.shape
     );
-    println!("| events | keys/s | × off | mean µs | p99 µs | published | dropped | received |");
-    println!("|---|--:|--:|--:|--:|--:|--:|--:|");
+    let runs = rows.first().map_or(1, |r| r.load.runs);
+    println!("| events | keys/s | min–max of {runs} runs | × off | mean µs | p99 µs | published | dropped | received |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|");
     for r in rows {
         let ratio = if off > 0.0 {
             r.load.keys_per_s / off
@@ -313,9 +359,11 @@ fn print_sinks(rows: &[SinkRow]) {
             0.0
         };
         println!(
-            "| {} | {} | {ratio:.3}× | {} | {} | {} | {} | {} |",
+            "| {} | {} | {}–{} | {ratio:.3}× | {} | {} | {} | {} | {} |",
             r.sink,
             grouped(r.load.keys_per_s),
+            grouped(r.load.keys_per_s_min),
+            grouped(r.load.keys_per_s_max),
             micros(r.load.mean_us),
             micros(r.load.p99_us),
             grouped(r.published_events as f64),

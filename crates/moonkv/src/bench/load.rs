@@ -1,162 +1,18 @@
-//! The metadata load itself: shapes, the per-thread loop, and what a run measured.
+//! The metadata load itself: reused requests, the per-thread loop, and what a run measured.
 //!
-//! A shape is one operation run by `clients × threads` workers for a fixed time. Each worker
+//! A shape runs `clients × threads` workers for a fixed time (see [`Shape`]). Each worker
 //! issues one call at a time and times it; a "call" is one loop iteration: PutStart + PutEnd
 //! for `put`, BatchPutStart + BatchPutEnd for `batch-put`, one RPC for the two get forms
 //! (the same unit the upstream master_bench reports its latency in).
 
-use super::client::Connection;
 use super::histogram::Histogram;
-use moonkv_master::engine::Engine;
+use super::shape::{Shape, Workload};
+use super::target::MetaTarget;
 use moonkv_proto::msg::*;
-use moonkv_proto::{
-    ClientId, GetReplicaListResponse, ItemResult, PingResponse, ReplicaDescriptor, ReplicaType,
-    ReplicateConfig, Result, Segment, SegmentId,
-};
+use moonkv_proto::{ClientId, ReplicaType, ReplicateConfig, Result};
 use serde::Serialize;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-
-/// What a worker loops over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Workload {
-    /// PutStart + PutEnd of a new key.
-    Put,
-    /// GetReplicaList of a prefilled key.
-    Get,
-    /// BatchPutStart + BatchPutEnd of `batch` new keys.
-    BatchPut,
-    /// BatchGetReplicaList of `batch` prefilled keys.
-    BatchGet,
-}
-
-impl Workload {
-    fn name(self) -> &'static str {
-        match self {
-            Workload::Put => "put",
-            Workload::Get => "get",
-            Workload::BatchPut => "batch-put",
-            Workload::BatchGet => "batch-get",
-        }
-    }
-
-    fn is_batch(self) -> bool {
-        matches!(self, Workload::BatchPut | Workload::BatchGet)
-    }
-
-    fn reads_prefilled_keys(self) -> bool {
-        matches!(self, Workload::Get | Workload::BatchGet)
-    }
-
-    /// RPCs per call.
-    fn rpcs(self) -> u64 {
-        match self {
-            Workload::Put | Workload::BatchPut => 2,
-            Workload::Get | Workload::BatchGet => 1,
-        }
-    }
-}
-
-/// One benchmark shape, written `OP:CxT[:bB]` (e.g. `put:2x1`, `batch-get:2x1:b128`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shape {
-    /// Operation.
-    pub workload: Workload,
-    /// Connections (wire) or worker groups (in-process).
-    pub clients: usize,
-    /// Threads per client.
-    pub threads: usize,
-    /// Keys per call (1 for the single-key forms).
-    pub batch: usize,
-}
-
-impl Shape {
-    /// Total worker threads.
-    pub fn workers(&self) -> usize {
-        self.clients * self.threads
-    }
-
-    /// The eight shapes of the upstream comparison.
-    pub fn upstream_matrix() -> Vec<Shape> {
-        [
-            "put:1x1:b1",
-            "put:2x1:b1",
-            "get:1x1:b1",
-            "get:2x1:b1",
-            "batch-put:2x1:b8",
-            "batch-put:2x1:b128",
-            "batch-get:2x1:b8",
-            "batch-get:2x1:b128",
-        ]
-        .iter()
-        .map(|s| s.parse().expect("built-in shapes parse"))
-        .collect()
-    }
-}
-
-impl fmt::Display for Shape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}:{}x{}:b{}",
-            self.workload.name(),
-            self.clients,
-            self.threads,
-            self.batch
-        )
-    }
-}
-
-impl FromStr for Shape {
-    type Err = String;
-
-    fn from_str(text: &str) -> std::result::Result<Shape, String> {
-        let usage = || {
-            format!("bad shape `{text}`: expected OP:CxT[:bB], e.g. put:2x1 or batch-get:2x1:b128")
-        };
-        let mut parts = text.trim().split(':');
-        let workload = match parts.next() {
-            Some("put") => Workload::Put,
-            Some("get") => Workload::Get,
-            Some("batch-put") => Workload::BatchPut,
-            Some("batch-get") => Workload::BatchGet,
-            _ => return Err(usage()),
-        };
-        let (clients, threads) = parts
-            .next()
-            .and_then(|ct| ct.split_once('x'))
-            .and_then(|(c, t)| Some((c.parse::<usize>().ok()?, t.parse::<usize>().ok()?)))
-            .filter(|(c, t)| *c > 0 && *t > 0)
-            .ok_or_else(usage)?;
-        let batch = match parts.next() {
-            None => {
-                if workload.is_batch() {
-                    return Err(format!(
-                        "{}: batch shapes need a batch size, e.g. :b8",
-                        usage()
-                    ));
-                }
-                1
-            }
-            Some(b) => b
-                .strip_prefix('b')
-                .and_then(|n| n.parse::<usize>().ok())
-                .filter(|n| *n > 0)
-                .ok_or_else(usage)?,
-        };
-        if parts.next().is_some() || (!workload.is_batch() && batch != 1) {
-            return Err(usage());
-        }
-        Ok(Shape {
-            workload,
-            clients,
-            threads,
-            batch,
-        })
-    }
-}
 
 /// Fixed parameters of a load.
 #[derive(Clone, Debug)]
@@ -173,81 +29,6 @@ pub struct LoadSettings {
     pub prefill: u64,
 }
 
-/// The operations the load needs, over the wire or straight into the engine.
-pub trait MetaTarget: Send + Sync {
-    fn put_start(&self, r: &PutStartRequest) -> Result<Vec<ReplicaDescriptor>>;
-    fn put_end(&self, r: &EndRequest) -> Result<()>;
-    fn get_replica_list(&self, r: &KeyRequest) -> Result<GetReplicaListResponse>;
-    fn batch_put_start(
-        &self,
-        r: &BatchPutStartRequest,
-    ) -> Result<Vec<ItemResult<Vec<ReplicaDescriptor>>>>;
-    fn batch_put_end(&self, r: &BatchEndRequest) -> Result<Vec<ItemResult<()>>>;
-    fn batch_get_replica_list(
-        &self,
-        r: &KeysRequest,
-    ) -> Result<Vec<ItemResult<GetReplicaListResponse>>>;
-    fn batch_remove(&self, r: &BatchRemoveRequest) -> Result<Vec<ItemResult<()>>>;
-    fn mount_segment(&self, r: &MountSegmentRequest) -> Result<()>;
-    fn unmount_segment(&self, r: &UnmountSegmentRequest) -> Result<()>;
-    fn ping(&self, r: &PingRequest) -> Result<PingResponse>;
-}
-
-macro_rules! targets {
-    ($($method:ident($req:ty) -> $resp:ty = $op:ident;)*) => {
-        impl MetaTarget for Engine {
-            $(fn $method(&self, r: &$req) -> Result<$resp> {
-                Engine::$method(self, r)
-            })*
-        }
-
-        impl MetaTarget for Connection {
-            $(fn $method(&self, r: &$req) -> Result<$resp> {
-                self.call(Op::$op, r)
-            })*
-        }
-    };
-}
-
-targets! {
-    put_start(PutStartRequest) -> Vec<ReplicaDescriptor> = PutStart;
-    put_end(EndRequest) -> () = PutEnd;
-    get_replica_list(KeyRequest) -> GetReplicaListResponse = GetReplicaList;
-    batch_put_start(BatchPutStartRequest) -> Vec<ItemResult<Vec<ReplicaDescriptor>>> = BatchPutStart;
-    batch_put_end(BatchEndRequest) -> Vec<ItemResult<()>> = BatchPutEnd;
-    batch_get_replica_list(KeysRequest) -> Vec<ItemResult<GetReplicaListResponse>> = BatchGetReplicaList;
-    batch_remove(BatchRemoveRequest) -> Vec<ItemResult<()>> = BatchRemove;
-    mount_segment(MountSegmentRequest) -> () = MountSegment;
-    unmount_segment(UnmountSegmentRequest) -> () = UnmountSegment;
-    ping(PingRequest) -> PingResponse = Ping;
-}
-
-/// The fake segments of a run: distinct ids, names and address ranges, nothing behind them.
-pub fn fake_segments(nonce: u64, settings: &LoadSettings) -> Vec<Segment> {
-    (0..settings.segments)
-        .map(|i| Segment {
-            id: SegmentId::new(nonce, i),
-            name: format!("bench-{nonce:016x}-{i:04}"),
-            base: (i + 1) << 44,
-            size: settings.segment_size,
-            endpoint: "127.0.0.1:1".into(),
-            protocol: "tcp".into(),
-            host_id: "moonkv-bench".into(),
-        })
-        .collect()
-}
-
-/// Mounts `segments` for `owner`.
-pub fn mount_all(target: &dyn MetaTarget, owner: ClientId, segments: &[Segment]) -> Result<()> {
-    for segment in segments {
-        target.mount_segment(&MountSegmentRequest {
-            segment: segment.clone(),
-            client_id: owner,
-        })?;
-    }
-    Ok(())
-}
-
 /// Writes `prefix` followed by `n` as 12 zero-padded digits into `buf` (no allocation once
 /// `buf` has grown).
 pub fn set_key(buf: &mut String, prefix: &str, n: u64) {
@@ -259,7 +40,7 @@ pub fn set_key(buf: &mut String, prefix: &str, n: u64) {
     }
     buf.clear();
     buf.push_str(prefix);
-    buf.extend(digits.iter().map(|d| char::from(*d)));
+    buf.push_str(std::str::from_utf8(&digits).unwrap_or_default());
 }
 
 /// Reused request buffers of one worker, so the loop allocates only what the call itself does.
@@ -555,6 +336,26 @@ pub struct ShapeResult {
     pub errors: u64,
     /// Measured seconds (slowest worker).
     pub seconds: f64,
+    /// Runs of this shape; the figures above are from the median run by keys/s.
+    pub runs: usize,
+    /// Lowest keys/s over the runs.
+    pub keys_per_s_min: f64,
+    /// Highest keys/s over the runs.
+    pub keys_per_s_max: f64,
+}
+
+impl ShapeResult {
+    /// The median run of `runs` (by keys/s), carrying the spread of all of them.
+    pub fn median(mut runs: Vec<ShapeResult>) -> Option<ShapeResult> {
+        runs.sort_by(|a, b| a.keys_per_s.total_cmp(&b.keys_per_s));
+        let (min, max) = (runs.first()?.keys_per_s, runs.last()?.keys_per_s);
+        let n = runs.len();
+        let mut median = runs.swap_remove(n / 2);
+        median.runs = n;
+        median.keys_per_s_min = min;
+        median.keys_per_s_max = max;
+        Some(median)
+    }
 }
 
 /// Runs `shape` with one target per client (threads of a client share it) and, when
@@ -634,35 +435,15 @@ pub fn run_shape<T: MetaTarget>(
         keys,
         errors,
         seconds,
+        runs: 1,
+        keys_per_s_min: per_s(keys),
+        keys_per_s_max: per_s(keys),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shapes_parse_and_print() {
-        let s: Shape = "batch-get:2x1:b128".parse().unwrap();
-        assert_eq!(s.workload, Workload::BatchGet);
-        assert_eq!((s.clients, s.threads, s.batch), (2, 1, 128));
-        assert_eq!(s.to_string(), "batch-get:2x1:b128");
-        assert_eq!(
-            "put:1x1".parse::<Shape>().unwrap().to_string(),
-            "put:1x1:b1"
-        );
-        for bad in [
-            "put",
-            "put:0x1",
-            "put:1x1:b8",
-            "batch-put:2x1",
-            "get:1x1:b1:x",
-            "nope:1x1",
-        ] {
-            assert!(bad.parse::<Shape>().is_err(), "{bad}");
-        }
-        assert_eq!(Shape::upstream_matrix().len(), 8);
-    }
 
     #[test]
     fn keys_have_a_fixed_width() {

@@ -6,8 +6,10 @@
 //! shape (`--spawn`), or the engine called directly with no network (`--in-process`).
 
 use super::client::Connection;
-use super::load::{self, LoadSettings, MetaTarget, Shape, ShapeResult};
+use super::load::{self, LoadSettings, ShapeResult};
 use super::report;
+use super::shape::Shape;
+use super::target::{self, MetaTarget};
 use moonkv_master::engine::{Engine, EngineConfig, NoopSink, SystemClock};
 use moonkv_master::server::{self, MasterConfig};
 use moonkv_proto::msg::{PingRequest, UnmountSegmentRequest};
@@ -26,8 +28,8 @@ const PING_PERIOD: Duration = Duration::from_secs(1);
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["master", "spawn", "in_process"])))]
 pub struct MasterBenchArgs {
-    /// RPC address of a running master (HOST:PORT). Keys written are removed after each shape
-    /// and the fake segments are unmounted at the end.
+    /// RPC address of a running master (HOST:PORT). Keys written are removed and the fake
+    /// segments unmounted after each shape.
     #[arg(long, value_name = "ADDR")]
     master: Option<String>,
     /// Start a fresh master in this process for each shape (127.0.0.1, ephemeral port,
@@ -44,6 +46,10 @@ pub struct MasterBenchArgs {
     /// Measured time per shape (e.g. 10s, 500ms).
     #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
     duration: Duration,
+    /// Runs per shape (each on a fresh master or engine, or back to back on `--master`); the
+    /// median run by keys/s is reported with the spread of all runs.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Fake segments to mount.
     #[arg(long, default_value_t = 128)]
     segments: u64,
@@ -113,29 +119,30 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             "shape done"
         );
     };
-    if args.in_process {
-        for shape in &shapes {
-            let engine = Arc::new(new_engine());
-            let r = run_on_engine(&engine, *shape, &settings)?;
+    anyhow::ensure!(args.repeat > 0, "--repeat must be positive");
+    let rt = if args.spawn {
+        Some(crate::runtime(0)?)
+    } else {
+        None
+    };
+    let remote = args.master.as_deref().map(resolve).transpose()?;
+    for shape in &shapes {
+        let mut runs = Vec::with_capacity(args.repeat);
+        for _ in 0..args.repeat {
+            let r = if let Some(rt) = &rt {
+                let master = rt.block_on(server::start(MasterConfig::ephemeral()))?;
+                let outcome = run_on_wire(master.rpc_addr(), *shape, &settings, "spawn", false);
+                rt.block_on(master.shutdown());
+                outcome?
+            } else if let Some(addr) = remote {
+                run_on_wire(addr, *shape, &settings, "wire", true)?
+            } else {
+                run_on_engine(&Arc::new(new_engine()), *shape, &settings)?
+            };
             emit(&r);
-            results.push(r);
+            runs.push(r);
         }
-    } else if args.spawn {
-        let rt = crate::runtime(0)?;
-        for shape in &shapes {
-            let master = rt.block_on(server::start(MasterConfig::ephemeral()))?;
-            let outcome = run_on_wire(master.rpc_addr(), &[*shape], &settings, "spawn", false);
-            rt.block_on(master.shutdown());
-            let r = outcome?.remove(0);
-            emit(&r);
-            results.push(r);
-        }
-    } else if let Some(addr) = &args.master {
-        let addr = resolve(addr)?;
-        for r in run_on_wire(addr, &shapes, &settings, "wire", true)? {
-            emit(&r);
-            results.push(r);
-        }
+        results.extend(ShapeResult::median(runs));
     }
     if !args.json {
         print!(
@@ -174,7 +181,7 @@ pub fn run_on_engine(
 ) -> anyhow::Result<ShapeResult> {
     let nonce = super::nonce();
     let owner = ClientId::new(nonce, 1);
-    load::mount_all(&**engine, owner, &load::fake_segments(nonce, settings))?;
+    target::mount_all(&**engine, owner, &target::fake_segments(nonce, settings))?;
     let targets = vec![engine.clone(); shape.clients];
     tracing::info!(%shape, "running in-process");
     load::run_shape(
@@ -192,43 +199,26 @@ fn key_space(nonce: u64) -> String {
 }
 
 /// Mounts the fake segments through one connection, keeps their owner alive with pings and runs
-/// every shape. With `cleanup` (a shared master) the keys are removed after each shape and the
-/// segments unmounted at the end; a spawned master is simply dropped.
+/// one shape. With `cleanup` (a shared master) the keys are removed and the segments unmounted
+/// afterwards; a spawned master is simply dropped.
 fn run_on_wire(
     addr: SocketAddr,
-    shapes: &[Shape],
+    shape: Shape,
     settings: &LoadSettings,
     mode: &str,
     cleanup: bool,
-) -> anyhow::Result<Vec<ShapeResult>> {
+) -> anyhow::Result<ShapeResult> {
     let session = Session::open(addr, settings)?;
-    let mut results = Vec::with_capacity(shapes.len());
-    let mut outcome = Ok(());
-    for shape in shapes {
-        tracing::info!(%shape, %addr, "running over the wire");
-        let connected: anyhow::Result<Vec<Arc<Connection>>> = (0..shape.clients)
-            .map(|c| Connection::connect(addr, &format!("moonkv-bench-{c}")).map(Arc::new))
-            .collect();
-        let r = connected.and_then(|targets| {
-            load::run_shape(
-                &targets,
-                *shape,
-                settings,
-                &key_space(super::nonce()),
-                mode,
-                cleanup,
-            )
-        });
-        match r {
-            Ok(r) => results.push(r),
-            Err(e) => {
-                outcome = Err(e);
-                break;
-            }
-        }
-    }
+    tracing::info!(%shape, %addr, "running over the wire");
+    let connected: anyhow::Result<Vec<Arc<Connection>>> = (0..shape.clients)
+        .map(|c| Connection::connect(addr, &format!("moonkv-bench-{c}")).map(Arc::new))
+        .collect();
+    let result = connected.and_then(|targets| {
+        let key_space = key_space(super::nonce());
+        load::run_shape(&targets, shape, settings, &key_space, mode, cleanup)
+    });
     session.close(cleanup);
-    outcome.map(|()| results)
+    result
 }
 
 /// The benchmark's segment owner on a master: mounted segments plus a heartbeat thread.
@@ -245,9 +235,9 @@ impl Session {
         let control = Arc::new(Connection::connect(addr, "moonkv-bench-control")?);
         let nonce = super::nonce();
         let owner = ClientId::new(nonce, 1);
-        let segments = load::fake_segments(nonce, settings);
+        let segments = target::fake_segments(nonce, settings);
         let started = Instant::now();
-        load::mount_all(&*control, owner, &segments)
+        target::mount_all(&*control, owner, &segments)
             .map_err(|e| anyhow::anyhow!("mounting the fake segments failed: {e}"))?;
         tracing::info!(
             segments = segments.len(),

@@ -1,8 +1,9 @@
 //! `moonkv bench memory`: metadata bytes per resident object. Puts N objects into an
 //! in-process engine and reports the growth of the process's resident set per object.
 
-use super::load::{self, LoadSettings, Requests};
+use super::load::{LoadSettings, Requests};
 use super::report::grouped;
+use super::target;
 use moonkv_proto::ClientId;
 use serde::Serialize;
 use std::sync::Arc;
@@ -80,10 +81,10 @@ pub fn run(args: MemoryBenchArgs) -> anyhow::Result<()> {
     );
     let engine = Arc::new(super::master::new_engine());
     let nonce = super::nonce();
-    load::mount_all(
+    target::mount_all(
         &*engine,
         ClientId::new(nonce, 1),
-        &load::fake_segments(nonce, &settings),
+        &target::fake_segments(nonce, &settings),
     )?;
     let prefix = format!("mkb{:08x}-w000-", nonce as u32);
     let key_len = prefix.len() + 12;

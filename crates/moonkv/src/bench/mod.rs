@@ -2,17 +2,24 @@
 //!
 //! - [`master`]: metadata operations per second over the wire or in-process (`bench master`).
 //! - `memory`: metadata bytes per resident object (`bench memory`).
-//! - [`events`]: event stream rate and the master's rate with events on vs off (`bench events`).
-//! - `load`: shapes and the per-thread loop; `client`: the blocking protocol client;
+//! - [`events`]: event stream rate and the master's rate with events on vs off (`bench events`);
+//!   `stream` paces a publisher → subscriber run at a fixed offered rate.
+//! - `echo`: the loopback round-trip floor of the machine (`bench echo`).
+//! - `shape`: `OP:CxT:bB` shapes; `target`: the master over the wire or the engine in-process
+//!   behind one trait; `load`: the per-thread loop; `client`: the blocking protocol client;
 //!   `histogram`: latency percentiles; `report`: markdown tables.
 
 mod client;
+mod echo;
 pub mod events;
 mod histogram;
 mod load;
 pub mod master;
 mod memory;
 mod report;
+mod shape;
+mod stream;
+mod target;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -33,6 +40,8 @@ enum BenchCommand {
     Memory(memory::MemoryBenchArgs),
     /// Event stream rate end to end, and the master's rate with events on vs off.
     Events(events::EventsBenchArgs),
+    /// Loopback round-trip floor: the bench client against a server that does no work.
+    Echo(echo::EchoBenchArgs),
 }
 
 /// Runs the chosen benchmark; results go to stdout, progress to the log (stderr).
@@ -41,6 +50,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Master(a) => master::run(a),
         BenchCommand::Memory(a) => memory::run(a),
         BenchCommand::Events(a) => events::run(a),
+        BenchCommand::Echo(a) => echo::run(a),
     }
 }
 

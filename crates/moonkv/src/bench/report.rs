@@ -38,7 +38,7 @@ fn parse_baselines(text: &str) -> anyhow::Result<HashMap<String, Baseline>> {
                 .ok_or_else(|| anyhow::anyhow!("line {}: field {} is not a number", no + 1, i + 1))
         };
         let shape = fields[0]
-            .parse::<super::load::Shape>()
+            .parse::<super::shape::Shape>()
             .map_err(anyhow::Error::msg)?;
         out.insert(
             shape.to_string(),
@@ -87,25 +87,36 @@ pub fn shape_table(
     name: &str,
 ) -> String {
     let compare = !baselines.is_empty();
-    let mut t =
-        String::from("| shape | mode | keys/s | calls/s | mean µs | p50 µs | p99 µs | errors |");
+    let runs = results.iter().map(|r| r.runs).max().unwrap_or(1);
+    let mut t = String::from("| shape | mode | keys/s |");
+    if runs > 1 {
+        t.push_str(&format!(" min–max of {runs} runs |"));
+    }
+    t.push_str(" calls/s | mean µs | p50 µs | p99 µs | errors |");
     if compare {
         t.push_str(&format!(
             " {name} keys/s | {name} µs | × {name} | target | met |"
         ));
     }
     t.push('\n');
-    t.push_str("|---|---|--:|--:|--:|--:|--:|--:|");
+    t.push_str("|---|---|--:|");
+    if runs > 1 {
+        t.push_str("--:|");
+    }
+    t.push_str("--:|--:|--:|--:|--:|");
     if compare {
         t.push_str("--:|--:|--:|--:|---|");
     }
     t.push('\n');
     for r in results {
+        let keys = grouped(r.keys_per_s);
+        t.push_str(&format!("| {} | {} | {keys} |", r.shape, r.mode));
+        if runs > 1 {
+            let (lo, hi) = (grouped(r.keys_per_s_min), grouped(r.keys_per_s_max));
+            t.push_str(&format!(" {lo}–{hi} |"));
+        }
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.shape,
-            r.mode,
-            grouped(r.keys_per_s),
+            " {} | {} | {} | {} | {} |",
             grouped(r.calls_per_s),
             micros(r.mean_us),
             micros(r.p50_us),
@@ -179,8 +190,12 @@ mod tests {
             keys: 118_080,
             errors: 0,
             seconds: 10.0,
+            runs: 1,
+            keys_per_s_min: 11_808.0,
+            keys_per_s_max: 11_808.0,
         };
         let table = shape_table(&[r], &b, "upstream");
         assert!(table.contains("| 3.00× | ≥3× | yes |"), "{table}");
+        assert!(!table.contains("runs"), "{table}");
     }
 }
