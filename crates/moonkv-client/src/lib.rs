@@ -7,12 +7,14 @@
 //!   plane; runs standalone or embedded in a client process.
 //! - [`store`]: the API applications use — put/get/upsert/exists/remove and batch forms for one
 //!   tenant, with replica failover, read-lease revalidation and in-process copies.
+//! - [`tls`]: optional TLS for both (plain-or-TLS stream, client and server settings).
 //! - [`util`]: human sizes (`64MiB`) and id helpers shared with the CLI.
 
 pub mod data_plane;
 pub mod master_client;
 pub mod node;
 pub mod store;
+pub mod tls;
 pub mod util;
 
 #[cfg(test)]
@@ -22,3 +24,4 @@ pub use master_client::{MasterClient, MasterClientConfig};
 pub use moonkv_proto::{Error, ErrorCode, ReplicateConfig, Result};
 pub use node::{Node, NodeConfig, NodeHandle};
 pub use store::{ErrorExt, ObjectInfo, Store, StoreConfig};
+pub use tls::{TlsClientConfig, TlsServerConfig};

@@ -7,8 +7,9 @@
 //! - [`frame`]: the length-prefixed frame codec of the client ↔ master protocol (`docs/protocol.md`).
 //! - [`auth`]: shared-secret challenge-response proofs used by the handshakes.
 //! - [`grant`]: capability grants on replica ranges, issued by the master, checked by nodes.
+//! - [`tls`]: optional TLS settings; with the `tls` feature, PEM loading into rustls configs.
 //!
-//! This crate does no I/O; it only defines and encodes.
+//! This crate does no network I/O; it only defines and encodes (and reads secret and PEM files).
 
 pub mod auth;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod frame;
 pub mod grant;
 pub mod ids;
 pub mod msg;
+pub mod tls;
 pub mod types;
 
 pub use error::{Error, ErrorCode, Result};

@@ -36,7 +36,7 @@ enum Command {
     Client(client_cmd::ClientCommand),
     /// Follow the KV event stream: tail it or keep a placement index.
     Events(events_cmd::EventsArgs),
-    /// Measure moonkv: master metadata rate, event stream rate.
+    /// Measure moonkv: master metadata rate, data plane, event stream rate.
     Bench(bench::BenchArgs),
 }
 

@@ -38,6 +38,14 @@ pub struct NodeArgs {
     /// MOONKV_GRANT_SECRET or MOONKV_GRANT_SECRET_FILE).
     #[arg(long, value_name = "FILE")]
     pub grant_secret_file: Option<std::path::PathBuf>,
+    /// Certificate chain (PEM) for the data plane: with --tls-key-file, callers must use TLS
+    /// (they verify it against MOONKV_TLS_CA_FILE). The master connection uses TLS when
+    /// MOONKV_TLS_CA_FILE is set.
+    #[arg(long, value_name = "FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// Private key (PEM) of --tls-cert-file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub disk: DiskArgs,
 }
@@ -101,8 +109,29 @@ impl NodeArgs {
             ),
             None => Secret::grant_secret_from_env().map_err(anyhow::Error::msg)?,
         };
+        if let (Some(cert_file), Some(key_file)) = (&self.tls_cert_file, &self.tls_key_file) {
+            let tls = moonkv_client::TlsServerConfig {
+                cert_file: cert_file.clone(),
+                key_file: key_file.clone(),
+                client_ca_file: None,
+            };
+            tls.check()
+                .map_err(|e| anyhow::anyhow!("--tls-cert-file/--tls-key-file: {e}"))?;
+            config.tls = Some(tls);
+        }
+        check_client_tls(config.master_tls.as_ref())?;
         Ok(config)
     }
+}
+
+/// Loads the TLS client files from the environment once, so a bad one stops the process at
+/// start naming the file.
+pub fn check_client_tls(tls: Option<&moonkv_client::TlsClientConfig>) -> anyhow::Result<()> {
+    if let Some(tls) = tls {
+        tls.check()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", moonkv_proto::tls::CA_FILE_ENV))?;
+    }
+    Ok(())
 }
 
 /// Starts the node, prints the ready line, serves until SIGINT/SIGTERM, then unmounts.

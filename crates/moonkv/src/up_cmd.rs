@@ -41,6 +41,18 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     // requires it, with grants, of data-plane callers.
     let secret = config.auth_secret.clone();
     let grant_secret = config.grant_secret.clone();
+    // TLS on the master applies to the node's data plane too; the node verifies the master
+    // against MOONKV_TLS_CA_FILE like any client.
+    let tls = config.tls();
+    let master_tls = moonkv_client::TlsClientConfig::from_env();
+    if tls.is_some() && master_tls.is_none() {
+        anyhow::bail!(
+            "--tls-cert-file needs {} (the CA that signed the certificate): the embedded node \
+             and the clients verify the master with it",
+            moonkv_proto::tls::CA_FILE_ENV
+        );
+    }
+    crate::node_cmd::check_client_tls(master_tls.as_ref())?;
     let master = server::start(config).await?;
     let mut node_config = NodeConfig::new(master.rpc_addr().to_string(), args.segment_size);
     node_config.segment_count = args.segment_count;
@@ -49,6 +61,8 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     node_config.disk = args.disk.to_config();
     node_config.auth_secret = secret;
     node_config.grant_secret = grant_secret;
+    node_config.tls = tls;
+    node_config.master_tls = master_tls;
     let node = match Node::start(node_config).await {
         Ok(node) => node,
         Err(e) => {

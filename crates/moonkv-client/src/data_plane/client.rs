@@ -7,6 +7,7 @@ use super::handshake::{self, Answer, Mode, ANSWER_LEN};
 use super::header::{
     DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN, RESPONSE_LEN,
 };
+use crate::tls::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::auth::{Secret, NONCE_LEN, SECRET_ENV, SECRET_FILE_ENV};
 use moonkv_proto::grant::GRANT_LEN;
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
@@ -14,11 +15,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// One data-plane connection to a node.
 pub struct DataConnection {
-    stream: TcpStream,
+    stream: Stream,
     endpoint: String,
     next_request_id: u64,
     /// False once the stream may be out of step (I/O error); such a connection is not pooled.
@@ -34,13 +34,27 @@ impl DataConnection {
         timeout: Duration,
         secret: Option<&Secret>,
     ) -> Result<DataConnection> {
+        Self::connect_with_tls(endpoint, timeout, secret, None).await
+    }
+
+    /// Like [`DataConnection::connect`], over TLS when `tls` is given; the handshake with the
+    /// secret then runs inside TLS.
+    pub async fn connect_with_tls(
+        endpoint: &str,
+        timeout: Duration,
+        secret: Option<&Secret>,
+        tls: Option<&TlsConnector>,
+    ) -> Result<DataConnection> {
         let opened = async {
-            let mut stream = TcpStream::connect(endpoint)
-                .await
-                .map_err(|e| transfer_fail(endpoint, &format!("connect failed: {e}")))?;
-            stream
-                .set_nodelay(true)
-                .map_err(|e| transfer_fail(endpoint, &e.to_string()))?;
+            let mut stream =
+                crate::tls::connect(endpoint, tls, "node")
+                    .await
+                    .map_err(|e| match e {
+                        ConnectFailure::Tcp(e) => {
+                            transfer_fail(endpoint, &format!("connect failed: {e}"))
+                        }
+                        ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why),
+                    })?;
             if let Some(secret) = secret {
                 authenticate(&mut stream, endpoint, secret).await?;
             }
@@ -240,7 +254,9 @@ impl DataConnection {
     }
 
     fn io_fail(&self, what: &str, e: std::io::Error) -> Error {
-        transfer_fail(&self.endpoint, &format!("{what}: {e}"))
+        let why = crate::tls::explain(&e, "node", &self.endpoint);
+        let hint = plaintext_hint(matches!(self.stream, Stream::Plain(_)), &e);
+        transfer_fail(&self.endpoint, &format!("{what}: {why}{hint}"))
     }
 
     fn refused(
@@ -313,9 +329,14 @@ impl std::ops::Deref for HeadBytes {
 
 /// The caller's side of the handshake: hello, answer (checking the node's proof), then the
 /// caller's proof when asked, sent without waiting.
-async fn authenticate(stream: &mut TcpStream, endpoint: &str, secret: &Secret) -> Result<()> {
+async fn authenticate(stream: &mut Stream, endpoint: &str, secret: &Secret) -> Result<()> {
     let client_nonce: [u8; NONCE_LEN] = rand::random();
-    let io = |e: std::io::Error| transfer_fail(endpoint, &format!("handshake: {e}"));
+    let plain = matches!(stream, Stream::Plain(_));
+    let io = |e: std::io::Error| {
+        let why = crate::tls::explain(&e, "node", endpoint);
+        let hint = plaintext_hint(plain, &e);
+        transfer_fail(endpoint, &format!("handshake: {why}{hint}"))
+    };
     stream
         .write_all(&handshake::hello(&client_nonce))
         .await
@@ -340,6 +361,19 @@ async fn authenticate(stream: &mut TcpStream, endpoint: &str, secret: &Secret) -
     stream.write_all(&proof).await.map_err(io)
 }
 
+/// A node that requires TLS closes a plaintext connection at once; say so when that may be it.
+fn plaintext_hint(plain: bool, e: &std::io::Error) -> String {
+    use std::io::ErrorKind::{ConnectionReset, UnexpectedEof};
+    if plain && matches!(e.kind(), UnexpectedEof | ConnectionReset) {
+        format!(
+            " (if the node serves TLS, set {})",
+            moonkv_proto::tls::CA_FILE_ENV
+        )
+    } else {
+        String::new()
+    }
+}
+
 fn transfer_fail(endpoint: &str, why: &str) -> Error {
     Error::new(
         ErrorCode::TRANSFER_FAIL,
@@ -353,6 +387,7 @@ pub struct ConnectionPool {
     max_idle_per_endpoint: usize,
     connect_timeout: Duration,
     secret: Option<Secret>,
+    tls: Option<TlsConnector>,
 }
 
 impl ConnectionPool {
@@ -368,7 +403,14 @@ impl ConnectionPool {
             max_idle_per_endpoint,
             connect_timeout,
             secret,
+            tls: None,
         }
+    }
+
+    /// New connections use TLS with these settings.
+    pub fn with_tls(mut self, tls: Option<TlsConnector>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// An idle connection to `endpoint` (`true`: reused from the pool), or a new one.
@@ -382,7 +424,13 @@ impl ConnectionPool {
 
     /// A new connection to `endpoint`, bypassing the idle list.
     pub async fn fresh(&self, endpoint: &str) -> Result<DataConnection> {
-        DataConnection::connect(endpoint, self.connect_timeout, self.secret.as_ref()).await
+        DataConnection::connect_with_tls(
+            endpoint,
+            self.connect_timeout,
+            self.secret.as_ref(),
+            self.tls.as_ref(),
+        )
+        .await
     }
 
     /// Returns a connection for reuse if it is still in step.

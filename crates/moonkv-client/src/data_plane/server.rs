@@ -7,6 +7,7 @@ use super::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use super::header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN};
 use crate::node::disk::{format::MAX_TENANT_LEN, DiskFault, DiskStore};
 use crate::node::segment::SegmentMemory;
+use crate::tls::{Stream, TlsAcceptor};
 use moonkv_proto::auth::{Secret, NONCE_LEN};
 use moonkv_proto::grant::{self, Grant, Refusal, GRANT_LEN};
 use moonkv_proto::SegmentId;
@@ -36,6 +37,8 @@ pub(crate) struct Access {
     pub secret: Option<Secret>,
     /// Requests must carry a grant signed with this key.
     pub grant_key: Option<Secret>,
+    /// Set: connections must open with a TLS handshake.
+    pub tls: Option<TlsAcceptor>,
 }
 
 /// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
@@ -123,7 +126,7 @@ async fn accept_loop(
                 Ok((stream, peer)) => {
                     let served = served.clone();
                     connections.spawn(async move {
-                        if let Err(e) = serve_connection(stream, served).await {
+                        if let Err(e) = open_and_serve(stream, served).await {
                             tracing::debug!(%peer, error = %e, "data-plane connection ended");
                         }
                     });
@@ -138,9 +141,34 @@ async fn accept_loop(
     }
 }
 
-/// Serves one connection until the peer closes it or sends something unrecoverable.
-pub(crate) async fn serve_connection(mut stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
+/// How long a new connection may take to finish its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Performs the TLS handshake when the node requires it, then serves the connection.
+async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
     stream.set_nodelay(true)?;
+    let stream = match &served.access.tls {
+        None => Stream::Plain(stream),
+        Some(tls) => {
+            let mut first = [0u8; 1];
+            let peeked = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await;
+            if !matches!(peeked, Ok(Ok(1))) || !moonkv_proto::tls::looks_like_tls(first[0]) {
+                // A plaintext caller: close without a TLS alert it could not read anyway.
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "plaintext caller on the TLS data plane",
+                ));
+            }
+            tls.accept(stream, TLS_HANDSHAKE_TIMEOUT)
+                .await
+                .inspect_err(|e| tracing::warn!(error = %e, "data-plane TLS handshake failed"))?
+        }
+    };
+    serve_connection(stream, served).await
+}
+
+/// Serves one connection until the peer closes it or sends something unrecoverable.
+pub(crate) async fn serve_connection(mut stream: Stream, served: Arc<Served>) -> io::Result<()> {
     let mut raw = [0u8; REQUEST_LEN];
     if !read_header(&mut stream, &mut raw[..HELLO_MAGIC.len()], 0).await? {
         return Ok(());
@@ -220,11 +248,7 @@ pub(crate) async fn serve_connection(mut stream: TcpStream, served: Arc<Served>)
 
 /// Fills `raw` from byte `filled` on; `Ok(false)` on a clean end of stream before the first
 /// byte.
-async fn read_header(
-    stream: &mut TcpStream,
-    raw: &mut [u8],
-    mut filled: usize,
-) -> io::Result<bool> {
+async fn read_header(stream: &mut Stream, raw: &mut [u8], mut filled: usize) -> io::Result<bool> {
     while filled < raw.len() {
         let n = stream.read(&mut raw[filled..]).await?;
         if n == 0 {
@@ -244,7 +268,7 @@ async fn read_header(
 /// Answers a hello (its magic already read): open without a secret; with one, sends the
 /// challenge and the node's proof, then checks the caller's proof. A failed handshake is
 /// answered `UNAUTHENTICATED` and ends the connection (`Err`).
-async fn greet(stream: &mut TcpStream, secret: Option<&Secret>) -> io::Result<()> {
+async fn greet(stream: &mut Stream, secret: Option<&Secret>) -> io::Result<()> {
     let mut hello = [0u8; HELLO_LEN];
     hello[..HELLO_MAGIC.len()].copy_from_slice(&HELLO_MAGIC);
     stream.read_exact(&mut hello[HELLO_MAGIC.len()..]).await?;
@@ -277,7 +301,7 @@ async fn greet(stream: &mut TcpStream, secret: Option<&Secret>) -> io::Result<()
 
 /// Answers `UNAUTHENTICATED` and ends the connection. What the caller already sent is read
 /// (bounded) first, so the answer is not lost to a connection reset.
-async fn refuse_connection(stream: &mut TcpStream, request_id: u64, why: &str) -> io::Result<()> {
+async fn refuse_connection(stream: &mut Stream, request_id: u64, why: &str) -> io::Result<()> {
     respond(stream, DataStatus::Unauthenticated, request_id).await?;
     let _ = stream.shutdown().await;
     let drain = async {
@@ -329,7 +353,7 @@ fn check_grant(secret: &Secret, h: &RequestHeader, token: &[u8]) -> Result<Optio
 }
 
 /// Refuses a request with `status`, consuming a write's payload (see [`refuse_write`]).
-async fn refuse(stream: &mut TcpStream, h: &RequestHeader, status: DataStatus) -> io::Result<()> {
+async fn refuse(stream: &mut Stream, h: &RequestHeader, status: DataStatus) -> io::Result<()> {
     if h.op == DataOp::Write as u8 || h.op == DataOp::FileWrite as u8 {
         refuse_write(stream, h, status).await
     } else {
@@ -337,7 +361,7 @@ async fn refuse(stream: &mut TcpStream, h: &RequestHeader, status: DataStatus) -
     }
 }
 
-async fn respond(stream: &mut TcpStream, status: DataStatus, request_id: u64) -> io::Result<()> {
+async fn respond(stream: &mut Stream, status: DataStatus, request_id: u64) -> io::Result<()> {
     stream
         .write_all(
             &ResponseHeader {
@@ -351,7 +375,7 @@ async fn respond(stream: &mut TcpStream, status: DataStatus, request_id: u64) ->
 }
 
 async fn serve_read(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     h: &RequestHeader,
     segment: Option<Arc<SegmentMemory>>,
 ) -> io::Result<()> {
@@ -381,7 +405,7 @@ async fn serve_read(
 }
 
 async fn serve_write(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     h: &RequestHeader,
     segment: Option<Arc<SegmentMemory>>,
 ) -> io::Result<()> {
@@ -408,7 +432,7 @@ async fn serve_write(
 /// Answers a refused write, keeping the stream in step by discarding its payload when that is
 /// cheap enough; otherwise answers and closes.
 async fn refuse_write(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     h: &RequestHeader,
     status: DataStatus,
 ) -> io::Result<()> {
@@ -442,7 +466,7 @@ fn fault_status(fault: DiskFault) -> DataStatus {
 
 /// Sends a verified disk file, or refuses with nothing sent.
 async fn serve_file_read(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     h: &RequestHeader,
     disk: Option<&Arc<DiskStore>>,
 ) -> io::Result<()> {
@@ -466,7 +490,7 @@ async fn serve_file_read(
 /// Writes a disk file from the payload; acknowledged once the file is synced under its name.
 /// With a grant, `granted_size` is the object size it allows.
 async fn serve_file_write(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     h: &RequestHeader,
     disk: Option<&Arc<DiskStore>>,
     granted_size: Option<u64>,

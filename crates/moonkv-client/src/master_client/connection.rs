@@ -1,6 +1,7 @@
-//! One multiplexed TCP connection to the master: a writer task, a reader task and the map of
-//! requests waiting for their response.
+//! One multiplexed TCP (optionally TLS) connection to the master: a writer task, a reader task
+//! and the map of requests waiting for their response.
 
+use crate::tls::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::frame::{self, FrameKind};
 use moonkv_proto::msg::{Hello, HelloAck, HelloAuth};
 use moonkv_proto::{Error, ErrorCode, Result, PROTOCOL_MAGIC, PROTOCOL_VERSION};
@@ -8,9 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 /// A response as it came off the wire: status code and MessagePack body.
@@ -38,6 +37,7 @@ impl Connection {
         client_name: &str,
         connect_timeout: Duration,
         secret: Option<&moonkv_proto::auth::Secret>,
+        tls: Option<&TlsConnector>,
     ) -> Result<Connection> {
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             Error::new(
@@ -45,19 +45,21 @@ impl Connection {
                 format!("cannot reach the master at {addr}: {what}: {e}"),
             )
         };
-        let stream = tokio::time::timeout(connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorCode::RPC_TIMEOUT,
-                    format!("connecting to the master at {addr} timed out"),
-                )
-            })?
-            .map_err(|e| fail("connect", &e))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| fail("set TCP_NODELAY", &e))?;
-        let (mut reader, mut writer) = stream.into_split();
+        let stream =
+            tokio::time::timeout(connect_timeout, crate::tls::connect(addr, tls, "master"))
+                .await
+                .map_err(|_| {
+                    Error::new(
+                        ErrorCode::RPC_TIMEOUT,
+                        format!("connecting to the master at {addr} timed out"),
+                    )
+                })?
+                .map_err(|e| match e {
+                    ConnectFailure::Tcp(e) => fail("connect", &e),
+                    // A TLS mismatch does not get better by retrying.
+                    ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why),
+                })?;
+        let (mut reader, mut writer) = split(stream);
 
         let mut buf = Vec::with_capacity(4096);
         let hello = Hello {
@@ -126,6 +128,7 @@ impl Connection {
         let writer_task = tokio::spawn(write_loop(writer, queue, alive.clone()));
         let reader_task = tokio::spawn(read_loop(
             reader,
+            addr.to_string(),
             buf,
             read_limit,
             pending.clone(),
@@ -202,8 +205,8 @@ fn fail_all(pending: &Mutex<HashMap<u64, Waiter>>, why: &str) {
 
 /// Sends one hello and waits for its answer.
 async fn hello_round(
-    reader: &mut OwnedReadHalf,
-    writer: &mut OwnedWriteHalf,
+    reader: &mut Reader,
+    writer: &mut Writer,
     buf: &mut Vec<u8>,
     hello: &Hello,
     addr: &str,
@@ -217,7 +220,7 @@ async fn hello_round(
             format!("cannot send the hello to {addr}: {e}"),
         )
     })?;
-    tokio::time::timeout(connect_timeout, read_hello_ack(reader, buf))
+    tokio::time::timeout(connect_timeout, read_hello_ack(reader, buf, addr))
         .await
         .map_err(|_| {
             Error::new(
@@ -230,7 +233,7 @@ async fn hello_round(
 /// Largest response frame accepted from the master.
 const MAX_RESPONSE_BYTES: u32 = 1 << 30;
 
-async fn read_hello_ack(reader: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result<HelloAck> {
+async fn read_hello_ack(reader: &mut Reader, buf: &mut Vec<u8>, addr: &str) -> Result<HelloAck> {
     loop {
         match frame::decode(buf, frame::DEFAULT_MAX_FRAME_BYTES) {
             Ok(Some((f, used))) => {
@@ -252,7 +255,7 @@ async fn read_hello_ack(reader: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result
                 ))
             }
         }
-        let n = read_more(reader, buf).await?;
+        let n = read_more(reader, buf, addr).await?;
         if n == 0 {
             return Err(Error::new(
                 ErrorCode::RPC_FAIL,
@@ -262,18 +265,40 @@ async fn read_hello_ack(reader: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result
     }
 }
 
-async fn read_more(reader: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result<usize> {
+async fn read_more(reader: &mut Reader, buf: &mut Vec<u8>, addr: &str) -> Result<usize> {
     buf.reserve(64 * 1024);
     reader.read_buf(buf).await.map_err(|e| {
+        // A master that refuses this client's certificate says so on the first read.
+        let why = crate::tls::explain(&e, "master", addr);
         Error::new(
             ErrorCode::RPC_FAIL,
-            format!("reading from the master failed: {e}"),
+            format!("reading from the master failed: {why}"),
         )
     })
 }
 
+/// Reading half of a master connection.
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+/// Writing half of a master connection.
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Halves that tasks can own; plain TCP splits without a lock.
+fn split(stream: Stream) -> (Reader, Writer) {
+    match stream {
+        Stream::Plain(tcp) => {
+            let (reader, writer) = tcp.into_split();
+            (Box::new(reader), Box::new(writer))
+        }
+        #[allow(unreachable_patterns)]
+        tls => {
+            let (reader, writer) = tokio::io::split(tls);
+            (Box::new(reader), Box::new(writer))
+        }
+    }
+}
+
 async fn write_loop(
-    mut writer: OwnedWriteHalf,
+    mut writer: Writer,
     mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
     alive: Arc<AtomicBool>,
 ) {
@@ -298,7 +323,8 @@ async fn write_loop(
 }
 
 async fn read_loop(
-    mut reader: OwnedReadHalf,
+    mut reader: Reader,
+    addr: String,
     mut buf: Vec<u8>,
     max_frame: u32,
     pending: Arc<Mutex<HashMap<u64, Waiter>>>,
@@ -336,7 +362,7 @@ async fn read_loop(
         if !alive.load(Ordering::Acquire) {
             break "the connection was closed".to_string();
         }
-        match read_more(&mut reader, &mut buf).await {
+        match read_more(&mut reader, &mut buf, &addr).await {
             Ok(0) => break "the master closed the connection".to_string(),
             Ok(_) => {}
             Err(e) => break e.message.into_owned(),

@@ -41,6 +41,9 @@ pub struct MasterClientConfig {
     pub ping_interval: Duration,
     /// Shared secret to prove when the master asks (`MOONKV_AUTH_SECRET[_FILE]` by default).
     pub auth_secret: Option<moonkv_proto::auth::Secret>,
+    /// Connect with TLS, verifying the master against this CA (`MOONKV_TLS_CA_FILE` by
+    /// default); `None` = plain TCP.
+    pub tls: Option<crate::tls::TlsClientConfig>,
 }
 
 impl MasterClientConfig {
@@ -55,6 +58,7 @@ impl MasterClientConfig {
             connect_attempts: 3,
             ping_interval: Duration::from_secs(1),
             auth_secret: crate::util::secret_from_env(),
+            tls: crate::tls::TlsClientConfig::from_env(),
         }
     }
 }
@@ -67,6 +71,8 @@ pub struct MasterClient {
 
 struct Inner {
     config: MasterClientConfig,
+    /// `config.tls`, loaded (or why it could not be).
+    tls: std::result::Result<Option<crate::tls::TlsConnector>, String>,
     conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
     next_request_id: AtomicU64,
     segments: Mutex<Vec<Segment>>,
@@ -97,6 +103,7 @@ impl MasterClient {
     pub fn lazy(config: MasterClientConfig) -> MasterClient {
         MasterClient {
             inner: Arc::new(Inner {
+                tls: crate::tls::TlsConnector::load_optional(config.tls.as_ref()),
                 config,
                 conn: tokio::sync::Mutex::new(None),
                 next_request_id: AtomicU64::new(1),
@@ -123,6 +130,12 @@ impl MasterClient {
             return Ok(conn.clone());
         }
         let config = &self.inner.config;
+        let tls = self.inner.tls.as_ref().map_err(|why| {
+            Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!("TLS settings for the master: {why}"),
+            )
+        })?;
         let mut backoff = Duration::from_millis(50);
         let mut last_error = None;
         for attempt in 0..config.connect_attempts.max(1) {
@@ -135,6 +148,7 @@ impl MasterClient {
                 &config.client_name,
                 config.connect_timeout,
                 config.auth_secret.as_ref(),
+                tls.as_ref(),
             )
             .await
             {

@@ -63,6 +63,10 @@ pub struct NodeConfig {
     /// Secret the master signs grants with when it is not `auth_secret`
     /// (`MOONKV_GRANT_SECRET[_FILE]` by default).
     pub grant_secret: Option<moonkv_proto::auth::Secret>,
+    /// Serve the data plane over TLS only, with this certificate; `None` = plain TCP.
+    pub tls: Option<crate::tls::TlsServerConfig>,
+    /// Connect to the master over TLS (`MOONKV_TLS_CA_FILE` by default).
+    pub master_tls: Option<crate::tls::TlsClientConfig>,
 }
 
 impl NodeConfig {
@@ -83,6 +87,8 @@ impl NodeConfig {
             disk_poll_interval: Duration::from_millis(100),
             auth_secret: crate::util::secret_from_env(),
             grant_secret: crate::util::grant_secret_from_env(),
+            tls: None,
+            master_tls: crate::tls::TlsClientConfig::from_env(),
         }
     }
 }
@@ -95,6 +101,12 @@ impl Node {
     /// On any failure the segments mounted so far are unmounted again.
     pub async fn start(config: NodeConfig) -> Result<NodeHandle> {
         let names = segment_names_or_count(&config)?;
+        let tls = match &config.tls {
+            Some(tls) => Some(crate::tls::TlsAcceptor::load(tls).map_err(|e| {
+                Error::new(ErrorCode::INVALID_PARAMS, format!("data-plane TLS: {e}"))
+            })?),
+            None => None,
+        };
         let opened = match &config.disk {
             Some(d) => {
                 let (store, files) = DiskStore::open(&d.dir, d.capacity)?;
@@ -129,6 +141,7 @@ impl Node {
                     .grant_secret
                     .clone()
                     .or_else(|| config.auth_secret.clone()),
+                tls,
             },
         )
         .map_err(|e| {
@@ -161,6 +174,7 @@ impl Node {
         master_config.rpc_timeout = config.rpc_timeout;
         master_config.ping_interval = config.ping_interval;
         master_config.auth_secret = config.auth_secret.clone();
+        master_config.tls = config.master_tls.clone();
         let master = match MasterClient::connect(master_config).await {
             Ok(m) => m,
             Err(e) => {

@@ -38,6 +38,7 @@ async fn secured(node_secret: Option<Secret>) -> Secured {
     let access = crate::data_plane::server::Access {
         grant_key: node_secret.clone(),
         secret: node_secret,
+        tls: None,
     };
     let server = DataServer::spawn_with_disk(listener, table, Some(disk.clone()), access).unwrap();
     Secured {

@@ -50,6 +50,9 @@ pub struct StoreConfig {
     /// Shared secret proven to the master and to nodes when they ask
     /// (`MOONKV_AUTH_SECRET[_FILE]` by default).
     pub auth_secret: Option<moonkv_proto::auth::Secret>,
+    /// Connect to the master and to nodes over TLS, verifying them against this CA
+    /// (`MOONKV_TLS_CA_FILE` by default); `None` = plain TCP.
+    pub tls: Option<crate::tls::TlsClientConfig>,
 }
 
 impl StoreConfig {
@@ -67,6 +70,7 @@ impl StoreConfig {
             client_id: None,
             progress: None,
             auth_secret: crate::util::secret_from_env(),
+            tls: crate::tls::TlsClientConfig::from_env(),
         }
     }
 }
@@ -120,6 +124,9 @@ impl Store {
         master_config.rpc_timeout = config.rpc_timeout;
         master_config.connect_timeout = config.connect_timeout;
         master_config.auth_secret = config.auth_secret.clone();
+        master_config.tls = config.tls.clone();
+        let tls = crate::tls::TlsConnector::load_optional(config.tls.as_ref())
+            .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, format!("TLS settings: {e}")))?;
         let master = MasterClient::connect(master_config).await?;
         let transfer = Transfer::new(
             config.chunk_size,
@@ -129,7 +136,8 @@ impl Store {
             config.local_copy,
             config.progress.clone(),
             config.auth_secret.clone(),
-        );
+        )
+        .with_tls(tls);
         Ok(Store {
             master,
             transfer: Arc::new(transfer),

@@ -56,6 +56,12 @@ impl Transfer {
         }
     }
 
+    /// New data-plane connections use TLS with these settings.
+    pub fn with_tls(mut self, tls: Option<crate::tls::TlsConnector>) -> Self {
+        self.pool = self.pool.with_tls(tls);
+        self
+    }
+
     fn advance(&self, bytes: usize) {
         if let Some(progress) = &self.progress {
             progress.fetch_add(bytes as u64, Ordering::Relaxed);

@@ -4,9 +4,10 @@
 //! so a bad value gets the same message naming the key wherever it came from.
 
 use crate::engine::{AllocationStrategy, EngineConfig};
+use moonkv_proto::tls::TlsServerConfig;
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A config key the master accepts: its upstream name and a one-line description.
 pub struct ConfigKey {
@@ -28,6 +29,9 @@ keys! {
     "rpc_port" => "RPC port (default 50051; 0 picks a free port)",
     "metrics_host" => "address the admin HTTP server binds (default 127.0.0.1)",
     "metrics_port" => "admin HTTP port: /metrics, /health, ... (default 9003; 0 picks a free port)",
+    "tls_cert_file" => "certificate chain (PEM) the RPC port presents; with tls_key_file the port only accepts TLS (default: plaintext)",
+    "tls_key_file" => "private key (PEM) of tls_cert_file",
+    "tls_client_ca_file" => "CA (PEM) client certificates must chain to; set = clients must present one (mutual TLS)",
     "rpc_thread_num" => "RPC worker threads (0 = one per core)",
     "max_frame_bytes" => "largest accepted protocol frame in bytes (default 16 MiB)",
     "auth_secret_file" => "file holding the shared secret clients must prove (also MOONKV_AUTH_SECRET[_FILE]); unset = no authentication",
@@ -141,6 +145,12 @@ pub struct MasterConfig {
     /// Secret that signs data-plane grants, known to the master and the nodes but not to
     /// clients; `None` = grants are signed with `auth_secret`.
     pub grant_secret: Option<moonkv_proto::auth::Secret>,
+    /// `tls_cert_file`: with `tls_key_file`, the RPC port only accepts TLS.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `tls_key_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// `tls_client_ca_file`: clients must present a certificate this CA signed.
+    pub tls_client_ca_file: Option<PathBuf>,
 }
 
 impl Default for MasterConfig {
@@ -155,6 +165,9 @@ impl Default for MasterConfig {
             kv_events: KvEventsSettings::default(),
             auth_secret: None,
             grant_secret: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
         }
     }
 }
@@ -245,6 +258,9 @@ impl MasterConfig {
                     .map_err(|e| bad(key, e))?;
                 self.grant_secret = Some(secret);
             }
+            "tls_cert_file" => self.tls_cert_file = Some(string(key, value)?.into()),
+            "tls_key_file" => self.tls_key_file = Some(string(key, value)?.into()),
+            "tls_client_ca_file" => self.tls_client_ca_file = Some(string(key, value)?.into()),
             "rpc_thread_num" => self.rpc_threads = int(key, value, 0, 1024)? as usize,
             "max_frame_bytes" => {
                 self.max_frame_bytes = int(key, value, 4096, u32::MAX as u64)? as u32
@@ -337,6 +353,7 @@ impl MasterConfig {
                 .to_string();
             ConfigError { key, reason }
         })?;
+        self.check_tls()?;
         let ev = &self.kv_events;
         if ev.enabled {
             if ev.bind_endpoint.is_empty() {
@@ -353,6 +370,42 @@ impl MasterConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl MasterConfig {
+    /// The TLS settings of the RPC port; `None` = plaintext.
+    pub fn tls(&self) -> Option<TlsServerConfig> {
+        Some(TlsServerConfig {
+            cert_file: self.tls_cert_file.clone()?,
+            key_file: self.tls_key_file.clone()?,
+            client_ca_file: self.tls_client_ca_file.clone(),
+        })
+    }
+
+    /// Both or neither of the certificate and key; each file readable and usable.
+    fn check_tls(&self) -> Result<(), ConfigError> {
+        let Some(tls) = self.tls() else {
+            return match (&self.tls_cert_file, &self.tls_key_file, &self.tls_client_ca_file) {
+                (Some(_), None, _) => Err(bad("tls_key_file", "required with tls_cert_file")),
+                (None, Some(_), _) => Err(bad("tls_cert_file", "required with tls_key_file")),
+                (None, None, Some(_)) => Err(bad(
+                    "tls_client_ca_file",
+                    "needs tls_cert_file and tls_key_file (client certificates are checked over TLS)",
+                )),
+                _ => Ok(()),
+            };
+        };
+        #[cfg(feature = "tls")]
+        {
+            use moonkv_proto::tls::{load_certs, load_key};
+            load_certs(&tls.cert_file).map_err(|e| bad("tls_cert_file", e))?;
+            load_key(&tls.key_file).map_err(|e| bad("tls_key_file", e))?;
+            if let Some(ca) = &tls.client_ca_file {
+                load_certs(ca).map_err(|e| bad("tls_client_ca_file", e))?;
+            }
+        }
+        tls.check().map_err(|e| bad("tls_cert_file", e))
     }
 }
 

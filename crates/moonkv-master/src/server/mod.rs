@@ -2,6 +2,7 @@
 //!
 //! - [`config`]: upstream config keys, file loading and validation.
 //! - `rpc`: the framed TCP protocol (`docs/protocol.md`).
+//! - `tls`: the RPC port's optional TLS (plain or TLS halves for `rpc`).
 //! - `admin`: HTTP endpoints.
 //! - [`events`]: engine changes → KV event publisher.
 //! - [`metrics`]: Prometheus registry.
@@ -11,6 +12,7 @@ pub mod config;
 pub mod events;
 pub mod metrics;
 mod rpc;
+mod tls;
 
 pub use config::{ConfigError, KvEventsSettings, MasterConfig, CONFIG_KEYS};
 
@@ -82,6 +84,12 @@ impl MasterHandle {
 /// Must be called inside a tokio runtime.
 pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
     config.validate()?;
+    let tls = match config.tls() {
+        Some(settings) => {
+            Some(tls::RpcTls::load(&settings).map_err(|e| anyhow::anyhow!("TLS: {e}"))?)
+        }
+        None => None,
+    };
     let events = Arc::new(EventHook::start(&config.kv_events)?);
     let mut engine_config = config.engine.clone();
     // With a secret, descriptors carry grants the nodes check (docs/data-plane.md).
@@ -115,6 +123,7 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
         metrics: metrics.clone(),
         max_frame_bytes: config.max_frame_bytes,
         secret: config.auth_secret.clone(),
+        tls,
     });
     let rpc_task = tokio::spawn(rpc::serve(rpc_listener, shared, stop_rx.clone()));
 
@@ -138,7 +147,8 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
 
     let maintenance_stop = Arc::new(AtomicBool::new(false));
     let maintenance = spawn_maintenance(engine.clone(), maintenance_stop.clone())?;
-    tracing::info!(%rpc_addr, %admin_addr, events = ?events.endpoint(), "master ready");
+    let tls_on = config.tls().is_some();
+    tracing::info!(%rpc_addr, %admin_addr, tls = tls_on, events = ?events.endpoint(), "master ready");
     Ok(MasterHandle {
         rpc_addr,
         admin_addr,

@@ -24,6 +24,8 @@ pub(crate) struct RpcShared {
     pub metrics: Arc<Metrics>,
     pub max_frame_bytes: u32,
     pub secret: Option<Secret>,
+    /// Set: the port only accepts TLS.
+    pub tls: Option<super::tls::RpcTls>,
 }
 
 /// Where a connection is in its handshake.
@@ -115,7 +117,7 @@ async fn serve_connection(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), CloseReason> {
     stream.set_nodelay(true)?;
-    let (mut reader, mut writer) = stream.into_split();
+    let (mut reader, mut writer) = super::tls::accept(stream, shared.tls.as_ref()).await?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let mut input: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut output: Vec<u8> = Vec::with_capacity(64 * 1024);

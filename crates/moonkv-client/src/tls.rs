@@ -1,0 +1,225 @@
+//! Optional TLS for the master connection and the data plane (`docs/operations.md`, Security).
+//!
+//! [`Stream`] is a plain TCP or TLS connection behind one `AsyncRead`/`AsyncWrite` type, so the
+//! protocol code (hello, shared-secret handshake, grants, requests) runs unchanged inside TLS.
+//! Without the `tls` feature only the plain variant exists and any TLS setting is refused when
+//! it is loaded.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+pub use moonkv_proto::tls::{TlsClientConfig, TlsServerConfig};
+
+/// A connection to or from a master or node: plain TCP or TLS.
+pub enum Stream {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS, this process being the client.
+    #[cfg(feature = "tls")]
+    Client(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// TLS, this process being the server.
+    #[cfg(feature = "tls")]
+    Server(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+macro_rules! each {
+    ($self:ident, $s:ident => $body:expr) => {
+        match $self.get_mut() {
+            Stream::Plain($s) => $body,
+            #[cfg(feature = "tls")]
+            Stream::Client($s) => $body,
+            #[cfg(feature = "tls")]
+            Stream::Server($s) => $body,
+        }
+    };
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        each!(self, s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        each!(self, s => Pin::new(s).poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        each!(self, s => Pin::new(s).poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            #[cfg(feature = "tls")]
+            Stream::Client(s) => s.is_write_vectored(),
+            #[cfg(feature = "tls")]
+            Stream::Server(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => Pin::new(s).poll_shutdown(cx))
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn unsupported() -> String {
+    "this moonkv was built without TLS support (cargo feature `tls`)".to_string()
+}
+
+/// Client-side TLS settings, loaded once and shared by every connection.
+#[derive(Clone)]
+pub struct TlsConnector {
+    config: TlsClientConfig,
+    #[cfg(feature = "tls")]
+    inner: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for TlsConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnector")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl TlsConnector {
+    /// Reads the CA (and client certificate) files; the error names the file at fault.
+    pub fn load(config: &TlsClientConfig) -> Result<TlsConnector, String> {
+        #[cfg(feature = "tls")]
+        {
+            Ok(TlsConnector {
+                config: config.clone(),
+                inner: tokio_rustls::TlsConnector::from(config.load()?),
+            })
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = config;
+            Err(unsupported())
+        }
+    }
+
+    /// Loads `config` when given; a bad file is an error for the caller to report.
+    pub fn load_optional(config: Option<&TlsClientConfig>) -> Result<Option<TlsConnector>, String> {
+        config.map(Self::load).transpose()
+    }
+}
+
+/// Server-side TLS (a node's data plane), loaded once.
+#[derive(Clone)]
+pub(crate) struct TlsAcceptor {
+    #[cfg(feature = "tls")]
+    inner: tokio_rustls::TlsAcceptor,
+}
+
+impl std::fmt::Debug for TlsAcceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsAcceptor")
+    }
+}
+
+impl TlsAcceptor {
+    /// Reads the certificate and key files; the error names the file at fault.
+    pub fn load(config: &TlsServerConfig) -> Result<TlsAcceptor, String> {
+        #[cfg(feature = "tls")]
+        {
+            Ok(TlsAcceptor {
+                inner: tokio_rustls::TlsAcceptor::from(config.load()?),
+            })
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = config;
+            Err(unsupported())
+        }
+    }
+
+    /// Performs the server side of the handshake within `limit`.
+    pub async fn accept(&self, stream: TcpStream, limit: Duration) -> io::Result<Stream> {
+        #[cfg(feature = "tls")]
+        {
+            let accepted = tokio::time::timeout(limit, self.inner.accept(stream))
+                .await
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                })??;
+            Ok(Stream::Server(Box::new(accepted)))
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = (stream, limit);
+            Err(io::Error::new(io::ErrorKind::Unsupported, unsupported()))
+        }
+    }
+}
+
+/// How a failed connection went wrong, for the caller's error message.
+pub enum ConnectFailure {
+    /// TCP connect (or socket option) failed.
+    Tcp(io::Error),
+    /// The TLS handshake failed; the text says what to fix when that is known.
+    Tls(String),
+}
+
+/// Opens a TCP connection to `addr` with `TCP_NODELAY` and, with `tls`, performs the TLS
+/// handshake, verifying the `peer` ("master" or "node") against the configured CA.
+pub async fn connect(
+    addr: &str,
+    tls: Option<&TlsConnector>,
+    peer: &str,
+) -> Result<Stream, ConnectFailure> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(ConnectFailure::Tcp)?;
+    stream.set_nodelay(true).map_err(ConnectFailure::Tcp)?;
+    let Some(tls) = tls else {
+        return Ok(Stream::Plain(stream));
+    };
+    #[cfg(feature = "tls")]
+    {
+        let name = tls.config.server_name(addr).map_err(ConnectFailure::Tls)?;
+        match tls.inner.connect(name, stream).await {
+            Ok(s) => Ok(Stream::Client(Box::new(s))),
+            Err(e) => Err(ConnectFailure::Tls(explain(&e, peer, addr))),
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = (tls, peer);
+        Err(ConnectFailure::Tls(unsupported()))
+    }
+}
+
+/// An I/O error on a connection to a `peer` at `addr`, with the TLS fix spelled out when the
+/// error came from TLS (a refused client certificate surfaces on the first read).
+pub fn explain(e: &io::Error, peer: &str, addr: &str) -> String {
+    #[cfg(feature = "tls")]
+    if let Some(hint) = moonkv_proto::tls::explain_client_error(e, peer, addr) {
+        return hint;
+    }
+    let _ = (peer, addr);
+    e.to_string()
+}
