@@ -345,11 +345,11 @@ mod tests {
         let replica = |id| super::super::object::Replica {
             id: moonkv_proto::ReplicaId(id),
             status: moonkv_proto::ReplicaStatus::Processing,
-            placement: super::super::object::Placement::Disk(DiskHandle::reserved(
+            placement: super::super::object::Placement::Disk(Box::new(DiskHandle::reserved(
                 s.clone(),
                 id,
                 10,
-            )),
+            ))),
         };
         let a = PendingOffload::new(replica(1), moonkv_proto::ReplicaId(9), 0, counter.clone());
         let b = PendingOffload::new(replica(2), moonkv_proto::ReplicaId(9), 0, counter.clone());

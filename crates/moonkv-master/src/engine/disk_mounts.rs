@@ -4,7 +4,8 @@
 //! the object's own disk replica, or if the object is unknown and the file id was never removed.
 
 use super::disk::{disk_charge, DiskHandle, DiskSlot, DiskState};
-use super::object::{ObjectMeta, PinIntent, Placement, Replica};
+use super::object::{ObjectMeta, Placement, Replica};
+use super::replica_list::ReplicaList;
 use super::segments::lock;
 use super::shard::After;
 use super::sink::{emit_diff, Medium};
@@ -183,8 +184,8 @@ impl Engine {
             let mut shard = self.lock_shard(i);
             for t in shard.tenants.values_mut() {
                 for (key, obj) in t.objects.iter_mut() {
-                    if obj.offload.as_ref().is_some_and(|p| on_slot(&p.replica)) {
-                        obj.offload = None;
+                    if obj.offload().is_some_and(|p| on_slot(&p.replica)) {
+                        obj.take_offload();
                     }
                     if !obj.replicas.iter().any(on_slot) {
                         continue;
@@ -234,25 +235,18 @@ impl Engine {
         // Unknown object and a file id never removed: the master restarted; the file is the
         // object's only copy.
         let handle = DiskHandle::adopted(slot.clone(), file.replica_id.0, disk_charge(file.size));
-        let obj = ObjectMeta {
-            size: file.size,
-            writer: slot.owner,
-            put_start_ms: self.now(),
-            lease_deadline_ms: 0,
-            soft_pin_deadline_ms: 0,
-            checksum: None,
-            charged_bytes: 0,
-            group_id: None,
-            replicas: vec![Replica {
-                id: file.replica_id,
-                status: ReplicaStatus::Complete,
-                placement: Placement::Disk(handle),
-            }],
-            pin_intent: PinIntent::Preserve,
-            hard_pinned: false,
-            in_flight: false,
-            offload: None,
+        let replica = Replica {
+            id: file.replica_id,
+            status: ReplicaStatus::Complete,
+            placement: Placement::Disk(Box::new(handle)),
         };
+        let obj = ObjectMeta::new(
+            file.size,
+            slot.owner,
+            self.now(),
+            ReplicaList::One(replica),
+            false,
+        );
         self.sink
             .stored(&TenantId(tenant.to_string()), &file.key, None, Medium::Disk);
         self.insert_object(&mut shard, tenant, &file.key, obj);

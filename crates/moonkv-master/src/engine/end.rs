@@ -201,7 +201,7 @@ impl Engine {
                 commit_soft_pin(obj, now);
             }
             if args.checksum.is_some() || matches!(rtype, ReplicaType::All | ReplicaType::Memory) {
-                obj.checksum = args.checksum;
+                obj.set_checksum(args.checksum);
             }
             obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
             started = obj.in_flight;
@@ -263,7 +263,7 @@ impl Engine {
             // Revoked buffers are freed at once: the writer itself says it stopped writing.
             obj.replicas
                 .retain(|r| !(r.matches(rtype) && r.is_processing()));
-            obj.pin_intent = PinIntent::Preserve;
+            obj.set_pin_intent(PinIntent::Preserve);
             obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
             emit_diff(
                 self.sink.as_ref(),
@@ -298,10 +298,10 @@ fn processing_targets(
 /// Applies the write's soft-pin request when it first makes the object readable; later Ends,
 /// repeated Ends and reads never move the deadline.
 fn commit_soft_pin(obj: &mut ObjectMeta, now: u64) {
-    match obj.pin_intent {
+    match obj.pin_intent() {
         PinIntent::Preserve => {}
-        PinIntent::Enable(ttl) => obj.soft_pin_deadline_ms = now.saturating_add(ttl),
-        PinIntent::Clear => obj.soft_pin_deadline_ms = 0,
+        PinIntent::Enable(ttl) => obj.set_soft_pin_deadline_ms(now.saturating_add(ttl)),
+        PinIntent::Clear => obj.set_soft_pin_deadline_ms(0),
     }
-    obj.pin_intent = PinIntent::Preserve;
+    obj.set_pin_intent(PinIntent::Preserve);
 }

@@ -187,7 +187,7 @@ impl Engine {
                         continue;
                     }
                     scan.base += 1;
-                    if obj.lease_active(now) || obj.offload.is_some() {
+                    if obj.lease_active(now) || obj.has_offload() {
                         continue;
                     }
                     scan.candidates.push(Candidate {
@@ -195,7 +195,7 @@ impl Engine {
                         shard: i,
                         tenant: name.clone(),
                         key: key.clone(),
-                        group: obj.group_id.clone(),
+                        group: obj.group().map(Box::from),
                         soft_pinned: obj.soft_pinned(now),
                     });
                 }
@@ -244,7 +244,7 @@ impl Engine {
             if obj.hard_pinned
                 || obj.lease_active(now)
                 || !obj.has_evictable_memory()
-                || obj.offload.is_some()
+                || obj.has_offload()
             {
                 return (None, After::Keep);
             }

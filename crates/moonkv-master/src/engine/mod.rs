@@ -5,7 +5,8 @@
 //! - [`clock`], [`sink`], [`config`]: the injected time source, the availability-event hook and
 //!   the tunables.
 //! - `alloc`, `segments`: per-segment best-fit allocators and the buffer handles replicas hold.
-//! - `object`, `shard`: object records, replica ids, and the sharded (tenant, key) map.
+//! - `object`, `replica_list`, `shard`, `keyhash`: object records, replica ids, the sharded
+//!   (tenant, key) map and its keyed hash.
 //! - `put`, `end`, `read`, `remove`: the RPC operations on objects.
 //! - `mounts`: segments and clients (mount, unmount, ping, expiry).
 //! - `evict`, `sweep`: watermark eviction, stalled-write reclamation, parked buffers.
@@ -31,12 +32,14 @@ mod disk_mounts;
 mod end;
 mod evict;
 mod grants;
+mod keyhash;
 mod mounts;
 mod object;
 mod offload;
 mod put;
 mod read;
 mod remove;
+mod replica_list;
 mod segments;
 mod shard;
 mod sweep;
@@ -58,7 +61,6 @@ use moonkv_proto::{ClientId, OffloadTask};
 use object::ReplicaIdGen;
 use segments::{MemBuffer, Registry, SpaceUsage};
 use shard::Shard;
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
@@ -94,7 +96,8 @@ pub struct Engine {
     config: EngineConfig,
     clock: Arc<dyn Clock>,
     sink: Arc<dyn AvailabilitySink>,
-    shard_hasher: RandomState,
+    /// Chooses the shard of (tenant, key); seeded apart from the maps inside the shards.
+    shard_hasher: keyhash::KeyHashState,
     shards: Box<[Mutex<Shard>]>,
     registry: RwLock<Registry>,
     usage: Arc<SpaceUsage>,
@@ -129,7 +132,7 @@ impl Engine {
             config,
             clock,
             sink,
-            shard_hasher: RandomState::new(),
+            shard_hasher: keyhash::KeyHashState::new_random(),
             shards,
             registry: RwLock::new(Registry::default()),
             usage: Arc::new(SpaceUsage::default()),

@@ -1,7 +1,10 @@
 //! Per-object metadata and replicas, kept compact: a replica is an id, a status and a handle to
-//! its segment buffer (no strings), and an object is a fixed-size record plus its replica list.
+//! its segment buffer (no strings); an object is a small fixed record with its first replica
+//! inline, and the rarely used fields (soft pin, group, checksum, pin intent, offload) behind one
+//! optional box. `docs/benchmarks.md` (metadata memory) has the byte budget.
 
 use super::disk::{DiskHandle, PendingOffload};
+use super::replica_list::ReplicaList;
 use super::segments::MemBuffer;
 use super::sink::{MediaSet, Medium};
 use moonkv_proto::{
@@ -14,8 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) enum Placement {
     /// A range of a mounted segment.
     Memory(MemBuffer),
-    /// A file on a node's disk (`ReplicaKind::LocalDisk`, medium `disk`).
-    Disk(DiskHandle),
+    /// A file on a node's disk (`ReplicaKind::LocalDisk`, medium `disk`). Boxed so the common
+    /// memory replica sets the size of every replica.
+    Disk(Box<DiskHandle>),
 }
 
 /// One full copy of an object.
@@ -63,7 +67,7 @@ impl Replica {
     /// The disk file, for disk replicas.
     pub(crate) fn disk(&self) -> Option<&DiskHandle> {
         match &self.placement {
-            Placement::Disk(file) => Some(file),
+            Placement::Disk(file) => Some(&**file),
             Placement::Memory(_) => None,
         }
     }
@@ -131,9 +135,10 @@ impl Replica {
 }
 
 /// Soft pin requested by the write in flight, applied when it first makes the object readable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum PinIntent {
     /// Keep the committed state.
+    #[default]
     Preserve,
     /// Pin for this many milliseconds (0 behaves as `Clear`).
     Enable(u64),
@@ -141,7 +146,31 @@ pub(crate) enum PinIntent {
     Clear,
 }
 
-/// Metadata of one (tenant, key).
+/// The fields most objects never set, boxed together so an object without them pays one
+/// pointer. Absent means every field at its default.
+#[derive(Debug, Default)]
+pub(crate) struct Extras {
+    /// Committed soft pin deadline; 0 = none.
+    soft_pin_deadline_ms: u64,
+    checksum: Option<u64>,
+    group_id: Option<Box<str>>,
+    pin_intent: PinIntent,
+    /// An offload to disk in progress (eviction chose this object and its node has disk room).
+    offload: Option<Box<PendingOffload>>,
+}
+
+impl Extras {
+    fn is_default(&self) -> bool {
+        self.soft_pin_deadline_ms == 0
+            && self.checksum.is_none()
+            && self.group_id.is_none()
+            && self.pin_intent == PinIntent::Preserve
+            && self.offload.is_none()
+    }
+}
+
+/// Metadata of one (tenant, key). The maps hold it boxed: a table slot is then a key and a
+/// pointer, whatever the record's size, and the half-empty slots after a table grows cost little.
 #[derive(Debug)]
 pub(crate) struct ObjectMeta {
     pub(crate) size: u64,
@@ -150,22 +179,120 @@ pub(crate) struct ObjectMeta {
     pub(crate) put_start_ms: u64,
     /// Read lease; expired iff `now >= lease_deadline_ms`. New objects start expired.
     pub(crate) lease_deadline_ms: u64,
-    /// Committed soft pin deadline; 0 = none.
-    pub(crate) soft_pin_deadline_ms: u64,
-    pub(crate) checksum: Option<u64>,
     /// Tenant-quota bytes currently charged for this object (multi-tenant mode).
     pub(crate) charged_bytes: u64,
-    pub(crate) group_id: Option<Box<str>>,
-    pub(crate) replicas: Vec<Replica>,
-    pub(crate) pin_intent: PinIntent,
+    pub(crate) replicas: ReplicaList,
+    extras: Option<Box<Extras>>,
     pub(crate) hard_pinned: bool,
     /// A Put/Upsert is in progress (some replica is PROCESSING).
     pub(crate) in_flight: bool,
-    /// An offload to disk in progress (eviction chose this object and its node has disk room).
-    pub(crate) offload: Option<Box<PendingOffload>>,
 }
 
 impl ObjectMeta {
+    /// A record with no soft pin, checksum, group, pin intent or offload.
+    pub(crate) fn new(
+        size: u64,
+        writer: ClientId,
+        put_start_ms: u64,
+        replicas: ReplicaList,
+        in_flight: bool,
+    ) -> Self {
+        Self {
+            size,
+            writer,
+            put_start_ms,
+            lease_deadline_ms: 0,
+            charged_bytes: 0,
+            replicas,
+            extras: None,
+            hard_pinned: false,
+            in_flight,
+        }
+    }
+
+    /// Changes the rarely set fields, allocating them on first use and freeing them once all
+    /// are back at their defaults.
+    fn update_extras(&mut self, f: impl FnOnce(&mut Extras)) {
+        let extras = self.extras.get_or_insert_with(Box::default);
+        f(extras);
+        if extras.is_default() {
+            self.extras = None;
+        }
+    }
+
+    /// Committed soft pin deadline; 0 = none.
+    pub(crate) fn soft_pin_deadline_ms(&self) -> u64 {
+        self.extras.as_ref().map_or(0, |e| e.soft_pin_deadline_ms)
+    }
+
+    pub(crate) fn set_soft_pin_deadline_ms(&mut self, deadline_ms: u64) {
+        if deadline_ms != self.soft_pin_deadline_ms() {
+            self.update_extras(|e| e.soft_pin_deadline_ms = deadline_ms);
+        }
+    }
+
+    pub(crate) fn checksum(&self) -> Option<u64> {
+        self.extras.as_ref().and_then(|e| e.checksum)
+    }
+
+    pub(crate) fn set_checksum(&mut self, checksum: Option<u64>) {
+        if checksum != self.checksum() {
+            self.update_extras(|e| e.checksum = checksum);
+        }
+    }
+
+    pub(crate) fn group(&self) -> Option<&str> {
+        self.extras.as_ref().and_then(|e| e.group_id.as_deref())
+    }
+
+    pub(crate) fn take_group(&mut self) -> Option<Box<str>> {
+        let mut group = None;
+        if self.group().is_some() {
+            self.update_extras(|e| group = e.group_id.take());
+        }
+        group
+    }
+
+    pub(crate) fn set_group(&mut self, group: Option<Box<str>>) {
+        if group.is_some() || self.group().is_some() {
+            self.update_extras(|e| e.group_id = group);
+        }
+    }
+
+    /// Soft pin requested by the write in flight.
+    pub(crate) fn pin_intent(&self) -> PinIntent {
+        self.extras
+            .as_ref()
+            .map_or(PinIntent::Preserve, |e| e.pin_intent)
+    }
+
+    pub(crate) fn set_pin_intent(&mut self, intent: PinIntent) {
+        if intent != self.pin_intent() {
+            self.update_extras(|e| e.pin_intent = intent);
+        }
+    }
+
+    /// The offload to disk in progress, if any.
+    pub(crate) fn offload(&self) -> Option<&PendingOffload> {
+        self.extras.as_ref().and_then(|e| e.offload.as_deref())
+    }
+
+    pub(crate) fn has_offload(&self) -> bool {
+        self.offload().is_some()
+    }
+
+    pub(crate) fn take_offload(&mut self) -> Option<Box<PendingOffload>> {
+        let mut offload = None;
+        if self.has_offload() {
+            self.update_extras(|e| offload = e.offload.take());
+        }
+        offload
+    }
+
+    pub(crate) fn set_offload(&mut self, offload: Box<PendingOffload>) {
+        self.update_extras(|e| e.offload = Some(offload));
+    }
+
     /// Media in which the object is (or, for a replica whose segment just died, was until this
     /// moment) available: media holding a COMPLETE replica that is not on a detached disk.
     /// Events are the diff of this set.
@@ -184,7 +311,7 @@ impl ObjectMeta {
 
     /// Whether the object has any disk replica (complete, in flight or detached) or an offload.
     pub(crate) fn has_disk(&self) -> bool {
-        self.offload.is_some() || self.replicas.iter().any(|r| r.disk().is_some())
+        self.has_offload() || self.replicas.iter().any(|r| r.disk().is_some())
     }
 
     pub(crate) fn has_readable(&self) -> bool {
@@ -213,7 +340,8 @@ impl ObjectMeta {
     }
 
     pub(crate) fn soft_pinned(&self, now: u64) -> bool {
-        self.soft_pin_deadline_ms != 0 && now < self.soft_pin_deadline_ms
+        let deadline_ms = self.soft_pin_deadline_ms();
+        deadline_ms != 0 && now < deadline_ms
     }
 
     /// COMPLETE, live memory replicas (what eviction may drop).
@@ -229,10 +357,6 @@ impl ObjectMeta {
             .iter()
             .map(|r| r.memory_bytes(self.size))
             .sum()
-    }
-
-    pub(crate) fn group(&self) -> Option<&str> {
-        self.group_id.as_deref()
     }
 }
 
@@ -284,6 +408,41 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_sizes_stay_within_budget() {
+        use std::mem::size_of;
+        // A boxed record of 104 bytes is a 112-byte malloc chunk; one byte more is 128. The
+        // inline replica must not make the list bigger than the replica itself.
+        assert!(size_of::<Replica>() <= 40, "{}", size_of::<Replica>());
+        assert_eq!(size_of::<ReplicaList>(), size_of::<Replica>());
+        assert!(
+            size_of::<ObjectMeta>() <= 104,
+            "{}",
+            size_of::<ObjectMeta>()
+        );
+    }
+
+    #[test]
+    fn extras_are_allocated_only_while_set() {
+        let mut obj = ObjectMeta::new(1, ClientId::new(1, 1), 0, ReplicaList::default(), false);
+        obj.set_checksum(None);
+        obj.set_pin_intent(PinIntent::Preserve);
+        obj.set_soft_pin_deadline_ms(0);
+        obj.set_group(None);
+        assert!(obj.extras.is_none());
+        obj.set_checksum(Some(7));
+        obj.set_group(Some("g".into()));
+        assert_eq!((obj.checksum(), obj.group()), (Some(7), Some("g")));
+        obj.set_checksum(None);
+        assert!(obj.extras.is_some());
+        assert_eq!(obj.take_group().as_deref(), Some("g"));
+        assert!(obj.extras.is_none());
+        obj.set_soft_pin_deadline_ms(50);
+        assert!(obj.soft_pinned(49) && !obj.soft_pinned(50));
+        obj.set_soft_pin_deadline_ms(0);
+        assert!(obj.extras.is_none() && !obj.soft_pinned(0));
+    }
 
     #[test]
     fn replica_ids_skip_zero_on_wrap() {

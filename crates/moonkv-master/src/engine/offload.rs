@@ -54,7 +54,7 @@ impl Engine {
         Ok(Replica {
             id,
             status: ReplicaStatus::Processing,
-            placement: Placement::Disk(DiskHandle::reserved(slot, id.0, charge)),
+            placement: Placement::Disk(Box::new(DiskHandle::reserved(slot, id.0, charge))),
         })
     }
 
@@ -68,7 +68,7 @@ impl Engine {
         obj: &mut ObjectMeta,
         now: u64,
     ) -> bool {
-        if obj.offload.is_some() {
+        if obj.has_offload() {
             return true;
         }
         if obj
@@ -102,15 +102,12 @@ impl Engine {
         let replica = Replica {
             id,
             status: ReplicaStatus::Processing,
-            placement: Placement::Disk(DiskHandle::reserved(slot, id.0, charge)),
+            placement: Placement::Disk(Box::new(DiskHandle::reserved(slot, id.0, charge))),
         };
         let deadline = now.saturating_add(self.config.put_start_release_timeout_ms);
-        obj.offload = Some(Box::new(PendingOffload::new(
-            replica,
-            source.id,
-            deadline,
-            self.pending_offloads.clone(),
-        )));
+        let pending =
+            PendingOffload::new(replica, source.id, deadline, self.pending_offloads.clone());
+        obj.set_offload(Box::new(pending));
         lock(&self.offload_mailboxes)
             .entry(owner)
             .or_default()
@@ -135,11 +132,10 @@ impl Engine {
             .retain(|r| !(r.kind() == ReplicaKind::Memory && r.is_readable()));
         let dropped = (count - obj.replicas.len()) as u64;
         if obj
-            .offload
-            .as_ref()
+            .offload()
             .is_some_and(|p| !obj.replicas.iter().any(|r| r.id == p.source))
         {
-            obj.offload = None;
+            obj.take_offload();
         }
         emit_diff(
             self.sink.as_ref(),
@@ -223,7 +219,7 @@ impl Engine {
         result: &OffloadResult,
         now: u64,
     ) -> Result<()> {
-        let ours = obj.offload.as_ref().is_some_and(|p| {
+        let ours = obj.offload().is_some_and(|p| {
             p.replica.id == result.disk_replica_id
                 && p.replica.disk().is_some_and(|f| f.slot.owner == client)
         });
@@ -233,7 +229,7 @@ impl Engine {
                 "no such offload in progress (the object changed or the task expired)",
             ));
         }
-        let Some(pending) = obj.offload.take() else {
+        let Some(pending) = obj.take_offload() else {
             return Err(Error::from(ErrorCode::INTERNAL_ERROR));
         };
         let evictable = !obj.lease_active(now) && !obj.hard_pinned;
@@ -302,8 +298,8 @@ impl Engine {
             let mut shard = self.lock_shard(i);
             for t in shard.tenants.values_mut() {
                 for obj in t.objects.values_mut() {
-                    if obj.offload.as_ref().is_some_and(|p| p.deadline_ms <= now) {
-                        if let Some(p) = obj.offload.take() {
+                    if obj.offload().is_some_and(|p| p.deadline_ms <= now) {
+                        if let Some(p) = obj.take_offload() {
                             cancelled.insert(p.replica.id.0);
                         }
                     }

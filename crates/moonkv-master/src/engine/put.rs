@@ -203,7 +203,7 @@ impl Engine {
                 .put_start_discard_cnt
                 .fetch_add(1, Ordering::Relaxed);
             let carried = if obj.soft_pinned(now) {
-                obj.soft_pin_deadline_ms
+                obj.soft_pin_deadline_ms()
             } else {
                 0
             };
@@ -237,19 +237,19 @@ impl Engine {
                 }
             }
             let carried_pin = if obj.soft_pinned(now) {
-                obj.soft_pin_deadline_ms
+                obj.soft_pin_deadline_ms()
             } else {
                 0
             };
             if obj.in_flight {
                 // Upsert preempts any write in flight immediately.
                 self.park_processing(obj, release_at);
-                obj.pin_intent = PinIntent::Preserve;
+                obj.set_pin_intent(PinIntent::Preserve);
                 self.counters
                     .put_start_discard_cnt
                     .fetch_add(1, Ordering::Relaxed);
                 if !obj.has_complete() {
-                    let group = obj.group_id.take();
+                    let group = obj.take_group();
                     let fresh = UpsertPath::Fresh {
                         soft_pin_deadline_ms: carried_pin,
                         hard_pinned: spec.config.with_hard_pin,
@@ -276,7 +276,7 @@ impl Engine {
                     r.status = ReplicaStatus::Processing;
                     r.id = self.replica_ids.next_id();
                 }
-                obj.pin_intent = spec.pin;
+                obj.set_pin_intent(spec.pin);
                 obj.in_flight = true;
                 emit_diff(
                     self.sink.as_ref(),
@@ -296,7 +296,7 @@ impl Engine {
             // Replaced: the old value goes away now. Its committed buffers have no writer left,
             // only readers, so they stay parked until the last read lease ends (writes in flight
             // were parked above for the full release timeout).
-            let group = obj.group_id.take();
+            let group = obj.take_group();
             emit_diff(
                 self.sink.as_ref(),
                 tenant,
@@ -350,21 +350,12 @@ impl Engine {
             let disk = self.place_disk(spec.size, &replicas)?;
             replicas.push(disk);
         }
-        let mut obj = ObjectMeta {
-            size: spec.size,
-            writer: spec.client,
-            put_start_ms: now,
-            lease_deadline_ms: 0,
-            soft_pin_deadline_ms,
-            checksum: None,
-            charged_bytes: spec.precharge,
-            group_id: group.map(Box::from),
-            replicas,
-            pin_intent: spec.pin,
-            hard_pinned,
-            in_flight: true,
-            offload: None,
-        };
+        let mut obj = ObjectMeta::new(spec.size, spec.client, now, replicas.into(), true);
+        obj.charged_bytes = spec.precharge;
+        obj.hard_pinned = hard_pinned;
+        obj.set_soft_pin_deadline_ms(soft_pin_deadline_ms);
+        obj.set_group(group.map(Box::from));
+        obj.set_pin_intent(spec.pin);
         self.settle_charge(spec.tenant, &mut obj);
         let descriptors = obj
             .replicas

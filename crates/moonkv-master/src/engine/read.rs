@@ -220,7 +220,7 @@ impl Engine {
             let response = GetReplicaListResponse {
                 replicas: readable_descriptors(obj),
                 lease_ttl_ms: ttl,
-                object_checksum: obj.checksum,
+                object_checksum: obj.checksum(),
             };
             (Ok(response), After::Keep)
         })

@@ -2,6 +2,7 @@
 //! with lazy cleanup of replicas whose segment died, erase with its events and quota refund,
 //! insertion, and grouping of batch items by shard.
 
+use super::keyhash::KeyHashState;
 use super::object::{ObjectMeta, Replica};
 use super::segments::lock;
 use super::sink::emit_diff;
@@ -17,13 +18,15 @@ use std::sync::MutexGuard;
 pub(crate) struct TenantObjects {
     /// Owned once per shard so events can name the tenant without allocating.
     pub(crate) tenant: TenantId,
-    pub(crate) objects: HashMap<Box<str>, ObjectMeta>,
+    /// Boxed records: a slot is 24 bytes, so the empty slots a table keeps after it grows are
+    /// cheap (see `ObjectMeta`).
+    pub(crate) objects: HashMap<Box<str>, Box<ObjectMeta>, KeyHashState>,
 }
 
 /// One shard of the object map.
 #[derive(Debug)]
 pub(crate) struct Shard {
-    pub(crate) tenants: HashMap<String, TenantObjects>,
+    pub(crate) tenants: HashMap<String, TenantObjects, KeyHashState>,
     /// Lower bound of `put_start_ms` over in-flight objects (u64::MAX: none); lets the stalled
     /// write sweep skip shards that cannot hold an expired write.
     pub(crate) oldest_in_flight_ms: u64,
@@ -32,7 +35,7 @@ pub(crate) struct Shard {
 impl Default for Shard {
     fn default() -> Self {
         Self {
-            tenants: HashMap::new(),
+            tenants: HashMap::default(),
             oldest_in_flight_ms: u64::MAX,
         }
     }
@@ -87,7 +90,7 @@ impl Engine {
             };
         if after == After::Erase {
             if let Some(obj) = t.objects.remove(key) {
-                self.finish_erase(&t.tenant, key, obj);
+                self.finish_erase(&t.tenant, key, *obj);
             }
         }
         result
@@ -103,11 +106,11 @@ impl Engine {
         let before = obj.media();
         obj.replicas.retain(Replica::handle_valid);
         obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
-        if obj.offload.as_ref().is_some_and(|p| {
+        if obj.offload().is_some_and(|p| {
             !p.replica.handle_valid() || !obj.replicas.iter().any(|r| r.id == p.source)
         }) {
             // The pinned source (or the target disk) is gone: the offload cannot land.
-            obj.offload = None;
+            obj.take_offload();
         }
         emit_diff(
             self.sink.as_ref(),
@@ -145,10 +148,10 @@ impl Engine {
                 .entry(tenant.to_string())
                 .or_insert_with(|| TenantObjects {
                     tenant: TenantId(tenant.to_string()),
-                    objects: HashMap::new(),
+                    objects: HashMap::default(),
                 }),
         };
-        t.objects.insert(Box::from(key), obj);
+        t.objects.insert(Box::from(key), Box::new(obj));
     }
 
     /// Brings the object's quota charge in line with the memory it holds (multi-tenant mode).
@@ -178,7 +181,7 @@ impl Engine {
     pub(crate) fn park_all(&self, obj: &mut ObjectMeta, release_at_ms: u64) {
         self.park_where(obj, release_at_ms, |_| true);
         obj.in_flight = false;
-        obj.offload = None;
+        obj.take_offload();
     }
 
     fn park_where(

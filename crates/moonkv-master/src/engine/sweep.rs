@@ -43,7 +43,7 @@ impl Engine {
                     // Past the release deadline nobody may still be writing: free at once.
                     obj.replicas.retain(|r| !r.is_processing());
                     obj.in_flight = false;
-                    obj.pin_intent = PinIntent::Preserve;
+                    obj.set_pin_intent(PinIntent::Preserve);
                     emit_diff(
                         self.sink.as_ref(),
                         tid,
