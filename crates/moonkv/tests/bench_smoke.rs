@@ -90,3 +90,52 @@ fn bad_shapes_are_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("batch size"));
 }
+
+/// The data-plane benchmark against an in-process master and node (no Redis): one small size,
+/// both ops, a short probe; it prints the table with both rows and the probe's.
+#[test]
+fn store_bench_prints_a_table() {
+    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
+        .args(["bench", "store", "--spawn", "--duration", "200ms"])
+        .args([
+            "--sizes",
+            "64KiB",
+            "--concurrency",
+            "2",
+            "--segment-size",
+            "64MiB",
+        ])
+        .args(["--tcp-connections", "1"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run moonkv bench store");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench store failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| size | clients | op | GB/s |"),
+        "{stdout}"
+    );
+    for op in ["put", "get"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| 64 KiB | 2 | {op} |")))
+            .unwrap_or_else(|| panic!("no {op} row in\n{stdout}"));
+        let ops_per_s: f64 = row
+            .split('|')
+            .nth(6)
+            .unwrap()
+            .trim()
+            .replace(',', "")
+            .parse()
+            .unwrap();
+        assert!(ops_per_s > 0.0, "{row}");
+    }
+    assert!(
+        stdout.contains("| raw loopback TCP, write size | connections | GB/s |"),
+        "{stdout}"
+    );
+}

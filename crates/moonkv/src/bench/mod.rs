@@ -5,6 +5,8 @@
 //! - [`events`]: event stream rate and the master's rate with events on vs off (`bench events`);
 //!   `stream` paces a publisher → subscriber run at a fixed offered rate.
 //! - `echo`: the loopback round-trip floor of the machine (`bench echo`).
+//! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
+//!   the raw loopback TCP probe (`tcp`) (`bench store`).
 //! - `shape`: `OP:CxT:bB` shapes; `target`: the master over the wire or the engine in-process
 //!   behind one trait; `load`: the per-thread loop; `client`: the blocking protocol client;
 //!   `histogram`: latency percentiles; `report`: markdown tables.
@@ -17,9 +19,12 @@ mod load;
 pub mod master;
 mod memory;
 mod report;
+mod resp;
 mod shape;
+mod store;
 mod stream;
 mod target;
+mod tcp;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -42,6 +47,8 @@ enum BenchCommand {
     Events(events::EventsBenchArgs),
     /// Loopback round-trip floor: the bench client against a server that does no work.
     Echo(echo::EchoBenchArgs),
+    /// Data plane: put and get GB/s and latency by object size, next to Redis and raw TCP.
+    Store(store::StoreBenchArgs),
 }
 
 /// Runs the chosen benchmark; results go to stdout, progress to the log (stderr).
@@ -51,6 +58,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Memory(a) => memory::run(a),
         BenchCommand::Events(a) => events::run(a),
         BenchCommand::Echo(a) => echo::run(a),
+        BenchCommand::Store(a) => store::run(a),
     }
 }
 
