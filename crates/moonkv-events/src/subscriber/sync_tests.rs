@@ -423,7 +423,10 @@ fn events_queued_during_the_snapshot_fetch_are_skipped_without_refetching() {
             stored(6, "d"),
         ],
     );
-    assert!(sync.is_live(), "covered events must not send the index back to recovery");
+    assert!(
+        sync.is_live(),
+        "covered events must not send the index back to recovery"
+    );
     assert_eq!(src.requests().len(), 1, "exactly one snapshot fetched");
     assert_eq!(keys(&sync), ["t/a", "t/b", "t/c", "t/d"]);
     assert_eq!(sync.counters().event_id_discontinuities, 0);
