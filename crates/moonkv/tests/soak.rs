@@ -20,7 +20,13 @@ const SEGMENT_MIB: u64 = 256;
 const COMMON_SIZES: [usize; 6] = [1, 15, 16, 4096, 65_536, 1 << 20];
 
 /// Errors a correct system gives under this workload (races between clients on one key).
-const EXPECTED: [ErrorCode; 7] = [
+/// Errors a contended workload produces by design. NO_AVAILABLE_HANDLE is among them: every
+/// upsert that preempts another client's in-flight write parks that write's buffers for
+/// `put_start_release_timeout` (the preempted writer may still be sending bytes into them), so
+/// 16 writers churning 32 keys can fill the segments for a while. That the space does come back
+/// is asserted after the run.
+const EXPECTED: [ErrorCode; 8] = [
+    ErrorCode::NO_AVAILABLE_HANDLE,
     ErrorCode::OBJECT_NOT_FOUND,
     ErrorCode::OBJECT_ALREADY_EXISTS,
     ErrorCode::OBJECT_HAS_LEASE,
@@ -338,6 +344,18 @@ async fn soak_mixed_workload_reads_back_every_byte_and_stays_flat() {
             rss_end[i]
         );
     }
+    // Parked buffers are released once the release timeout (5 s) and a sweep have passed: what
+    // stays allocated is at most the live objects (≤ 1 MiB each, 64-byte aligned).
+    let live_bound = f64::from(KEYS) * ((1 << 20) + 64) as f64;
+    let settled = wait_for(
+        Duration::from_secs(60),
+        "parked space to be released",
+        || {
+            let allocated = metric(&admin, "master_allocated_bytes")?;
+            (allocated <= live_bound).then_some(allocated)
+        },
+    );
+    println!("  master_allocated_bytes after the release timeout: {settled}");
     // Metadata agrees with what the clients believe: every listed key was written.
     let keys = all_keys(&admin).expect("keys");
     assert!(keys.len() <= KEYS as usize);
