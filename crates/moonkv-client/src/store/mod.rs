@@ -56,7 +56,9 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
-    /// Defaults: tenant `default`, 5 s requests, 10 s per chunk, 4 connections, 8 MiB chunks.
+    /// Defaults: tenant `default`, 5 s requests, 10 s per chunk, 4 connections, 512 KiB chunks
+    /// (small enough that a 1–4 MiB object already uses several connections at once;
+    /// `docs/benchmarks.md` has the measurement).
     pub fn new(master_addr: impl Into<String>) -> Self {
         Self {
             master_addr: master_addr.into(),
@@ -65,7 +67,7 @@ impl StoreConfig {
             connect_timeout: Duration::from_secs(3),
             transfer_timeout: Duration::from_secs(10),
             transfer_connections: 4,
-            chunk_size: 8 << 20,
+            chunk_size: 512 << 10,
             local_copy: true,
             client_id: None,
             progress: None,
