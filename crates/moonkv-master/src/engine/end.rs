@@ -82,23 +82,14 @@ impl Engine {
 
     /// BatchPutEnd: PutEnd per item.
     pub fn batch_put_end(&self, req: &BatchEndRequest) -> Result<Vec<ItemResult<()>>> {
-        let n = req.items.len();
-        let tenant = match read_tenant(&req.tenant) {
-            Ok(t) => t,
-            Err(e) => return Ok((0..n).map(|_| ItemResult(Err(e.clone()))).collect()),
-        };
-        let mut results: Vec<ItemResult<()>> = req
-            .items
-            .iter()
-            .map(|it| ItemResult(check_key(&it.key)))
-            .collect();
-        let valid: Vec<bool> = results.iter().map(|r| r.0.is_ok()).collect();
-        self.for_each_by_shard(
-            tenant,
-            (0..n).filter(|i| valid[*i]),
-            |i| req.items[i].key.as_str(),
-            |shard, i| {
-                let item = &req.items[i];
+        let items = &req.items;
+        Ok(self.batch_items(
+            &req.tenant,
+            items.len(),
+            |i| items[i].key.as_str(),
+            |i| check_key(&items[i].key),
+            |shard, tenant, i| {
+                let item = &items[i];
                 let args = EndArgs {
                     client: req.client_id,
                     key: &item.key,
@@ -106,10 +97,9 @@ impl Engine {
                     ids: &item.replica_ids,
                     checksum: item.checksum,
                 };
-                results[i] = ItemResult(self.end_locked(shard, tenant, &args));
+                self.end_locked(shard, tenant, &args)
             },
-        );
-        Ok(results)
+        ))
     }
 
     /// BatchUpsertEnd: same as BatchPutEnd.
@@ -119,34 +109,24 @@ impl Engine {
 
     /// BatchPutRevoke: PutRevoke per item.
     pub fn batch_put_revoke(&self, req: &BatchRevokeRequest) -> Result<Vec<ItemResult<()>>> {
-        let n = req.items.len();
-        let tenant = match read_tenant(&req.tenant) {
-            Ok(t) => t,
-            Err(e) => return Ok((0..n).map(|_| ItemResult(Err(e.clone()))).collect()),
-        };
-        let mut results: Vec<ItemResult<()>> = req
-            .items
-            .iter()
-            .map(|it| ItemResult(check_key(&it.key)))
-            .collect();
-        let valid: Vec<bool> = results.iter().map(|r| r.0.is_ok()).collect();
-        self.for_each_by_shard(
-            tenant,
-            (0..n).filter(|i| valid[*i]),
-            |i| req.items[i].key.as_str(),
-            |shard, i| {
-                let item = &req.items[i];
-                results[i] = ItemResult(self.revoke_locked(
+        let items = &req.items;
+        Ok(self.batch_items(
+            &req.tenant,
+            items.len(),
+            |i| items[i].key.as_str(),
+            |i| check_key(&items[i].key),
+            |shard, tenant, i| {
+                let item = &items[i];
+                self.revoke_locked(
                     shard,
                     tenant,
                     req.client_id,
                     &item.key,
                     req.replica_type,
                     &item.replica_ids,
-                ));
+                )
             },
-        );
-        Ok(results)
+        ))
     }
 
     /// BatchUpsertRevoke: same as BatchPutRevoke.

@@ -113,23 +113,14 @@ impl Engine {
     /// current COMPLETE readable replicas; a missing object is `OBJECT_NOT_FOUND`, anything else
     /// (evicted, replaced, rewritten in place) `INVALID_REPLICA`. Grants no lease.
     pub fn revalidate_replicas(&self, req: &RevalidateRequest) -> Result<Vec<ItemResult<()>>> {
-        let n = req.items.len();
-        let tenant = match read_tenant(&req.tenant) {
-            Ok(t) => t,
-            Err(e) => return Ok((0..n).map(|_| ItemResult(Err(e.clone()))).collect()),
-        };
-        let mut results: Vec<ItemResult<()>> = req
-            .items
-            .iter()
-            .map(|it| ItemResult(check_revalidate(it)))
-            .collect();
-        let valid: Vec<bool> = results.iter().map(|r| r.0.is_ok()).collect();
-        self.for_each_by_shard(
-            tenant,
-            (0..n).filter(|i| valid[*i]),
-            |i| req.items[i].key.as_str(),
-            |shard, i| {
-                let item = &req.items[i];
+        let items = &req.items;
+        Ok(self.batch_items(
+            &req.tenant,
+            items.len(),
+            |i| items[i].key.as_str(),
+            |i| check_revalidate(&items[i]),
+            |shard, tenant, i| {
+                let item = &items[i];
                 let found = self.with_object(shard, tenant, &item.key, |_, obj| {
                     let all_live = item
                         .replica_ids
@@ -137,17 +128,16 @@ impl Engine {
                         .all(|id| obj.replicas.iter().any(|r| r.id == *id && r.is_readable()));
                     (all_live, After::Keep)
                 });
-                results[i] = ItemResult(match found {
+                match found {
                     None => Err(Error::new(ErrorCode::OBJECT_NOT_FOUND, "object not found")),
                     Some(true) => Ok(()),
                     Some(false) => Err(Error::new(
                         ErrorCode::INVALID_REPLICA,
                         "replicas were replaced or removed",
                     )),
-                });
+                }
             },
-        );
-        Ok(results)
+        ))
     }
 
     /// Admin `/query_key`: GetReplicaList by tenant and key (grants a lease, as upstream does).
@@ -233,24 +223,14 @@ impl Engine {
         req: &KeysRequest,
         mut op: impl FnMut(&mut Shard, &str, &str) -> Result<T>,
     ) -> Vec<ItemResult<T>> {
-        let n = req.keys.len();
-        let tenant = match read_tenant(&req.tenant) {
-            Ok(t) => t,
-            Err(e) => return (0..n).map(|_| ItemResult(Err(e.clone()))).collect(),
-        };
-        let mut results: Vec<ItemResult<T>> = req
-            .keys
-            .iter()
-            .map(|k| ItemResult(check_key(k).and(Err(ErrorCode::INTERNAL_ERROR.into()))))
-            .collect();
-        let valid: Vec<bool> = req.keys.iter().map(|k| check_key(k).is_ok()).collect();
-        self.for_each_by_shard(
-            tenant,
-            (0..n).filter(|i| valid[*i]),
-            |i| req.keys[i].as_str(),
-            |shard, i| results[i] = ItemResult(op(shard, tenant, &req.keys[i])),
-        );
-        results
+        let keys = &req.keys;
+        self.batch_items(
+            &req.tenant,
+            keys.len(),
+            |i| keys[i].as_str(),
+            |i| check_key(&keys[i]),
+            |shard, tenant, i| op(shard, tenant, &keys[i]),
+        )
     }
 }
 

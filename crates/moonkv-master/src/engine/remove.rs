@@ -40,25 +40,15 @@ impl Engine {
 
     /// BatchRemove: Remove per key, in input order.
     pub fn batch_remove(&self, req: &BatchRemoveRequest) -> Result<Vec<ItemResult<()>>> {
-        let n = req.keys.len();
-        let tenant = match read_tenant(&req.tenant) {
-            Ok(t) => t,
-            Err(e) => return Ok((0..n).map(|_| ItemResult(Err(e.clone()))).collect()),
-        };
         let now = self.now();
-        let mut results: Vec<ItemResult<()>> =
-            req.keys.iter().map(|k| ItemResult(check_key(k))).collect();
-        let valid: Vec<bool> = results.iter().map(|r| r.0.is_ok()).collect();
-        self.for_each_by_shard(
-            tenant,
-            (0..n).filter(|i| valid[*i]),
-            |i| req.keys[i].as_str(),
-            |shard, i| {
-                results[i] =
-                    ItemResult(self.remove_locked(shard, tenant, &req.keys[i], req.force, now))
-            },
-        );
-        Ok(results)
+        let keys = &req.keys;
+        Ok(self.batch_items(
+            &req.tenant,
+            keys.len(),
+            |i| keys[i].as_str(),
+            |i| check_key(&keys[i]),
+            |shard, tenant, i| self.remove_locked(shard, tenant, &keys[i], req.force, now),
+        ))
     }
 
     /// RemoveByRegex: removes every removable object of the tenant whose key the regex matches

@@ -6,8 +6,9 @@ use super::keyhash::KeyHashState;
 use super::object::{ObjectMeta, Replica};
 use super::segments::lock;
 use super::sink::emit_diff;
+use super::validate::read_tenant;
 use super::{Engine, ParkedBuffer};
-use moonkv_proto::TenantId;
+use moonkv_proto::{ErrorCode, ItemResult, Result, TenantId};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
@@ -239,5 +240,30 @@ impl Engine {
                 pos += 1;
             }
         }
+    }
+
+    /// Shared driver of per-key batches: an invalid tenant fails every item, `check` fails
+    /// single items, and `op` runs for the rest with each shard locked once per batch.
+    pub(crate) fn batch_items<'k, T>(
+        &self,
+        raw_tenant: &str,
+        n: usize,
+        key_of: impl Fn(usize) -> &'k str,
+        check: impl Fn(usize) -> Result<()>,
+        mut op: impl FnMut(&mut Shard, &str, usize) -> Result<T>,
+    ) -> Vec<ItemResult<T>> {
+        let tenant = match read_tenant(raw_tenant) {
+            Ok(t) => t,
+            Err(e) => return (0..n).map(|_| ItemResult(Err(e.clone()))).collect(),
+        };
+        let mut results: Vec<Option<Result<T>>> = (0..n).map(|i| check(i).err().map(Err)).collect();
+        let pending: Vec<usize> = (0..n).filter(|i| results[*i].is_none()).collect();
+        self.for_each_by_shard(tenant, pending.into_iter(), key_of, |shard, i| {
+            results[i] = Some(op(shard, tenant, i));
+        });
+        results
+            .into_iter()
+            .map(|r| ItemResult(r.unwrap_or_else(|| Err(ErrorCode::INTERNAL_ERROR.into()))))
+            .collect()
     }
 }
