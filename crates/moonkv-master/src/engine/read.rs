@@ -15,6 +15,22 @@ use moonkv_proto::{
 use regex::Regex;
 
 /// Compiles a client regex; a bad one is the caller's error, not ours.
+/// The keys of `tenant` in one shard that `re` matches anywhere in (search semantics); copied
+/// out so the caller can then touch each object under the same lock.
+pub(crate) fn matching_keys(shard: &Shard, tenant: &str, re: &Regex) -> Vec<Box<str>> {
+    shard
+        .tenants
+        .get(tenant)
+        .map(|t| {
+            t.objects
+                .keys()
+                .filter(|k| re.is_match(k))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub(crate) fn compile_regex(pattern: &str) -> Result<Regex> {
     Regex::new(pattern).map_err(|_| invalid("invalid regular expression"))
 }
@@ -80,15 +96,7 @@ impl Engine {
         let mut out = Vec::new();
         for i in 0..self.shards.len() {
             let mut shard = self.lock_shard(i);
-            let keys: Vec<Box<str>> = match shard.tenants.get(tenant) {
-                Some(t) => t
-                    .objects
-                    .keys()
-                    .filter(|k| re.is_match(k))
-                    .cloned()
-                    .collect(),
-                None => continue,
-            };
+            let keys = matching_keys(&shard, tenant, &re);
             for key in keys {
                 let found = self.with_object(&mut shard, tenant, &key, |_, obj| {
                     if !obj.has_readable() {

@@ -2,7 +2,7 @@
 //! an incomplete object (a write in flight) blocks it always.
 
 use super::object::ObjectMeta;
-use super::read::compile_regex;
+use super::read::{compile_regex, matching_keys};
 use super::shard::{After, Shard};
 use super::validate::{check_key, read_tenant};
 use super::Engine;
@@ -60,15 +60,7 @@ impl Engine {
         let mut removed = 0i64;
         for i in 0..self.shards.len() {
             let mut shard = self.lock_shard(i);
-            let keys: Vec<Box<str>> = match shard.tenants.get(tenant) {
-                Some(t) => t
-                    .objects
-                    .keys()
-                    .filter(|k| re.is_match(k))
-                    .cloned()
-                    .collect(),
-                None => continue,
-            };
+            let keys = matching_keys(&shard, tenant, &re);
             for key in keys {
                 let erased = self.with_object(&mut shard, tenant, &key, |_, obj| {
                     match removal_blocker(obj, req.force, now) {
