@@ -54,6 +54,53 @@ wire_enum!(
     }
 );
 
+/// The storage tier events report: `cpu` for memory replicas, `disk` for every other kind.
+///
+/// Serialized as its lowercase name (the event stream and admin JSON spell it that way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Medium {
+    /// A memory replica (a range of a mounted segment).
+    Cpu,
+    /// Any non-memory replica (a node's disk tier).
+    Disk,
+}
+
+impl Medium {
+    /// Every medium, in the order events for one object are emitted.
+    pub const ALL: [Medium; 2] = [Medium::Cpu, Medium::Disk];
+
+    /// The wire spelling: `cpu` or `disk`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Cpu => "cpu",
+            Medium::Disk => "disk",
+        }
+    }
+
+    /// Parses a wire spelling, ignoring ASCII case; anything else is `None`.
+    pub fn parse(s: &str) -> Option<Medium> {
+        Medium::ALL
+            .into_iter()
+            .find(|m| s.eq_ignore_ascii_case(m.as_str()))
+    }
+}
+
+impl std::fmt::Display for Medium {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<ReplicaKind> for Medium {
+    fn from(kind: ReplicaKind) -> Medium {
+        match kind {
+            ReplicaKind::Memory => Medium::Cpu,
+            ReplicaKind::LocalDisk => Medium::Disk,
+        }
+    }
+}
+
 wire_enum!(
     /// Which replicas an End/Revoke targets.
     ReplicaType {

@@ -437,10 +437,7 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
 }
 
 fn medium(kind: ReplicaKind) -> &'static str {
-    match kind {
-        ReplicaKind::Memory => "cpu",
-        ReplicaKind::LocalDisk => "disk",
-    }
+    moonkv_proto::Medium::from(kind).as_str()
 }
 
 /// The admin address matching a master address: same host, port 9003.

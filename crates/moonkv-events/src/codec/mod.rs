@@ -17,36 +17,7 @@ pub const MAX_EVENTS_PER_MESSAGE: usize = 64;
 /// Default bound of the publisher queue, in events.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 65_536;
 
-/// The logical storage tier an event names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Medium {
-    /// A memory replica.
-    Cpu,
-    /// Any non-memory replica (local disk, NVMe-oF, DFS).
-    Disk,
-}
-
-impl Medium {
-    /// The wire spelling: `cpu` or `disk`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Medium::Cpu => "cpu",
-            Medium::Disk => "disk",
-        }
-    }
-
-    /// Parses a wire spelling, ignoring ASCII case; anything else is `None`.
-    pub fn parse(s: &str) -> Option<Medium> {
-        if s.eq_ignore_ascii_case("cpu") {
-            Some(Medium::Cpu)
-        } else if s.eq_ignore_ascii_case("disk") {
-            Some(Medium::Disk)
-        } else {
-            None
-        }
-    }
-}
+pub use moonkv_proto::Medium;
 
 /// What happened to an object (or, for `Cleared`, to a whole tenant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

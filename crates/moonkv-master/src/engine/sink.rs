@@ -6,27 +6,13 @@
 //! order is the commit order and a snapshot taken under all shard locks is exact.
 
 use moonkv_proto::TenantId;
-use serde::Serialize;
 
-/// Where a replica's bytes live, as reported in events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Medium {
-    /// A memory replica (a range of a mounted segment).
-    Cpu,
-    /// Any non-memory replica (a node's disk tier).
-    Disk,
-}
+pub use moonkv_proto::Medium;
 
-impl Medium {
-    /// Every medium, in the order events for one object are emitted.
-    pub const ALL: [Medium; 2] = [Medium::Cpu, Medium::Disk];
-
-    fn bit(self) -> u8 {
-        match self {
-            Medium::Cpu => 1,
-            Medium::Disk => 2,
-        }
+fn bit(m: Medium) -> u8 {
+    match m {
+        Medium::Cpu => 1,
+        Medium::Disk => 2,
     }
 }
 
@@ -65,12 +51,12 @@ impl MediaSet {
 
     /// Adds `m`.
     pub(crate) fn insert(&mut self, m: Medium) {
-        self.0 |= m.bit();
+        self.0 |= bit(m);
     }
 
     /// Whether `m` is present.
     pub(crate) fn contains(self, m: Medium) -> bool {
-        self.0 & m.bit() != 0
+        self.0 & bit(m) != 0
     }
 
     /// Whether no medium is present.

@@ -112,13 +112,6 @@ struct TenantParam {
     tenant_id: Option<String>,
 }
 
-fn medium_name(m: Medium) -> &'static str {
-    match m {
-        Medium::Cpu => "cpu",
-        Medium::Disk => "disk",
-    }
-}
-
 async fn events_snapshot(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> Response {
     let engine = s.engine.clone();
     let tenant = p.tenant_id.filter(|t| !t.is_empty());
@@ -137,7 +130,7 @@ async fn events_snapshot(State(s): State<AdminState>, Query(p): Query<TenantPara
                 "tenant_id": o.tenant,
                 "object_key": o.key,
                 "group_id": o.group_id,
-                "media": o.media.iter().map(|m| medium_name(*m)).collect::<Vec<_>>(),
+                "media": o.media.iter().map(|m| Medium::as_str(*m)).collect::<Vec<_>>(),
             })
         })
         .collect();

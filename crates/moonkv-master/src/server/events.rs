@@ -106,10 +106,7 @@ impl EventHook {
         medium: Medium,
         stored: bool,
     ) -> KvEvent {
-        let m = match medium {
-            Medium::Cpu => moonkv_events::Medium::Cpu,
-            Medium::Disk => moonkv_events::Medium::Disk,
-        };
+        let m = medium;
         let ev = if stored {
             KvEvent::stored(tenant.as_str(), key, m)
         } else {
