@@ -16,7 +16,9 @@ fn one() -> ReplicateConfig {
 async fn round_trip(sizes: &[usize], local_copy: bool) {
     let largest = *sizes.iter().max().unwrap() as u64;
     let cluster = Cluster::start(1, (largest * 2).max(64 * MIB)).await;
-    let store = cluster.store_with(|c| c.local_copy = local_copy).await;
+    let store = cluster
+        .store_with(|c| c.local_segments = local_copy.then(|| cluster.local.clone()))
+        .await;
     for (i, &size) in sizes.iter().enumerate() {
         let key = format!("obj-{size}");
         let value = pattern(size, i as u8 + 1);
@@ -300,7 +302,7 @@ async fn an_expired_lease_is_revalidated_instead_of_failing() {
         let cluster = Cluster::start_with(config, 1, 64 * MIB).await;
         // Over the network (not the in-process copy), 16 MiB takes well over the 1 ms lease,
         // so every read outlives it; the replicas are unchanged, so revalidation confirms.
-        let store = cluster.store_with(|c| c.local_copy = false).await;
+        let store = cluster.store_with(|_| {}).await;
         let value = pattern(16 * MIB as usize, 3);
         store.put("leased", &value, &one()).await.unwrap();
         assert!(store.get("leased").await.unwrap() == value);

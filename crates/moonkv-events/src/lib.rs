@@ -6,7 +6,7 @@
 //!
 //! Modules:
 //! - [`codec`]: event types, the publisher configuration, and the byte-exact encoder
-//!   (`codec::wire` holds the hand-written MessagePack writer and bounded reader).
+//!   (MessagePack written with `rmp`).
 //! - [`publisher`]: [`Publisher`], a ZMQ PUB socket on its own thread fed by a bounded
 //!   drop-oldest queue ([`publisher::EventQueue`], pure and socket-free) that turns every
 //!   loss into a visible sequence gap; [`PublisherStatus`] for `/kv_events/status`.
@@ -14,7 +14,6 @@
 //!   tracking ([`StreamTracker`]), the [`PlacementIndex`], snapshot recovery
 //!   ([`IndexSync`], [`SnapshotSource`], [`HttpSnapshotSource`]) and a blocking
 //!   [`Subscriber`].
-//! - [`loopback`]: publisher → subscriber on loopback at full speed, for benchmarks.
 //! - [`error`]: [`EventsError`] and [`DecodeError`].
 //!
 //! The crate does no async I/O and depends on no other moonkv crate.
@@ -23,7 +22,6 @@
 
 pub mod codec;
 pub mod error;
-pub mod loopback;
 pub mod publisher;
 pub mod subscriber;
 
@@ -32,7 +30,6 @@ pub use codec::{
     StampedEvent, DEFAULT_QUEUE_CAPACITY, MAX_EVENTS_PER_MESSAGE,
 };
 pub use error::{DecodeError, EventsError};
-pub use loopback::{run_loopback, LoopbackOptions, LoopbackReport};
 pub use publisher::{Publisher, PublisherStatus};
 pub use subscriber::{
     decode_message, decode_message_detailed, format_event_line, DecodedEvent, DecodedMessage,

@@ -7,9 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moonkv_events::{
-    run_loopback, DecodedEvent, Delivery, EventConfig, EventKind, EventsError, HttpSnapshotSource,
-    IndexSync, KvEvent, LoopbackOptions, Medium, Publisher, SequenceVerdict, Snapshot,
-    SnapshotObject, Subscriber,
+    DecodedEvent, Delivery, EventConfig, EventKind, EventsError, HttpSnapshotSource, IndexSync,
+    KvEvent, Medium, Publisher, SequenceVerdict, Snapshot, SnapshotObject, Subscriber,
 };
 
 const PROBE: &str = "__probe__";
@@ -305,21 +304,6 @@ fn index_recovers_through_the_http_snapshot() {
         sub.sync().and_then(IndexSync::snapshot_epoch),
         Some(publisher.epoch())
     );
-}
-
-#[test]
-fn loopback_runner_delivers_everything() {
-    let report = run_loopback(&LoopbackOptions {
-        events: 20_000,
-        key_len: 24,
-        queue_capacity: 0,
-        deadline: Duration::from_secs(30),
-    })
-    .expect("loopback runs");
-    assert!(report.completed, "{report:?}");
-    assert_eq!(report.received, 20_000);
-    assert_eq!(report.dropped, 0);
-    assert!(report.events_per_second > 0.0);
 }
 
 #[test]

@@ -8,8 +8,11 @@
 //! - [`auth`]: shared-secret challenge-response proofs used by the handshakes.
 //! - [`grant`]: capability grants on replica ranges, issued by the master, checked by nodes.
 //! - [`tls`]: optional TLS settings; with the `tls` feature, PEM loading into rustls configs.
+//! - [`units`]: the one parser and printer of human sizes (`64MiB`) and durations (`10s`).
 //!
 //! This crate does no network I/O; it only defines and encodes (and reads secret and PEM files).
+
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod error;
@@ -19,6 +22,7 @@ pub mod ids;
 pub mod msg;
 pub mod tls;
 pub mod types;
+pub mod units;
 
 pub use error::{Error, ErrorCode, Result};
 pub use ids::{ClientId, ObjectKey, ReplicaId, SegmentId, TenantId, Uuid};

@@ -5,8 +5,8 @@
 //! `--json` the same error is also printed on stdout as `{"ok":false,"error":NAME,...}`.
 
 use anyhow::Context;
-use moonkv_client::util::format_size;
 use moonkv_client::{Error, ErrorCode, ReplicateConfig, Store, StoreConfig};
+use moonkv_proto::units::format_size;
 use moonkv_proto::ReplicaKind;
 use serde_json::json;
 use std::io::{Read, Write};

@@ -6,7 +6,6 @@
 //! - `put`, `get`, `rm`, `ls`, `stat`: the client commands (`client_cmd`).
 //! - `events tail`, `events index`: follow the KV event stream (`events_cmd`).
 
-mod bench;
 mod client_cmd;
 mod events_cmd;
 mod master_cmd;
@@ -37,7 +36,7 @@ enum Command {
     /// Follow the KV event stream: tail it or keep a placement index.
     Events(events_cmd::EventsArgs),
     /// Measure moonkv: master metadata rate, data plane, event stream rate.
-    Bench(bench::BenchArgs),
+    Bench(moonkv_bench::BenchArgs),
 }
 
 /// Prints the one JSON line that tells scripts and tests where a server listens.
@@ -101,7 +100,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => runtime(0)?.block_on(node_cmd::run(args)),
         Command::Client(command) => runtime(2)?.block_on(client_cmd::run(command)),
         Command::Events(args) => events_cmd::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => moonkv_bench::run(args),
         Command::Master(args) => {
             let config = args.config()?;
             runtime(config.rpc_threads)?.block_on(master_cmd::run(config))

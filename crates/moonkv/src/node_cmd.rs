@@ -1,8 +1,8 @@
 //! `moonkv node`: contribute memory segments to a cluster and serve their bytes.
 
-use moonkv_client::node::{DiskConfig, Node, NodeConfig};
-use moonkv_client::util::parse_size;
+use moonkv_node::{DiskConfig, Node, NodeConfig};
 use moonkv_proto::auth::Secret;
+use moonkv_proto::units::parse_size;
 
 /// Arguments of `moonkv node`.
 #[derive(clap::Args, Debug, Clone)]

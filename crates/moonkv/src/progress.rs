@@ -1,6 +1,6 @@
 //! A progress bar on stderr for transfers that take more than a moment (terminals only).
 
-use moonkv_client::util::format_size;
+use moonkv_proto::units::format_size;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

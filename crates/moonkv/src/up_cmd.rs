@@ -2,9 +2,9 @@
 
 use crate::master_cmd::MasterFlags;
 use crate::node_cmd::{host_name, size_arg, DiskArgs};
-use moonkv_client::node::{Node, NodeConfig};
-use moonkv_client::util::format_size;
 use moonkv_master::server::{self, MasterConfig};
+use moonkv_node::{Node, NodeConfig};
+use moonkv_proto::units::format_size;
 
 /// Arguments of `moonkv up`: every master flag, plus the embedded node's.
 #[derive(clap::Args, Debug)]

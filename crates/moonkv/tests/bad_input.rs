@@ -5,10 +5,10 @@
 mod common;
 mod support;
 
-use moonkv_client::data_plane::header::{
+use moonkv_client::{ReplicateConfig, Store, StoreConfig};
+use moonkv_dataplane::header::{
     check_range, RequestHeader, ResponseHeader, REQUEST_LEN, RESPONSE_LEN,
 };
-use moonkv_client::{ReplicateConfig, Store, StoreConfig};
 use moonkv_master::server::{MasterConfig, CONFIG_KEYS};
 use proptest::prelude::*;
 use serde_json::Value;

@@ -3,10 +3,10 @@
 //!
 //! Every wait is a bounded poll; nothing asserts on timing.
 
-use moonkv_client::node::{DiskConfig, Node, NodeConfig};
 use moonkv_client::{ErrorCode, ReplicateConfig, Store, StoreConfig};
 use moonkv_events::{Delivery, Subscriber};
 use moonkv_master::server::{self, MasterConfig, MasterHandle};
+use moonkv_node::{DiskConfig, Node, NodeConfig};
 use moonkv_proto::ReplicaKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -156,8 +156,7 @@ fn node_config(master: &MasterHandle, dir: &Path, disk_capacity: u64) -> NodeCon
 }
 
 async fn store(master: &MasterHandle) -> Store {
-    let mut config = StoreConfig::new(master.rpc_addr().to_string());
-    config.local_copy = false;
+    let config = StoreConfig::new(master.rpc_addr().to_string());
     Store::connect(config).await.expect("store connects")
 }
 

@@ -26,7 +26,6 @@ async fn store(master: &Proc) -> Store {
     let mut config = StoreConfig::new(master.field("rpc"));
     // The transfer must outlast the frozen node, not time out.
     config.transfer_timeout = Duration::from_secs(60);
-    config.local_copy = false;
     Store::connect(config).await.expect("store connects")
 }
 

@@ -2,9 +2,9 @@
 //! loopback: the node's handshake, capability grants that keep one tenant out of another's
 //! ranges, and secrets kept out of logs and metrics.
 
-use moonkv_client::data_plane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader};
-use moonkv_client::data_plane::DataConnection;
 use moonkv_client::store::{Store, StoreConfig};
+use moonkv_dataplane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader};
+use moonkv_dataplane::DataConnection;
 use moonkv_proto::auth::Secret;
 use moonkv_proto::grant::{unix_now_ms, Grant, READ};
 use moonkv_proto::{ErrorCode, ReplicaDescriptor, ReplicateConfig};

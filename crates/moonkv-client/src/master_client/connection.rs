@@ -1,7 +1,7 @@
 //! One multiplexed TCP (optionally TLS) connection to the master: a writer task, a reader task
 //! and the map of requests waiting for their response.
 
-use crate::tls::{ConnectFailure, Stream, TlsConnector};
+use moonkv_dataplane::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::frame::{self, FrameKind};
 use moonkv_proto::msg::{Hello, HelloAck, HelloAuth};
 use moonkv_proto::{Error, ErrorCode, Result, PROTOCOL_MAGIC, PROTOCOL_VERSION};
@@ -45,20 +45,22 @@ impl Connection {
                 format!("cannot reach the master at {addr}: {what}: {e}"),
             )
         };
-        let stream =
-            tokio::time::timeout(connect_timeout, crate::tls::connect(addr, tls, "master"))
-                .await
-                .map_err(|_| {
-                    Error::new(
-                        ErrorCode::RPC_TIMEOUT,
-                        format!("connecting to the master at {addr} timed out"),
-                    )
-                })?
-                .map_err(|e| match e {
-                    ConnectFailure::Tcp(e) => fail("connect", &e),
-                    // A TLS mismatch does not get better by retrying.
-                    ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why),
-                })?;
+        let stream = tokio::time::timeout(
+            connect_timeout,
+            moonkv_dataplane::stream::connect(addr, tls, "master"),
+        )
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorCode::RPC_TIMEOUT,
+                format!("connecting to the master at {addr} timed out"),
+            )
+        })?
+        .map_err(|e| match e {
+            ConnectFailure::Tcp(e) => fail("connect", &e),
+            // A TLS mismatch does not get better by retrying.
+            ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why),
+        })?;
         let (mut reader, mut writer) = split(stream);
 
         let mut buf = Vec::with_capacity(4096);
@@ -269,7 +271,7 @@ async fn read_more(reader: &mut Reader, buf: &mut Vec<u8>, addr: &str) -> Result
     buf.reserve(64 * 1024);
     reader.read_buf(buf).await.map_err(|e| {
         // A master that refuses this client's certificate says so on the first read.
-        let why = crate::tls::explain(&e, "master", addr);
+        let why = moonkv_dataplane::stream::explain(&e, "master", addr);
         Error::new(
             ErrorCode::RPC_FAIL,
             format!("reading from the master failed: {why}"),

@@ -43,7 +43,7 @@ pub struct MasterClientConfig {
     pub auth_secret: Option<moonkv_proto::auth::Secret>,
     /// Connect with TLS, verifying the master against this CA (`MOONKV_TLS_CA_FILE` by
     /// default); `None` = plain TCP.
-    pub tls: Option<crate::tls::TlsClientConfig>,
+    pub tls: Option<moonkv_dataplane::stream::TlsClientConfig>,
 }
 
 impl MasterClientConfig {
@@ -58,7 +58,7 @@ impl MasterClientConfig {
             connect_attempts: 3,
             ping_interval: Duration::from_secs(1),
             auth_secret: crate::util::secret_from_env(),
-            tls: crate::tls::TlsClientConfig::from_env(),
+            tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
         }
     }
 }
@@ -72,7 +72,7 @@ pub struct MasterClient {
 struct Inner {
     config: MasterClientConfig,
     /// `config.tls`, loaded (or why it could not be).
-    tls: std::result::Result<Option<crate::tls::TlsConnector>, String>,
+    tls: std::result::Result<Option<moonkv_dataplane::stream::TlsConnector>, String>,
     conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
     next_request_id: AtomicU64,
     segments: Mutex<Vec<Segment>>,
@@ -103,7 +103,7 @@ impl MasterClient {
     pub fn lazy(config: MasterClientConfig) -> MasterClient {
         MasterClient {
             inner: Arc::new(Inner {
-                tls: crate::tls::TlsConnector::load_optional(config.tls.as_ref()),
+                tls: moonkv_dataplane::stream::TlsConnector::load_optional(config.tls.as_ref()),
                 config,
                 conn: tokio::sync::Mutex::new(None),
                 next_request_id: AtomicU64::new(1),

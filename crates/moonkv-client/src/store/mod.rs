@@ -12,9 +12,9 @@
 mod batch;
 pub(crate) mod transfer;
 
-use crate::data_plane::FileMeta;
 use crate::master_client::{MasterClient, MasterClientConfig};
 use crate::util::check_key;
+use moonkv_dataplane::FileMeta;
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::{ClientId, Error, ErrorCode, ReplicaId, Result, TenantId};
@@ -40,8 +40,9 @@ pub struct StoreConfig {
     pub transfer_connections: usize,
     /// Bytes per data-plane request; larger objects are split.
     pub chunk_size: usize,
-    /// Copy directly when a replica's segment is served by this process.
-    pub local_copy: bool,
+    /// Segments of nodes embedded in this process: replicas in them are copied directly, not
+    /// over the network (`NodeHandle::local_segments`); `None` = always the network.
+    pub local_segments: Option<moonkv_dataplane::LocalSegments>,
     /// Writer identity; random when `None`.
     pub client_id: Option<ClientId>,
     /// Counter of bytes moved by data-plane transfers (chunks as they complete), for
@@ -52,7 +53,7 @@ pub struct StoreConfig {
     pub auth_secret: Option<moonkv_proto::auth::Secret>,
     /// Connect to the master and to nodes over TLS, verifying them against this CA
     /// (`MOONKV_TLS_CA_FILE` by default); `None` = plain TCP.
-    pub tls: Option<crate::tls::TlsClientConfig>,
+    pub tls: Option<moonkv_dataplane::stream::TlsClientConfig>,
 }
 
 impl StoreConfig {
@@ -68,11 +69,11 @@ impl StoreConfig {
             transfer_timeout: Duration::from_secs(10),
             transfer_connections: 4,
             chunk_size: 512 << 10,
-            local_copy: true,
+            local_segments: None,
             client_id: None,
             progress: None,
             auth_secret: crate::util::secret_from_env(),
-            tls: crate::tls::TlsClientConfig::from_env(),
+            tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
         }
     }
 }
@@ -127,7 +128,7 @@ impl Store {
         master_config.connect_timeout = config.connect_timeout;
         master_config.auth_secret = config.auth_secret.clone();
         master_config.tls = config.tls.clone();
-        let tls = crate::tls::TlsConnector::load_optional(config.tls.as_ref())
+        let tls = moonkv_dataplane::stream::TlsConnector::load_optional(config.tls.as_ref())
             .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, format!("TLS settings: {e}")))?;
         let master = MasterClient::connect(master_config).await?;
         let transfer = Transfer::new(
@@ -135,7 +136,7 @@ impl Store {
             config.transfer_connections,
             config.transfer_timeout,
             config.connect_timeout,
-            config.local_copy,
+            config.local_segments.clone(),
             config.progress.clone(),
             config.auth_secret.clone(),
         )

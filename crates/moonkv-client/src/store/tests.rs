@@ -2,9 +2,9 @@
 //! revoke-with-ids, the cases a real master cannot be steered into on demand.
 
 use super::*;
-use crate::data_plane::server::{DataServer, SegmentTable};
-use crate::node::segment::SegmentMemory;
 use crate::test_support::{fake_master, ok, Handler, Reply};
+use moonkv_node::segment::SegmentMemory;
+use moonkv_node::server::{DataServer, SegmentTable};
 use moonkv_proto::SegmentId;
 use std::sync::Mutex;
 
@@ -48,7 +48,6 @@ fn descriptor(id: ReplicaId, address: u64, size: u64, endpoint: &str) -> Replica
 
 async fn store(master: &str) -> Store {
     let mut config = StoreConfig::new(master);
-    config.local_copy = false;
     config.connect_timeout = Duration::from_millis(500);
     Store::connect(config).await.unwrap()
 }

@@ -2,8 +2,8 @@
 //! directly when the replica's segment lives in this process. A disk replica moves as one
 //! whole-file request to the node that owns the disk.
 
-use crate::data_plane::{ConnectionPool, DataConnection, FileMeta};
-use crate::node::segment::{lookup_local, SegmentMemory};
+use moonkv_dataplane::{ConnectionPool, DataConnection, FileMeta};
+use moonkv_dataplane::{LocalSegment, LocalSegments};
 use moonkv_proto::auth::Secret;
 use moonkv_proto::types::{ReplicaDescriptor, ReplicaKind};
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
@@ -26,7 +26,7 @@ pub(crate) struct Transfer {
     chunk_size: usize,
     lanes: usize,
     timeout: Duration,
-    local_copy: bool,
+    local: Option<LocalSegments>,
     /// Bytes moved so far, for progress displays.
     progress: Option<Arc<AtomicU64>>,
     /// Writes whose deadline passed while the node may still be applying them, by replica:
@@ -40,7 +40,7 @@ impl Transfer {
         lanes: usize,
         timeout: Duration,
         connect_timeout: Duration,
-        local_copy: bool,
+        local: Option<LocalSegments>,
         progress: Option<Arc<AtomicU64>>,
         secret: Option<Secret>,
     ) -> Self {
@@ -50,14 +50,14 @@ impl Transfer {
             chunk_size: chunk_size.max(4096),
             lanes,
             timeout,
-            local_copy,
+            local,
             progress,
             fences: Mutex::default(),
         }
     }
 
     /// New data-plane connections use TLS with these settings.
-    pub fn with_tls(mut self, tls: Option<crate::tls::TlsConnector>) -> Self {
+    pub fn with_tls(mut self, tls: Option<moonkv_dataplane::stream::TlsConnector>) -> Self {
         self.pool = self.pool.with_tls(tls);
         self
     }
@@ -110,11 +110,10 @@ impl Transfer {
         self.local(replica).is_some()
     }
 
-    fn local(&self, replica: &ReplicaDescriptor) -> Option<Arc<SegmentMemory>> {
-        if self.local_copy && replica.kind == ReplicaKind::Memory {
-            lookup_local(replica.segment_id)
-        } else {
-            None
+    fn local(&self, replica: &ReplicaDescriptor) -> Option<Arc<dyn LocalSegment>> {
+        match &self.local {
+            Some(local) if replica.kind == ReplicaKind::Memory => local.get(replica.segment_id),
+            _ => None,
         }
     }
 
@@ -125,11 +124,10 @@ impl Transfer {
         }
         check_memory(replica, buf.len())?;
         if let Some(memory) = self.local(replica) {
-            let view = memory
-                .read_view(replica.address, buf.len() as u64)
+            memory
+                .read_into(replica.address, buf)
                 .await
                 .map_err(|s| local_refusal(replica, s))?;
-            buf.copy_from_slice(&view);
             self.advance(buf.len());
             return Ok(());
         }
@@ -157,11 +155,10 @@ impl Transfer {
     pub async fn write(&self, replica: &ReplicaDescriptor, data: &[u8]) -> Result<()> {
         check_memory(replica, data.len())?;
         if let Some(memory) = self.local(replica) {
-            let mut view = memory
-                .write_view(replica.address, data.len() as u64)
+            memory
+                .write_from(replica.address, data)
                 .await
                 .map_err(|s| local_refusal(replica, s))?;
-            view.copy_from_slice(data);
             self.advance(data.len());
             return Ok(());
         }
@@ -362,7 +359,7 @@ fn grant_of(replica: &ReplicaDescriptor) -> &[u8] {
     replica.grant.as_deref().unwrap_or_default()
 }
 
-fn local_refusal(replica: &ReplicaDescriptor, status: crate::data_plane::DataStatus) -> Error {
+fn local_refusal(replica: &ReplicaDescriptor, status: moonkv_dataplane::DataStatus) -> Error {
     Error::new(
         ErrorCode::INVALID_PARAMS,
         format!(

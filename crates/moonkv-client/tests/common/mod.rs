@@ -3,8 +3,9 @@
 
 #![allow(dead_code)]
 
-use moonkv_client::{Node, NodeConfig, NodeHandle, Store, StoreConfig};
+use moonkv_client::{LocalSegments, Store, StoreConfig};
 use moonkv_master::server::{self, MasterConfig, MasterHandle};
+use moonkv_node::{Node, NodeConfig, NodeHandle};
 use std::future::Future;
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ pub struct Cluster {
     pub master: Option<MasterHandle>,
     pub nodes: Vec<Option<NodeHandle>>,
     pub addr: String,
+    /// The nodes' segments, for stores that copy in-process.
+    pub local: LocalSegments,
 }
 
 impl Cluster {
@@ -39,6 +42,7 @@ impl Cluster {
             master: Some(master),
             nodes: Vec::new(),
             addr,
+            local: LocalSegments::new(),
         };
         for _ in 0..nodes {
             cluster.add_node(segment_size).await;
@@ -50,6 +54,7 @@ impl Cluster {
     pub async fn add_node(&mut self, segment_size: u64) -> usize {
         let mut config = NodeConfig::new(self.addr.clone(), segment_size);
         config.ping_interval = Duration::from_millis(200);
+        config.local_segments = self.local.clone();
         let node = Node::start(config).await.expect("node starts");
         self.nodes.push(Some(node));
         self.nodes.len() - 1
@@ -63,7 +68,6 @@ impl Cluster {
     /// A store with adjusted configuration.
     pub async fn store_with(&self, adjust: impl FnOnce(&mut StoreConfig)) -> Store {
         let mut config = StoreConfig::new(self.addr.clone());
-        config.local_copy = false;
         config.transfer_timeout = Duration::from_secs(30);
         adjust(&mut config);
         Store::connect(config).await.expect("store connects")

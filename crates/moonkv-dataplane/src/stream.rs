@@ -18,12 +18,9 @@ pub use moonkv_proto::tls::{TlsClientConfig, TlsServerConfig};
 pub enum Stream {
     /// Plain TCP.
     Plain(TcpStream),
-    /// TLS, this process being the client.
+    /// TLS, either side (tokio-rustls' own client/server stream).
     #[cfg(feature = "tls")]
-    Client(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-    /// TLS, this process being the server.
-    #[cfg(feature = "tls")]
-    Server(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
 }
 
 macro_rules! each {
@@ -31,9 +28,7 @@ macro_rules! each {
         match $self.get_mut() {
             Stream::Plain($s) => $body,
             #[cfg(feature = "tls")]
-            Stream::Client($s) => $body,
-            #[cfg(feature = "tls")]
-            Stream::Server($s) => $body,
+            Stream::Tls($s) => $body,
         }
     };
 }
@@ -69,9 +64,7 @@ impl AsyncWrite for Stream {
         match self {
             Stream::Plain(s) => s.is_write_vectored(),
             #[cfg(feature = "tls")]
-            Stream::Client(s) => s.is_write_vectored(),
-            #[cfg(feature = "tls")]
-            Stream::Server(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
         }
     }
 
@@ -130,7 +123,7 @@ impl TlsConnector {
 
 /// Server-side TLS (a node's data plane), loaded once.
 #[derive(Clone)]
-pub(crate) struct TlsAcceptor {
+pub struct TlsAcceptor {
     #[cfg(feature = "tls")]
     inner: tokio_rustls::TlsAcceptor,
 }
@@ -166,7 +159,7 @@ impl TlsAcceptor {
                 .map_err(|_| {
                     io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
                 })??;
-            Ok(Stream::Server(Box::new(accepted)))
+            Ok(Stream::Tls(Box::new(accepted.into())))
         }
         #[cfg(not(feature = "tls"))]
         {
@@ -202,7 +195,7 @@ pub async fn connect(
     {
         let name = tls.config.server_name(addr).map_err(ConnectFailure::Tls)?;
         match tls.inner.connect(name, stream).await {
-            Ok(s) => Ok(Stream::Client(Box::new(s))),
+            Ok(s) => Ok(Stream::Tls(Box::new(s.into()))),
             Err(e) => Err(ConnectFailure::Tls(explain(&e, peer, addr))),
         }
     }

@@ -1,5 +1,4 @@
-//! Publisher → subscriber over loopback TCP at full speed, for `moonkv bench events` and
-//! the end-to-end tests.
+//! Publisher → subscriber over loopback TCP at full speed, for `moonkv bench events`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -7,10 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::codec::{EventConfig, KvEvent, Medium};
-use crate::error::EventsError;
-use crate::publisher::Publisher;
-use crate::subscriber::{Delivery, Subscriber};
+use moonkv_events::{Delivery, EventConfig, EventsError, KvEvent, Medium, Publisher, Subscriber};
 
 const PROBE_TENANT: &str = "__probe__";
 const END_TENANT: &str = "__end__";
@@ -172,4 +168,24 @@ pub fn run_loopback(opts: &LoopbackOptions) -> Result<LoopbackReport, EventsErro
         events_per_second,
         completed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_runner_delivers_everything() {
+        let report = run_loopback(&LoopbackOptions {
+            events: 20_000,
+            key_len: 24,
+            queue_capacity: 0,
+            deadline: Duration::from_secs(30),
+        })
+        .expect("loopback runs");
+        assert!(report.completed, "{report:?}");
+        assert_eq!(report.received, 20_000);
+        assert_eq!(report.dropped, 0);
+        assert!(report.events_per_second > 0.0);
+    }
 }

@@ -1,4 +1,4 @@
-//! `moonkv bench`: system benchmarks whose results go to `docs/benchmarks.md`.
+//! System benchmarks behind `moonkv bench`; their results go to `docs/benchmarks.md`.
 //!
 //! - [`master`]: metadata operations per second over the wire or in-process (`bench master`).
 //! - `memory`: metadata bytes per resident object (`bench memory`).
@@ -9,13 +9,15 @@
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
 //! - `shape`: `OP:CxT:bB` shapes; `target`: the master over the wire or the engine in-process
 //!   behind one trait; `load`: the per-thread loop; `client`: the blocking protocol client;
-//!   `histogram`: latency percentiles; `report`: markdown tables.
+//!   `histogram`: latency percentiles; `report`: markdown tables; `loopback`: the
+//!   publisher → subscriber runner.
 
 mod client;
 mod echo;
 pub mod events;
 mod histogram;
 mod load;
+mod loopback;
 pub mod master;
 mod memory;
 mod report;
@@ -60,6 +62,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Echo(a) => echo::run(a),
         BenchCommand::Store(a) => store::run(a),
     }
+}
+
+/// A multi-threaded tokio runtime (`worker_threads` 0 = one per core).
+pub fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
+    }
+    builder
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))
 }
 
 /// A fresh random number, for ids and key prefixes that must not collide between runs.

@@ -1,20 +1,17 @@
-//! A node: allocates memory segments, mounts them on the master and serves their bytes over the
+//! The node itself: allocates memory segments, mounts them on the master and serves their bytes over the
 //! data plane. It runs as its own process (`moonkv node`) or embedded in any tokio program
 //! (`moonkv up`, tests, a client that contributes memory). With a disk directory it also serves
 //! the disk tier (`disk`, `offload`; see `docs/disk-tier.md`).
 
-pub mod disk;
-mod offload;
-mod range_lock;
-pub mod segment;
-
-use crate::data_plane::server::{Access, DataServer, SegmentTable};
-use crate::master_client::{MasterClient, MasterClientConfig};
-use disk::DiskStore;
+use crate::disk::DiskStore;
+use crate::offload;
+use crate::segment::SegmentMemory;
+use crate::server::{Access, DataServer, SegmentTable};
+use moonkv_client::master_client::{MasterClient, MasterClientConfig};
+use moonkv_dataplane::{LocalSegment, LocalSegments};
 use moonkv_proto::msg::UnmountDiskSegmentRequest;
 use moonkv_proto::types::{DiskSegment, Segment};
 use moonkv_proto::{ClientId, Error, ErrorCode, Result, SegmentId};
-use segment::SegmentMemory;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -57,6 +54,9 @@ pub struct NodeConfig {
     pub disk: Option<DiskConfig>,
     /// How often the node asks the master for offload tasks and file deletions.
     pub disk_poll_interval: Duration,
+    /// Where the node lends its segments to stores in the same process (`StoreConfig::
+    /// local_segments`); nodes given clones of one handle share it. A fresh handle by default.
+    pub local_segments: LocalSegments,
     /// Shared secret: proven to the master, and required of data-plane callers together with
     /// grants (`MOONKV_AUTH_SECRET[_FILE]` by default; `None` = the data plane is open).
     pub auth_secret: Option<moonkv_proto::auth::Secret>,
@@ -64,9 +64,9 @@ pub struct NodeConfig {
     /// (`MOONKV_GRANT_SECRET[_FILE]` by default).
     pub grant_secret: Option<moonkv_proto::auth::Secret>,
     /// Serve the data plane over TLS only, with this certificate; `None` = plain TCP.
-    pub tls: Option<crate::tls::TlsServerConfig>,
+    pub tls: Option<moonkv_dataplane::stream::TlsServerConfig>,
     /// Connect to the master over TLS (`MOONKV_TLS_CA_FILE` by default).
-    pub master_tls: Option<crate::tls::TlsClientConfig>,
+    pub master_tls: Option<moonkv_dataplane::stream::TlsClientConfig>,
 }
 
 impl NodeConfig {
@@ -85,10 +85,11 @@ impl NodeConfig {
             ping_interval: Duration::from_secs(1),
             disk: None,
             disk_poll_interval: Duration::from_millis(100),
-            auth_secret: crate::util::secret_from_env(),
-            grant_secret: crate::util::grant_secret_from_env(),
+            local_segments: LocalSegments::new(),
+            auth_secret: moonkv_client::util::secret_from_env(),
+            grant_secret: moonkv_client::util::grant_secret_from_env(),
             tls: None,
-            master_tls: crate::tls::TlsClientConfig::from_env(),
+            master_tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
         }
     }
 }
@@ -101,12 +102,13 @@ impl Node {
     /// On any failure the segments mounted so far are unmounted again.
     pub async fn start(config: NodeConfig) -> Result<NodeHandle> {
         let names = segment_names_or_count(&config)?;
-        let tls = match &config.tls {
-            Some(tls) => Some(crate::tls::TlsAcceptor::load(tls).map_err(|e| {
-                Error::new(ErrorCode::INVALID_PARAMS, format!("data-plane TLS: {e}"))
-            })?),
-            None => None,
-        };
+        let tls =
+            match &config.tls {
+                Some(tls) => Some(moonkv_dataplane::stream::TlsAcceptor::load(tls).map_err(
+                    |e| Error::new(ErrorCode::INVALID_PARAMS, format!("data-plane TLS: {e}")),
+                )?),
+                None => None,
+            };
         let opened = match &config.disk {
             Some(d) => {
                 let (store, files) = DiskStore::open(&d.dir, d.capacity)?;
@@ -124,7 +126,7 @@ impl Node {
             })?;
         let mut memories = Vec::with_capacity(names.len());
         for _ in &names {
-            let id = SegmentId(crate::util::random_client_id().0);
+            let id = SegmentId(moonkv_client::util::random_client_id().0);
             memories.push(Arc::new(SegmentMemory::allocate(id, config.segment_size)?));
         }
         let table: SegmentTable = Arc::new(std::sync::RwLock::new(
@@ -196,6 +198,7 @@ impl Node {
             server: Some(server),
             disk,
             disk_task: None,
+            local: config.local_segments.clone(),
         };
         for segment in handle.segments.clone() {
             if let Err(e) = handle.master.mount(segment.clone()).await {
@@ -223,7 +226,8 @@ impl Node {
             handle.disk_task = Some(tokio::spawn(agent.run(config.disk_poll_interval)));
         }
         for memory in &handle.memories {
-            segment::register_local(memory);
+            let local: Arc<dyn LocalSegment> = memory.clone();
+            handle.local.register(memory.id(), &local);
         }
         tracing::info!(
             endpoint = %handle.endpoint,
@@ -273,9 +277,17 @@ pub struct NodeHandle {
     server: Option<DataServer>,
     disk: Option<DiskSegment>,
     disk_task: Option<tokio::task::JoinHandle<()>>,
+    /// This node's segments for stores in the same process.
+    local: LocalSegments,
 }
 
 impl NodeHandle {
+    /// This node's segments, for a store in the same process to copy from and to without the
+    /// network (`StoreConfig::local_segments`).
+    pub fn local_segments(&self) -> LocalSegments {
+        self.local.clone()
+    }
+
     /// Data-plane endpoint clients connect to.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
@@ -316,7 +328,7 @@ impl NodeHandle {
             }
         }
         for memory in &self.memories {
-            segment::unregister_local(memory.id());
+            self.local.unregister(memory.id());
         }
         for segment in self.master.mounted_segments() {
             if let Err(e) = self.master.unmount(segment.id).await {
@@ -331,7 +343,7 @@ impl NodeHandle {
     pub async fn crash(mut self) {
         self.stop_disk_task();
         for memory in &self.memories {
-            segment::unregister_local(memory.id());
+            self.local.unregister(memory.id());
         }
         self.stop_serving().await;
     }
@@ -349,8 +361,3 @@ impl NodeHandle {
         self.master.close().await;
     }
 }
-
-#[cfg(test)]
-mod tests;
-#[cfg(test)]
-mod tests_auth;

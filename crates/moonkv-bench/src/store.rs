@@ -8,14 +8,15 @@
 //! lease), as Redis SET replaces a value; each is UpsertStart + the bytes over the data plane +
 //! UpsertEnd. A get is `Store::get_into` of a key written before the clock starts, into a
 //! buffer allocated and touched beforehand: GetReplicaList + the bytes. Keys are removed when
-//! their cell is done. The store never copies in-process (`local_copy` off), so every byte
+//! their cell is done. The store is given no in-process segments (`local_segments` unset), so every byte
 //! crosses a loopback socket even with `--spawn`.
 
 use super::histogram::Histogram;
 use super::report::{grouped, micros};
 use super::{resp, tcp};
-use moonkv_client::{Node, NodeConfig, ReplicateConfig, Store, StoreConfig};
+use moonkv_client::{ReplicateConfig, Store, StoreConfig};
 use moonkv_master::server::{self, MasterConfig, MasterHandle};
+use moonkv_node::{Node, NodeConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,7 +94,7 @@ impl StoreOp {
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
-    moonkv_client::util::parse_size(text).map_err(|e| e.message.to_string())
+    moonkv_proto::units::parse_size(text).map_err(|e| e.message.to_string())
 }
 
 /// One run of one cell, all clients together.
@@ -162,7 +163,7 @@ pub fn pattern(size: usize) -> Vec<u8> {
 struct Cluster {
     runtime: tokio::runtime::Runtime,
     master: MasterHandle,
-    node: moonkv_client::NodeHandle,
+    node: moonkv_node::NodeHandle,
 }
 
 impl Cluster {
@@ -228,7 +229,6 @@ fn run_cells(
         (None, None) => anyhow::bail!("give --spawn or --master"),
     };
     let mut config = StoreConfig::new(master_addr);
-    config.local_copy = false;
     if cluster.is_some() {
         config.auth_secret = None;
     }

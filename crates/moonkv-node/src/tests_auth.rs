@@ -1,11 +1,16 @@
 //! The authenticated data plane (handshake and grants) against real sockets on loopback.
 
-use super::*;
-use crate::data_plane::handshake::{self, Answer, Mode, ANSWER_LEN, PROOF_LEN};
-use crate::data_plane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
-use crate::data_plane::{DataConnection, FileMeta};
+use crate::disk::{self, DiskStore};
+use crate::segment::SegmentMemory;
+use crate::server::*;
+use moonkv_dataplane::handshake::{self, Answer, Mode, ANSWER_LEN, PROOF_LEN};
+use moonkv_dataplane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use moonkv_dataplane::{DataConnection, FileMeta};
 use moonkv_proto::auth::{Secret, NONCE_LEN};
 use moonkv_proto::grant::{unix_now_ms, Grant, FILE, READ, WRITE};
+use moonkv_proto::{ErrorCode, Result, SegmentId};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -35,7 +40,7 @@ async fn secured(node_secret: Option<Secret>) -> Secured {
     let (disk, _) = DiskStore::open(&dir.0, 1 << 20).unwrap();
     let disk = Arc::new(disk);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let access = crate::data_plane::server::Access {
+    let access = crate::server::Access {
         grant_key: node_secret.clone(),
         secret: node_secret,
         tls: None,

@@ -1,16 +1,16 @@
 //! Segment memory: one zeroed, lazily committed allocation per segment, shared by every connection
-//! task of the node (and, for in-process replicas, by the store's copy path).
+//! task of the node (and, through `moonkv_dataplane::LocalSegments`, by the copy path of a store
+//! in the same process).
 //!
 //! Access goes through [`ReadView`] / [`WriteView`], which hold a range lock for their bytes;
 //! that is what makes handing out `&[u8]` / `&mut [u8]` over the shared allocation sound.
 
-use super::range_lock::{RangeGuard, RangeLock};
-use crate::data_plane::header::{check_range, DataStatus};
+use crate::range_lock::{RangeGuard, RangeLock};
+use moonkv_dataplane::header::{check_range, DataStatus};
+use moonkv_dataplane::local::LocalFuture;
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::alloc::Layout;
-use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// Alignment of every segment: one page.
 pub const PAGE_SIZE: usize = 4096;
@@ -172,35 +172,22 @@ impl std::ops::DerefMut for WriteView<'_> {
     }
 }
 
-/// Segments served by nodes living in this process, so a store can copy to and from them
-/// without the network.
-fn registry() -> &'static Mutex<HashMap<SegmentId, Weak<SegmentMemory>>> {
-    static LOCAL: OnceLock<Mutex<HashMap<SegmentId, Weak<SegmentMemory>>>> = OnceLock::new();
-    LOCAL.get_or_init(Mutex::default)
-}
+impl moonkv_dataplane::LocalSegment for SegmentMemory {
+    fn read_into<'a>(&'a self, address: u64, out: &'a mut [u8]) -> LocalFuture<'a> {
+        Box::pin(async move {
+            let view = self.read_view(address, out.len() as u64).await?;
+            out.copy_from_slice(&view);
+            Ok(())
+        })
+    }
 
-/// Makes a segment visible to in-process stores.
-pub(crate) fn register_local(memory: &Arc<SegmentMemory>) {
-    let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
-    map.retain(|_, weak| weak.strong_count() > 0);
-    map.insert(memory.id(), Arc::downgrade(memory));
-}
-
-/// Hides a segment from in-process stores.
-pub(crate) fn unregister_local(id: SegmentId) {
-    registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id);
-}
-
-/// The in-process segment with this id, if a node of this process serves it.
-pub(crate) fn lookup_local(id: SegmentId) -> Option<Arc<SegmentMemory>> {
-    registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&id)
-        .and_then(Weak::upgrade)
+    fn write_from<'a>(&'a self, address: u64, data: &'a [u8]) -> LocalFuture<'a> {
+        Box::pin(async move {
+            let mut view = self.write_view(address, data.len() as u64).await?;
+            view.copy_from_slice(data);
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -238,13 +225,17 @@ mod tests {
         assert!(SegmentMemory::allocate(SegmentId::new(0, 2), 0).is_err());
     }
 
-    #[test]
-    fn the_local_registry_forgets_dropped_segments() {
-        let seg = Arc::new(SegmentMemory::allocate(SegmentId::new(9, 9), 4096).unwrap());
-        register_local(&seg);
-        assert!(lookup_local(SegmentId::new(9, 9)).is_some());
-        drop(seg);
-        assert!(lookup_local(SegmentId::new(9, 9)).is_none());
-        unregister_local(SegmentId::new(9, 9));
+    #[tokio::test]
+    async fn local_copies_are_bounds_checked_like_the_network() {
+        use moonkv_dataplane::LocalSegment;
+        let seg = SegmentMemory::allocate(SegmentId::new(9, 9), 4096).unwrap();
+        seg.write_from(seg.base() + 1, b"xyz").await.unwrap();
+        let mut out = [0u8; 5];
+        seg.read_into(seg.base(), &mut out).await.unwrap();
+        assert_eq!(&out, b"\0xyz\0");
+        assert_eq!(
+            seg.read_into(seg.base() + 4094, &mut out).await,
+            Err(DataStatus::OutOfRange)
+        );
     }
 }

@@ -1,9 +1,15 @@
 //! Data-plane server against real sockets on loopback, without a master.
 
-use super::*;
-use crate::data_plane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
-use crate::data_plane::server::MAX_DRAIN_BYTES;
-use crate::data_plane::DataConnection;
+use crate::disk::{self, DiskStore};
+use crate::node::*;
+use crate::segment::SegmentMemory;
+use crate::server::MAX_DRAIN_BYTES;
+use crate::server::*;
+use moonkv_dataplane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use moonkv_dataplane::DataConnection;
+use moonkv_proto::{ErrorCode, Result, SegmentId};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -280,7 +286,7 @@ async fn disk_fixture(capacity: u64) -> (DataServer, Arc<DiskStore>, disk::tests
 
 #[tokio::test]
 async fn disk_files_round_trip_and_refusals_keep_the_connection_usable() {
-    use crate::data_plane::FileMeta;
+    use moonkv_dataplane::FileMeta;
     tokio::time::timeout(LIMIT, async {
         let (server, store, _dir) = disk_fixture(100_000).await;
         let addr = server.local_addr().to_string();

@@ -3,11 +3,11 @@
 //! connection opens with the authentication handshake; every request carries the grant of the
 //! replica it touches (empty when the master issued none).
 
-use super::handshake::{self, Answer, Mode, ANSWER_LEN};
-use super::header::{
+use crate::handshake::{self, Answer, Mode, ANSWER_LEN};
+use crate::header::{
     DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN, RESPONSE_LEN,
 };
-use crate::tls::{ConnectFailure, Stream, TlsConnector};
+use crate::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::auth::{Secret, NONCE_LEN, SECRET_ENV, SECRET_FILE_ENV};
 use moonkv_proto::grant::GRANT_LEN;
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
@@ -46,15 +46,14 @@ impl DataConnection {
         tls: Option<&TlsConnector>,
     ) -> Result<DataConnection> {
         let opened = async {
-            let mut stream =
-                crate::tls::connect(endpoint, tls, "node")
-                    .await
-                    .map_err(|e| match e {
-                        ConnectFailure::Tcp(e) => {
-                            transfer_fail(endpoint, &format!("connect failed: {e}"))
-                        }
-                        ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why),
-                    })?;
+            let mut stream = crate::stream::connect(endpoint, tls, "node")
+                .await
+                .map_err(|e| match e {
+                    ConnectFailure::Tcp(e) => {
+                        transfer_fail(endpoint, &format!("connect failed: {e}"))
+                    }
+                    ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why),
+                })?;
             if let Some(secret) = secret {
                 authenticate(&mut stream, endpoint, secret).await?;
             }
@@ -254,7 +253,7 @@ impl DataConnection {
     }
 
     fn io_fail(&self, what: &str, e: std::io::Error) -> Error {
-        let why = crate::tls::explain(&e, "node", &self.endpoint);
+        let why = crate::stream::explain(&e, "node", &self.endpoint);
         let hint = plaintext_hint(matches!(self.stream, Stream::Plain(_)), &e);
         transfer_fail(&self.endpoint, &format!("{what}: {why}{hint}"))
     }
@@ -333,7 +332,7 @@ async fn authenticate(stream: &mut Stream, endpoint: &str, secret: &Secret) -> R
     let client_nonce: [u8; NONCE_LEN] = rand::random();
     let plain = matches!(stream, Stream::Plain(_));
     let io = |e: std::io::Error| {
-        let why = crate::tls::explain(&e, "node", endpoint);
+        let why = crate::stream::explain(&e, "node", endpoint);
         let hint = plaintext_hint(plain, &e);
         transfer_fail(endpoint, &format!("handshake: {why}{hint}"))
     };

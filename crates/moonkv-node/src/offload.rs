@@ -7,9 +7,9 @@
 //! knows the disk (it restarted, or expired this node), the node rescans the directory and
 //! mounts it again.
 
-use super::disk::DiskStore;
-use crate::data_plane::server::SegmentTable;
-use crate::master_client::MasterClient;
+use crate::disk::DiskStore;
+use crate::server::SegmentTable;
+use moonkv_client::master_client::MasterClient;
 use moonkv_proto::msg::{MountDiskSegmentRequest, NotifyOffloadRequest, OffloadHeartbeatRequest};
 use moonkv_proto::types::{DiskFile, DiskSegment, OffloadResult, OffloadTask};
 use moonkv_proto::{ErrorCode, Result};

@@ -435,7 +435,7 @@ fn load_or_create_id(dir: &Path) -> Result<SegmentId> {
             )
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let id = SegmentId(crate::util::random_client_id().0);
+            let id = SegmentId(moonkv_client::util::random_client_id().0);
             let tmp = dir.join(format!("{ID_FILE}.tmp"));
             std::fs::write(&tmp, format!("{id}\n"))
                 .and_then(|()| std::fs::rename(&tmp, &path))

@@ -3,11 +3,13 @@
 //! With a shared secret, a connection must open with the authentication handshake and every
 //! request must carry a grant covering it (`docs/data-plane.md`).
 
-use super::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
-use super::header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN};
-use crate::node::disk::{format::MAX_TENANT_LEN, DiskFault, DiskStore};
-use crate::node::segment::SegmentMemory;
-use crate::tls::{Stream, TlsAcceptor};
+use crate::disk::{format::MAX_TENANT_LEN, DiskFault, DiskStore};
+use crate::segment::SegmentMemory;
+use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
+use moonkv_dataplane::header::{
+    DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN,
+};
+use moonkv_dataplane::stream::{Stream, TlsAcceptor};
 use moonkv_proto::auth::{Secret, NONCE_LEN};
 use moonkv_proto::grant::{self, Grant, Refusal, GRANT_LEN};
 use moonkv_proto::SegmentId;
@@ -28,11 +30,11 @@ pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
 const COALESCE_BYTES: usize = 16 << 10;
 
 /// Segments a node serves, by id.
-pub(crate) type SegmentTable = Arc<RwLock<HashMap<SegmentId, Arc<SegmentMemory>>>>;
+pub type SegmentTable = Arc<RwLock<HashMap<SegmentId, Arc<SegmentMemory>>>>;
 
 /// What a node requires of data-plane callers.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Access {
+pub struct Access {
     /// Callers must complete the handshake proving this secret.
     pub secret: Option<Secret>,
     /// Requests must carry a grant signed with this key.
@@ -64,15 +66,14 @@ impl Served {
 }
 
 /// A running data-plane listener.
-pub(crate) struct DataServer {
+pub struct DataServer {
     local_addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl DataServer {
-    /// Starts serving `table` on an already bound listener.
-    #[cfg(test)]
+    /// Starts serving `table` (memory only, no authentication) on an already bound listener.
     pub fn spawn(listener: TcpListener, table: SegmentTable) -> io::Result<DataServer> {
         Self::spawn_with_disk(listener, table, None, Access::default())
     }

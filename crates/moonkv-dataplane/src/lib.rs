@@ -1,0 +1,24 @@
+//! The data plane between callers and nodes (`docs/data-plane.md`): fixed binary headers, raw
+//! payload bytes, one request at a time per TCP connection. Both sides depend on this crate:
+//! the node serves it (`moonkv-node`), the store calls it (`moonkv-client`).
+//!
+//! - [`header`]: request/response header codec and the bounds check every request passes.
+//! - [`handshake`]: the authentication hello that opens a connection when a secret is set.
+//! - [`connection`]: one caller-side connection and the per-endpoint connection pool.
+//! - [`stream`]: plain TCP or TLS behind one type, connect/accept helpers (also used for the
+//!   master connection).
+//! - [`local`]: the handle through which an embedded node lends its segments to a store in the
+//!   same process, so local replicas are copied without the network.
+
+#![forbid(unsafe_code)]
+
+pub mod connection;
+pub mod handshake;
+pub mod header;
+pub mod local;
+pub mod stream;
+
+pub use connection::{ConnectionPool, DataConnection};
+pub use header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader};
+pub use local::{LocalSegment, LocalSegments};
+pub use stream::{Stream, TlsAcceptor, TlsClientConfig, TlsConnector, TlsServerConfig};

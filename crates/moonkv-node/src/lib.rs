@@ -1,0 +1,27 @@
+//! The moonkv storage node: contributes memory segments and a disk directory to a cluster,
+//! mounts them on the master and serves their bytes over the data plane.
+//!
+//! - [`node`]: [`Node::start`] and [`NodeHandle`] — allocate, mount, heartbeat, serve, shut down;
+//!   also embeddable in any tokio program (`moonkv up`, tests, an inference worker).
+//! - [`segment`]: segment memory (one lazily committed allocation) and its range-locked views.
+//! - `range_lock`: the byte-range reader/writer lock that makes those views sound.
+//! - [`server`]: the data-plane listener and per-connection request loop (bounds, grants, auth).
+//! - [`disk`]: the disk tier — replica files, their format and checksums, capacity accounting.
+//! - `offload`: the agent that copies evicted memory replicas to disk when the master asks.
+//!
+//! The wire it speaks is `moonkv-dataplane`; the master connection is `moonkv-client`'s
+//! `MasterClient`.
+
+pub mod disk;
+pub mod node;
+mod offload;
+mod range_lock;
+pub mod segment;
+pub mod server;
+
+pub use node::{DiskConfig, Node, NodeConfig, NodeHandle};
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_auth;
