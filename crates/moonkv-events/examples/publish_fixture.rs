@@ -16,7 +16,7 @@ fn main() {
     let endpoint = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "tcp://127.0.0.1:0".into());
-    let legacy = std::env::args().nth(2).map_or(true, |a| a != "no-legacy");
+    let legacy = std::env::args().nth(2).is_none_or(|a| a != "no-legacy");
     let cfg = EventConfig {
         model_name: Some("m".into()),
         block_size: 16,

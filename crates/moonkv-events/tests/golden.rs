@@ -19,7 +19,7 @@ fn golden(name: &str) -> Vec<u8> {
         .flat_map(|l| l.chars())
         .filter(|c| !c.is_whitespace())
         .collect();
-    assert!(digits.len() % 2 == 0, "{name}: odd number of hex digits");
+    assert_eq!(digits.len() % 2, 0, "{name}: odd number of hex digits");
     (0..digits.len())
         .step_by(2)
         .map(|i| {

@@ -4,12 +4,12 @@
 //! publisher's layout where one exists. Map headers are sized by [`entry_count`], the same
 //! function whose flags decide which pairs are written, so count and content cannot drift.
 
-pub(crate) mod wire;
+pub(crate) mod write;
 
+use rmp::encode::ByteBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EventsError;
-use wire::{write_array_len, write_int, write_map_len, write_opt_str, write_str, write_uint, NIL};
 
 /// Most events one ZMQ message carries.
 pub const MAX_EVENTS_PER_MESSAGE: usize = 64;
@@ -239,37 +239,25 @@ pub fn entry_count(kind: EventKind, emit_legacy_compat: bool, emit_object_key: b
     }
 }
 
-// Keys with their fixstr headers, so each is one copy.
-const K_EVENT_ID: &[u8] = b"\xa8event_id";
-const K_TIMESTAMP: &[u8] = b"\xa9timestamp";
-const K_EVENT_TYPE: &[u8] = b"\xaaevent_type";
-const K_TYPE: &[u8] = b"\xa4type";
-const K_MODEL_NAME: &[u8] = b"\xaamodel_name";
-const K_BLOCK_SIZE: &[u8] = b"\xaablock_size";
-const K_ADDITIONAL_SALT: &[u8] = b"\xafadditional_salt";
-const K_LORA_NAME: &[u8] = b"\xa9lora_name";
-const K_TENANT_ID: &[u8] = b"\xa9tenant_id";
-const K_BACKEND_ID: &[u8] = b"\xaabackend_id";
-const K_MEDIUM: &[u8] = b"\xa6medium";
-const K_DP_RANK: &[u8] = b"\xa7dp_rank";
-const K_GROUP_ID: &[u8] = b"\xa8group_id";
-const K_OBJECT_KEY: &[u8] = b"\xaaobject_key";
-const K_SEQ_HASHES: &[u8] = b"\xaaseq_hashes";
-const K_BLOCK_HASHES: &[u8] = b"\xacblock_hashes";
-const K_BASE_BLOCK_IDX: &[u8] = b"\xaebase_block_idx";
-const K_PARENT_HASH: &[u8] = b"\xabparent_hash";
-const K_TOKEN_IDS: &[u8] = b"\xa9token_ids";
-const K_PARENT_BLOCK_HASH: &[u8] = b"\xb1parent_block_hash";
-const EMPTY_ARRAY: u8 = 0x90;
-
 fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().filter(|s| !s.is_empty())
 }
 
+fn pre_encode(f: impl FnOnce(&mut ByteBuf)) -> Vec<u8> {
+    let mut out = Vec::new();
+    write::appending(&mut out, f);
+    out
+}
+
+/// Copies bytes [`pre_encode`] produced.
+fn copy(out: &mut ByteBuf, pre_encoded: &[u8]) {
+    out.as_mut_vec().extend_from_slice(pre_encoded);
+}
+
 /// Encodes events and batches for one publisher configuration.
 ///
-/// The configuration-derived fields are pre-encoded once, so encoding an event is a handful
-/// of slice copies into the caller's buffer and allocates nothing.
+/// The configuration-derived fields are pre-encoded once, so encoding an event writes only
+/// what varies per event and allocates nothing beyond growing the caller's buffer.
 #[derive(Debug, Clone)]
 pub struct Encoder {
     emit_legacy_compat: bool,
@@ -286,23 +274,27 @@ pub struct Encoder {
 impl Encoder {
     /// Pre-encodes the configuration's constant fields.
     pub fn new(cfg: &EventConfig) -> Self {
-        let mut config_pairs = Vec::with_capacity(64);
-        config_pairs.extend_from_slice(K_MODEL_NAME);
-        write_opt_str(&mut config_pairs, non_empty(&cfg.model_name));
-        config_pairs.extend_from_slice(K_BLOCK_SIZE);
-        match cfg.block_size {
-            0 => config_pairs.push(NIL),
-            n => write_uint(&mut config_pairs, u64::from(n)),
-        }
-        config_pairs.extend_from_slice(K_ADDITIONAL_SALT);
-        write_opt_str(&mut config_pairs, non_empty(&cfg.additional_salt));
-        config_pairs.extend_from_slice(K_LORA_NAME);
-        write_opt_str(&mut config_pairs, non_empty(&cfg.lora_name));
-
-        let mut backend_pair = K_BACKEND_ID.to_vec();
-        write_str(&mut backend_pair, &cfg.backend_id);
-        let mut dp_rank_pair = K_DP_RANK.to_vec();
-        write_uint(&mut dp_rank_pair, u64::from(cfg.dp_rank));
+        let config_pairs = pre_encode(|out| {
+            write::str(out, "model_name");
+            write::opt_str(out, non_empty(&cfg.model_name));
+            write::str(out, "block_size");
+            match cfg.block_size {
+                0 => write::nil(out),
+                n => write::uint(out, u64::from(n)),
+            }
+            write::str(out, "additional_salt");
+            write::opt_str(out, non_empty(&cfg.additional_salt));
+            write::str(out, "lora_name");
+            write::opt_str(out, non_empty(&cfg.lora_name));
+        });
+        let backend_pair = pre_encode(|out| {
+            write::str(out, "backend_id");
+            write::str(out, &cfg.backend_id);
+        });
+        let dp_rank_pair = pre_encode(|out| {
+            write::str(out, "dp_rank");
+            write::uint(out, u64::from(cfg.dp_rank));
+        });
 
         Encoder {
             emit_legacy_compat: cfg.emit_legacy_compat,
@@ -316,56 +308,61 @@ impl Encoder {
 
     /// Appends one event map.
     pub fn encode_event(&self, out: &mut Vec<u8>, stamped: &StampedEvent) {
+        write::appending(out, |out| self.write_event(out, stamped));
+    }
+
+    fn write_event(&self, out: &mut ByteBuf, stamped: &StampedEvent) {
         let ev = &stamped.event;
         let legacy = self.emit_legacy_compat;
-        write_map_len(out, entry_count(ev.kind, legacy, self.emit_object_key));
+        write::map_len(out, entry_count(ev.kind, legacy, self.emit_object_key));
 
-        out.extend_from_slice(K_EVENT_ID);
-        write_uint(out, stamped.event_id);
-        out.extend_from_slice(K_TIMESTAMP);
-        write_int(out, stamped.timestamp_ms);
-        out.extend_from_slice(K_EVENT_TYPE);
-        write_str(out, ev.kind.as_str());
+        write::str(out, "event_id");
+        write::uint(out, stamped.event_id);
+        write::str(out, "timestamp");
+        write::sint(out, stamped.timestamp_ms);
+        write::str(out, "event_type");
+        write::str(out, ev.kind.as_str());
         if legacy {
-            out.extend_from_slice(K_TYPE);
-            write_str(out, ev.kind.legacy_name());
+            write::str(out, "type");
+            write::str(out, ev.kind.legacy_name());
         }
-        out.extend_from_slice(&self.config_pairs);
-        out.extend_from_slice(K_TENANT_ID);
-        write_str(out, &ev.tenant_id);
-        out.extend_from_slice(&self.backend_pair);
-        out.extend_from_slice(K_MEDIUM);
+        copy(out, &self.config_pairs);
+        write::str(out, "tenant_id");
+        write::str(out, &ev.tenant_id);
+        copy(out, &self.backend_pair);
+        write::str(out, "medium");
         match (ev.kind, ev.medium) {
-            (EventKind::Stored | EventKind::Removed, Some(m)) => write_str(out, m.as_str()),
-            _ => out.push(NIL),
+            (EventKind::Stored | EventKind::Removed, Some(m)) => write::str(out, m.as_str()),
+            _ => write::nil(out),
         }
-        out.extend_from_slice(&self.dp_rank_pair);
+        copy(out, &self.dp_rank_pair);
         if ev.kind == EventKind::Cleared {
             return;
         }
 
-        out.extend_from_slice(K_GROUP_ID);
-        write_opt_str(out, non_empty(&ev.group_id));
+        write::str(out, "group_id");
+        write::opt_str(out, non_empty(&ev.group_id));
         if self.emit_object_key {
-            out.extend_from_slice(K_OBJECT_KEY);
-            write_opt_str(out, ev.object_key.as_deref());
+            write::str(out, "object_key");
+            write::opt_str(out, ev.object_key.as_deref());
         }
-        out.extend_from_slice(K_SEQ_HASHES);
-        out.push(EMPTY_ARRAY);
+        // moonkv never parses keys into token blocks, so the hash lists are always empty
+        write::str(out, "seq_hashes");
+        write::array_len(out, 0);
         if legacy {
-            out.extend_from_slice(K_BLOCK_HASHES);
-            out.push(EMPTY_ARRAY);
+            write::str(out, "block_hashes");
+            write::array_len(out, 0);
         }
-        out.extend_from_slice(K_BASE_BLOCK_IDX);
-        out.push(NIL);
+        write::str(out, "base_block_idx");
+        write::nil(out);
         if ev.kind == EventKind::Stored {
-            out.extend_from_slice(K_PARENT_HASH);
-            out.push(NIL);
-            out.extend_from_slice(K_TOKEN_IDS);
-            out.push(NIL);
+            write::str(out, "parent_hash");
+            write::nil(out);
+            write::str(out, "token_ids");
+            write::nil(out);
             if legacy {
-                out.extend_from_slice(K_PARENT_BLOCK_HASH);
-                out.push(NIL);
+                write::str(out, "parent_block_hash");
+                write::nil(out);
             }
         }
     }
@@ -375,13 +372,15 @@ impl Encoder {
     /// The publisher never passes more than [`MAX_EVENTS_PER_MESSAGE`] events; the encoder
     /// itself writes whatever it is given.
     pub fn encode_batch(&self, out: &mut Vec<u8>, timestamp_ms: i64, events: &[StampedEvent]) {
-        write_array_len(out, 3);
-        write_int(out, timestamp_ms);
-        write_array_len(out, u32::try_from(events.len()).unwrap_or(u32::MAX));
-        for ev in events {
-            self.encode_event(out, ev);
-        }
-        write_uint(out, u64::from(self.dp_rank));
+        write::appending(out, |out| {
+            write::array_len(out, 3);
+            write::sint(out, timestamp_ms);
+            write::array_len(out, u32::try_from(events.len()).unwrap_or(u32::MAX));
+            for ev in events {
+                self.write_event(out, ev);
+            }
+            write::uint(out, u64::from(self.dp_rank));
+        });
     }
 }
 
@@ -401,6 +400,7 @@ pub fn sequence_frame(sequence: u64) -> [u8; 8] {
 mod tests {
     use super::*;
     use crate::subscriber::decode_message;
+    use crate::subscriber::reader::{Reader, Token};
 
     fn cfg(legacy: bool, key: bool) -> EventConfig {
         EventConfig {
@@ -452,10 +452,10 @@ mod tests {
                 for ev in &events {
                     let mut out = Vec::new();
                     enc.encode_event(&mut out, &stamped(ev.clone()));
-                    let mut r = wire::Reader::new(&out);
+                    let mut r = Reader::new(&out);
                     let want = entry_count(ev.kind, legacy, key);
-                    assert_eq!(r.next(), Ok(wire::Token::Map(want)));
-                    let mut r = wire::Reader::new(&out);
+                    assert_eq!(r.next(), Ok(Token::Map(want)));
+                    let mut r = Reader::new(&out);
                     r.skip_value().expect("well-formed map");
                     assert_eq!(r.remaining(), 0, "{ev:?} legacy={legacy} key={key}");
                 }

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::codec::wire::{Reader, Token};
+use super::reader::{Reader, Token};
 use crate::codec::{EventKind, MAX_EVENTS_PER_MESSAGE};
 use crate::error::DecodeError;
 

@@ -1,5 +1,7 @@
 use super::*;
-use crate::codec::wire::{write_array_len, write_int, write_map_len, write_str, write_uint};
+use rmp::encode::ByteBuf;
+
+use crate::codec::write::{appending, array_len, map_len, sint, str, uint};
 use crate::codec::{sequence_frame, Encoder, EventConfig, KvEvent, Medium, StampedEvent};
 
 /// A value in a hand-built event map.
@@ -12,31 +14,32 @@ enum V<'a> {
 }
 
 fn map(pairs: &[(&str, V)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    write_map_len(&mut out, pairs.len() as u32);
+    let mut out = ByteBuf::new();
+    map_len(&mut out, pairs.len() as u32);
     for (k, v) in pairs {
-        write_str(&mut out, k);
+        str(&mut out, k);
         match v {
-            V::S(s) => write_str(&mut out, s),
-            V::U(u) => write_uint(&mut out, *u),
-            V::I(i) => write_int(&mut out, *i),
-            V::Nil => out.push(0xc0),
-            V::Raw(b) => out.extend_from_slice(b),
+            V::S(s) => str(&mut out, s),
+            V::U(u) => uint(&mut out, *u),
+            V::I(i) => sint(&mut out, *i),
+            V::Nil => out.as_mut_vec().push(0xc0),
+            V::Raw(b) => out.as_mut_vec().extend_from_slice(b),
         }
     }
-    out
+    out.into_vec()
 }
 
 fn batch(events: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    write_array_len(&mut out, 3);
-    write_uint(&mut out, 1_739_145_600_000);
-    write_array_len(&mut out, events.len() as u32);
+    let mut out = ByteBuf::new();
+    array_len(&mut out, 3);
+    uint(&mut out, 1_739_145_600_000);
+    array_len(&mut out, events.len() as u32);
+    let out = out.as_mut_vec();
     for e in events {
         out.extend_from_slice(e);
     }
     out.push(0x00);
-    out
+    std::mem::take(out)
 }
 
 fn frames(payload: &[u8]) -> [&[u8]; 3] {
@@ -187,9 +190,9 @@ fn tolerates_two_item_batches_float_timestamps_unknown_fields_and_legacy_only_ta
         ),
     ]);
     let mut payload = Vec::new();
-    write_array_len(&mut payload, 2);
+    appending(&mut payload, |o| array_len(o, 2));
     payload.extend_from_slice(&[0xcb, 0x41, 0xd9, 0xea, 0x50, 0x60, 0x20, 0x00, 0x00]); // 1739145600.5 s
-    write_array_len(&mut payload, 2);
+    appending(&mut payload, |o| array_len(o, 2));
     payload.extend_from_slice(&legacy_only);
     payload.extend_from_slice(&with_unknown);
     let msg = decode_message_detailed(&frames(&payload)).expect("decodes");
@@ -337,8 +340,10 @@ fn huge_length_headers_are_rejected_before_allocation() {
     ));
     // a string claiming 4 GiB inside an event
     let mut ev = Vec::new();
-    write_map_len(&mut ev, 1);
-    write_str(&mut ev, "object_key");
+    appending(&mut ev, |o| {
+        map_len(o, 1);
+        str(o, "object_key");
+    });
     ev.extend_from_slice(&[0xdb, 0xff, 0xff, 0xff, 0xff, b'a']);
     assert_eq!(
         decode_message(&frames(&batch(&[ev]))),
@@ -426,8 +431,10 @@ fn field_lookup_recognizes_exactly_the_known_names() {
 fn container_keys_are_skipped_whole() {
     // {[1, 2]: {"a": 1}, "event_type": "stored"}
     let mut ev = vec![0x82, 0x92, 0x01, 0x02, 0x81, 0xa1, b'a', 0x01];
-    write_str(&mut ev, "event_type");
-    write_str(&mut ev, "stored");
+    appending(&mut ev, |o| {
+        str(o, "event_type");
+        str(o, "stored");
+    });
     let (_, events) = decode_message(&frames(&batch(&[ev, minimal("removed")]))).expect("decodes");
     assert_eq!(
         events.iter().map(|e| e.kind).collect::<Vec<_>>(),

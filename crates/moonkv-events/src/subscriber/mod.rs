@@ -3,6 +3,7 @@
 
 mod decode;
 mod index;
+pub(crate) mod reader;
 mod snapshot;
 mod stream;
 mod sync;
