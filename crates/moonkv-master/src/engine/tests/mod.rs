@@ -138,6 +138,13 @@ impl Harness {
         }
     }
 
+    /// A master restart: a fresh engine with the same configuration, clock and sink, and no
+    /// segment mounted. Nothing survives it, since the master persists nothing yet.
+    pub(super) fn restart(&mut self) {
+        let config = self.engine.config().clone();
+        self.engine = Engine::new(config, self.clock.clone(), self.sink.clone());
+    }
+
     pub(super) fn segment(&self, name: &str, base: u64, size: u64) -> Segment {
         let n = self.next_segment.fetch_add(1, Ordering::SeqCst);
         Segment {
