@@ -1,5 +1,8 @@
 //! On-disk layout of one replica file and the CRC-32 that guards it.
 //!
+//! The checksum is CRC-32/IEEE (reflected, as zlib and `crc32fast` compute it); files written by
+//! earlier builds verify unchanged.
+//!
 //! All integers big-endian:
 //!
 //! | offset | size | field |
@@ -63,11 +66,11 @@ impl FileHeader {
         out.extend_from_slice(&self.file_id.to_be_bytes());
         out.extend_from_slice(&self.size.to_be_bytes());
         out.extend_from_slice(&self.payload_crc.to_be_bytes());
-        let mut crc = Crc32::new();
+        let mut crc = crc32fast::Hasher::new();
         crc.update(&out[..32]);
         crc.update(self.tenant.as_bytes());
         crc.update(self.key.as_bytes());
-        out.extend_from_slice(&crc.finish().to_be_bytes());
+        out.extend_from_slice(&crc.finalize().to_be_bytes());
         out.extend_from_slice(self.tenant.as_bytes());
         out.extend_from_slice(self.key.as_bytes());
         out
@@ -89,10 +92,10 @@ impl FileHeader {
         if variable.len() != t + k {
             return None;
         }
-        let mut crc = Crc32::new();
+        let mut crc = crc32fast::Hasher::new();
         crc.update(&fixed[..32]);
         crc.update(variable);
-        if crc.finish() != be_u32(&fixed[32..36]) {
+        if crc.finalize() != be_u32(&fixed[32..36]) {
             return None;
         }
         Some(FileHeader {
@@ -115,105 +118,62 @@ fn be_u64(b: &[u8]) -> u64 {
     u64::from_be_bytes(w)
 }
 
-/// CRC-32 (IEEE 802.3, reflected, as zlib computes it), eight bytes per step.
-#[derive(Clone, Copy, Debug)]
-pub struct Crc32(u32);
-
-const fn crc_tables() -> [[u32; 256]; 8] {
-    let mut tables = [[0u32; 256]; 8];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            bit += 1;
-        }
-        tables[0][i] = c;
-        i += 1;
-    }
-    let mut t = 1;
-    while t < 8 {
-        let mut i = 0;
-        while i < 256 {
-            let prev = tables[t - 1][i];
-            tables[t][i] = (prev >> 8) ^ tables[0][(prev & 0xff) as usize];
-            i += 1;
-        }
-        t += 1;
-    }
-    tables
-}
-
-static TABLES: [[u32; 256]; 8] = crc_tables();
-
-impl Crc32 {
-    /// A fresh checksum.
-    pub fn new() -> Self {
-        Crc32(!0)
-    }
-
-    /// Adds `data`.
-    pub fn update(&mut self, data: &[u8]) {
-        let mut c = self.0;
-        let mut chunks = data.chunks_exact(8);
-        for w in &mut chunks {
-            let lo = c ^ u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            c = TABLES[7][(lo & 0xff) as usize]
-                ^ TABLES[6][((lo >> 8) & 0xff) as usize]
-                ^ TABLES[5][((lo >> 16) & 0xff) as usize]
-                ^ TABLES[4][(lo >> 24) as usize]
-                ^ TABLES[3][w[4] as usize]
-                ^ TABLES[2][w[5] as usize]
-                ^ TABLES[1][w[6] as usize]
-                ^ TABLES[0][w[7] as usize];
-        }
-        for b in chunks.remainder() {
-            c = TABLES[0][((c ^ *b as u32) & 0xff) as usize] ^ (c >> 8);
-        }
-        self.0 = c;
-    }
-
-    /// The checksum of everything added.
-    pub fn finish(self) -> u32 {
-        !self.0
-    }
-
-    /// Checksum of one buffer.
-    pub fn of(data: &[u8]) -> u32 {
-        let mut c = Crc32::new();
-        c.update(data);
-        c.finish()
-    }
-}
-
-impl Default for Crc32 {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn crc32_matches_the_standard_check_values() {
-        assert_eq!(Crc32::of(b""), 0);
-        assert_eq!(Crc32::of(b"123456789"), 0xCBF4_3926);
+        // CRC-32/IEEE check values (the catalogue's "check" and zlib's results): a different
+        // polynomial, reflection or final xor would make every existing file unreadable.
+        assert_eq!(crc32fast::hash(b""), 0);
+        assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
         assert_eq!(
-            Crc32::of(b"The quick brown fox jumps over the lazy dog"),
+            crc32fast::hash(b"The quick brown fox jumps over the lazy dog"),
             0x414F_A339
         );
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
-        let mut split = Crc32::new();
-        split.update(&data[..13]);
-        split.update(&data[13..]);
-        assert_eq!(split.finish(), Crc32::of(&data));
+        assert_eq!(crc32fast::hash(&data), 0x91F4_3DEC);
+        // The writer checksums the payload step by step; any split must give the same value.
+        for cut in [0, 1, 7, 8, 13, 64, 999, 1000] {
+            let mut split = crc32fast::Hasher::new();
+            split.update(&data[..cut]);
+            split.update(&data[cut..]);
+            assert_eq!(split.finalize(), crc32fast::hash(&data), "split at {cut}");
+        }
+    }
+
+    #[test]
+    fn headers_encode_to_the_documented_bytes() {
+        // Built field by field from the table in the module doc, with CRCs from zlib.
+        let golden = concat!(
+            "4d4b5646",                                   // magic
+            "0001",                                       // version
+            "0008",                                       // tenant length
+            "00000015",                                   // key length
+            "0102030405060708",                           // file id
+            "00000000000003e8",                           // payload length
+            "91f43dec",                                   // payload CRC
+            "61bcfbe7",                                   // header CRC
+            "74656e616e742d61",                           // "tenant-a"
+            "6d6f64656c2f6c617965722d302f626c6f636b2d37", // "model/layer-0/block-7"
+        );
+        let payload: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
+        let h = FileHeader {
+            tenant: "tenant-a".into(),
+            key: "model/layer-0/block-7".into(),
+            file_id: 0x0102_0304_0506_0708,
+            size: payload.len() as u64,
+            payload_crc: crc32fast::hash(&payload),
+        };
+        let hex: String = h.encode().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, golden);
+        let mut fixed = [0u8; FIXED_LEN];
+        fixed.copy_from_slice(&h.encode()[..FIXED_LEN]);
+        assert_eq!(
+            FileHeader::decode(&fixed, &h.encode()[FIXED_LEN..]),
+            Some(h)
+        );
     }
 
     #[test]

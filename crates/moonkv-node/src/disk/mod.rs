@@ -8,7 +8,7 @@
 
 pub mod format;
 
-use format::{Crc32, FileHeader, FIXED_LEN, MAX_TENANT_LEN};
+use format::{FileHeader, FIXED_LEN, MAX_TENANT_LEN};
 use moonkv_proto::types::DiskFile;
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result, SegmentId, Uuid};
 use std::collections::{HashSet, VecDeque};
@@ -246,7 +246,7 @@ impl DiskStore {
                 file = None;
             }
         }
-        let mut crc = Crc32::new();
+        let mut crc = crc32fast::Hasher::new();
         let mut buf = vec![0u8; STEP.min(header.size as usize).max(1)];
         let mut left = header.size;
         while left > 0 {
@@ -264,7 +264,7 @@ impl DiskStore {
         let Some(mut f) = file else {
             return Err(Ok(DiskFault::WriteFailed));
         };
-        header.payload_crc = crc.finish();
+        header.payload_crc = crc.finalize();
         let finished = async {
             f.seek(std::io::SeekFrom::Start(0)).await?;
             f.write_all(&header.encode()).await?;
@@ -402,7 +402,7 @@ fn read_file(path: &Path, file_id: u64, size: u64) -> std::result::Result<Vec<u8
         .map_err(|_| DiskFault::ReadFailed)?;
     data.resize(size, 0);
     file.read_exact(&mut data).map_err(|_| DiskFault::Corrupt)?;
-    if Crc32::of(&data) != header.payload_crc {
+    if crc32fast::hash(&data) != header.payload_crc {
         tracing::warn!(file = %path.display(), "replica file checksum mismatch");
         return Err(DiskFault::Corrupt);
     }
