@@ -1,10 +1,10 @@
 //! Placement snapshots: the JSON the master serves at `GET /kv_events/snapshot`, the
-//! [`SnapshotSource`] seam, and a minimal blocking HTTP/1.1 client for it.
+//! [`SnapshotSource`] seam, and [`HttpSnapshotSource`], which fetches them over plain HTTP.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::io::Read;
+use std::time::Duration;
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::Medium;
@@ -89,81 +89,87 @@ impl HttpSnapshotSource {
     /// The request target for a tenant filter.
     pub fn request_path(tenant_id: Option<&str>) -> String {
         match tenant_id {
-            Some(t) => format!("{SNAPSHOT_PATH}?tenant_id={}", percent_encode(t)),
+            Some(t) => format!(
+                "{SNAPSHOT_PATH}?tenant_id={}",
+                utf8_percent_encode(t, QUERY_VALUE)
+            ),
             None => SNAPSHOT_PATH.to_owned(),
         }
     }
 
+    /// One GET under one deadline. The admin port is reached directly, so proxy settings
+    /// from the environment and redirects are ignored; fetches are rare (start-up and
+    /// recovery), so each gets a fresh agent and no connection outlives it.
     fn get(&self, path: &str) -> Result<Vec<u8>, EventsError> {
-        let deadline = Instant::now() + self.timeout;
-        let err = |what: &str, e: std::io::Error| {
-            EventsError::Snapshot(format!("{what} {}: {e}", self.host))
-        };
-        let addrs = self
-            .host
-            .to_socket_addrs()
-            .map_err(|e| err("cannot resolve", e))?;
-        let mut last_err = None;
-        let mut stream = None;
-        for addr in addrs {
-            match TcpStream::connect_timeout(&addr, self.timeout) {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last_err = Some(e),
-            }
+        let config = ureq::Agent::config_builder()
+            .timeout_global(Some(self.timeout))
+            .proxy(None)
+            .max_redirects(0)
+            .max_redirects_will_error(false)
+            .http_status_as_error(false)
+            .build();
+        let agent = ureq::Agent::new_with_config(config);
+        let url = format!("http://{}{path}", self.host);
+        let mut response = agent
+            .get(&url)
+            .header("Accept", "application/json")
+            .call()
+            .map_err(|e| self.fetch_error(e))?;
+        let status = response.status();
+        if status != ureq::http::StatusCode::OK {
+            // the start of the body usually says why; a failed read just leaves it out
+            let mut preview = Vec::new();
+            let _ = response
+                .body_mut()
+                .as_reader()
+                .take(200)
+                .read_to_end(&mut preview);
+            let said = String::from_utf8_lossy(&preview);
+            return Err(EventsError::Snapshot(if said.is_empty() {
+                format!("server answered {status}")
+            } else {
+                format!("server answered {status}: {said}")
+            }));
         }
-        let mut stream = match (stream, last_err) {
-            (Some(s), _) => s,
-            (None, Some(e)) => return Err(err("cannot connect to", e)),
-            (None, None) => {
-                return Err(EventsError::Snapshot(format!(
-                    "{} resolves to no address",
-                    self.host
-                )))
-            }
-        };
-        stream
-            .set_read_timeout(Some(self.timeout))
-            .map_err(|e| err("socket option for", e))?;
-        stream
-            .set_write_timeout(Some(self.timeout))
-            .map_err(|e| err("socket option for", e))?;
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
-            self.host
-        );
-        stream
-            .write_all(request.as_bytes())
-            .map_err(|e| err("cannot send request to", e))?;
-
-        let mut response = Vec::new();
-        let mut chunk = [0u8; 64 * 1024];
-        loop {
-            if Instant::now() > deadline {
-                return Err(EventsError::Snapshot(format!(
-                    "timed out reading from {}",
-                    self.host
-                )));
-            }
-            let n = stream
-                .read(&mut chunk)
-                .map_err(|e| err("cannot read from", e))?;
-            if n == 0 {
-                break;
-            }
-            // headers are small; allow them on top of the body limit
-            if response.len() + n > self.max_body_bytes.saturating_add(64 * 1024) {
-                return Err(EventsError::Snapshot(format!(
-                    "response exceeds {} bytes",
-                    self.max_body_bytes
-                )));
-            }
-            response.extend_from_slice(&chunk[..n]);
-        }
-        parse_response(&response)
+        let limit = u64::try_from(self.max_body_bytes).unwrap_or(u64::MAX);
+        response
+            .body_mut()
+            .with_config()
+            .limit(limit)
+            .read_to_vec()
+            .map_err(|e| self.fetch_error(e))
     }
+
+    fn fetch_error(&self, e: ureq::Error) -> EventsError {
+        let host = &self.host;
+        EventsError::Snapshot(match e {
+            ureq::Error::HostNotFound => format!("cannot resolve {host}"),
+            ureq::Error::ConnectionFailed => format!("cannot connect to {host}"),
+            ureq::Error::Timeout(_) => {
+                format!("timed out after {:?} fetching from {host}", self.timeout)
+            }
+            ureq::Error::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                format!("timed out after {:?} fetching from {host}", self.timeout)
+            }
+            ureq::Error::Io(e) if is_connect_failure(&e) => {
+                format!("cannot connect to {host}: {e}")
+            }
+            ureq::Error::Io(e) => format!("cannot read from {host}: {e}"),
+            ureq::Error::BodyExceedsLimit(_) => {
+                format!("response exceeds {} bytes", self.max_body_bytes)
+            }
+            ureq::Error::Protocol(e) => format!("malformed HTTP response from {host}: {e}"),
+            e => format!("request to {host} failed: {e}"),
+        })
+    }
+}
+
+fn is_connect_failure(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::ConnectionRefused | K::AddrNotAvailable | K::HostUnreachable | K::NetworkUnreachable
+    )
 }
 
 impl SnapshotSource for HttpSnapshotSource {
@@ -174,92 +180,21 @@ impl SnapshotSource for HttpSnapshotSource {
     }
 }
 
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// Splits an HTTP/1.1 response, checks for status 200 and returns the (de-chunked) body.
-pub(crate) fn parse_response(raw: &[u8]) -> Result<Vec<u8>, EventsError> {
-    let bad = |what: &str| EventsError::Snapshot(format!("malformed HTTP response: {what}"));
-    let head_end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no header end"))?;
-    let head = std::str::from_utf8(&raw[..head_end]).map_err(|_| bad("non-UTF-8 header"))?;
-    let body = &raw[head_end + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .split(' ')
-        .nth(1)
-        .ok_or_else(|| bad("no status code"))?;
-    if !status_line.starts_with("HTTP/1.") {
-        return Err(bad("not HTTP/1.x"));
-    }
-    if status != "200" {
-        let preview = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-        return Err(EventsError::Snapshot(format!(
-            "server answered {status_line:?}: {preview}"
-        )));
-    }
-    let mut content_length = None;
-    let mut chunked = false;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            content_length = Some(
-                value
-                    .parse::<usize>()
-                    .map_err(|_| bad("bad Content-Length"))?,
-            );
-        } else if name.eq_ignore_ascii_case("transfer-encoding")
-            && value.to_ascii_lowercase().contains("chunked")
-        {
-            chunked = true;
-        }
-    }
-    if chunked {
-        return dechunk(body).ok_or_else(|| bad("bad chunked encoding"));
-    }
-    match content_length {
-        Some(n) if body.len() < n => Err(bad("body shorter than Content-Length")),
-        Some(n) => Ok(body[..n].to_vec()),
-        None => Ok(body.to_vec()),
-    }
-}
-
-fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(body.len());
-    loop {
-        let line_end = body.windows(2).position(|w| w == b"\r\n")?;
-        let size_field = std::str::from_utf8(&body[..line_end]).ok()?;
-        let size_hex = size_field.split(';').next()?.trim();
-        let size = usize::from_str_radix(size_hex, 16).ok()?;
-        body = &body[line_end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        if body.len() < size.checked_add(2)? {
-            return None;
-        }
-        out.extend_from_slice(&body[..size]);
-        body = &body[size + 2..];
-    }
-}
+/// RFC 3986 unreserved characters stay as they are; everything else is escaped.
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::Instant;
+
     use super::*;
 
     #[test]
@@ -293,65 +228,177 @@ mod tests {
         assert!(HttpSnapshotSource::new("").is_err());
     }
 
-    #[test]
-    fn fetch_errors_are_reported_not_panics() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    /// Answers one connection per raw response, in order, and hands back each request head.
+    fn serve(answers: Vec<Vec<u8>>) -> (String, thread::JoinHandle<Vec<String>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
-        let server = std::thread::spawn(move || {
-            let huge = [&b"HTTP/1.1 200 OK\r\n\r\n"[..], &vec![b' '; 200_000]].concat();
-            let answers = [
-                b"HTTP/1.1 200 OK\r\n\r\n{\"not\": \"a snapshot\"}".to_vec(),
-                huge,
-            ];
+        let server = thread::spawn(move || {
+            let mut requests = Vec::new();
             for answer in answers {
                 let Ok((mut stream, _)) = listener.accept() else {
-                    return;
+                    break;
                 };
-                let mut buf = [0u8; 1024];
-                let _ = stream.read(&mut buf);
+                requests.push(read_head(&mut stream));
                 let _ = stream.write_all(&answer);
+                // closing the connection ends a body that has no length
             }
+            requests
         });
-        let mut source = HttpSnapshotSource::new(&addr)
-            .expect("address")
-            .with_max_body_bytes(16);
-        let bad_json = source.fetch(None);
-        assert!(
-            matches!(bad_json, Err(EventsError::Snapshot(ref m)) if m.contains("invalid snapshot JSON")),
-            "{bad_json:?}"
-        );
-        let too_big = source.fetch(Some("t"));
-        assert!(
-            matches!(too_big, Err(EventsError::Snapshot(ref m)) if m.contains("exceeds")),
-            "{too_big:?}"
-        );
-        server.join().expect("server");
-        // nothing listens there any more
-        let refused = source.with_timeout(Duration::from_secs(2)).fetch(None);
-        assert!(matches!(refused, Err(EventsError::Snapshot(_))));
+        (addr, server)
+    }
+
+    fn read_head(stream: &mut TcpStream) -> String {
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match stream.read(&mut byte) {
+                Ok(1) => head.push(byte[0]),
+                _ => break,
+            }
+        }
+        String::from_utf8_lossy(&head).into_owned()
+    }
+
+    fn message(result: Result<impl std::fmt::Debug, EventsError>) -> String {
+        match result {
+            Err(EventsError::Snapshot(m)) => m,
+            other => panic!("expected a snapshot error, got {other:?}"),
+        }
     }
 
     #[test]
-    fn parses_content_length_chunked_and_errors() {
-        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}junk";
-        assert_eq!(parse_response(plain).expect("ok"), b"{}");
-        let chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{\"a\r\n4;x=y\r\n\":1}\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked).expect("ok"), br#"{"a":1}"#);
-        let eof = b"HTTP/1.0 200 OK\r\n\r\n[1]";
-        assert_eq!(parse_response(eof).expect("ok"), b"[1]");
-        for bad in [
-            &b"HTTP/1.1 404 Not Found\r\n\r\nnope"[..],
-            b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}",
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nab",
-            b"garbage",
-            b"SMTP 200 OK\r\n\r\n",
-        ] {
-            assert!(
-                parse_response(bad).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bad)
+    fn fetch_errors_are_reported_not_panics() {
+        let huge = [&b"HTTP/1.1 200 OK\r\n\r\n"[..], &vec![b' '; 200_000]].concat();
+        let (addr, server) = serve(vec![
+            b"HTTP/1.1 200 OK\r\n\r\n{\"not\": \"a snapshot\"}".to_vec(),
+            huge,
+        ]);
+        let mut source = HttpSnapshotSource::new(&addr)
+            .expect("address")
+            .with_max_body_bytes(64);
+        let bad_json = message(source.fetch(None));
+        assert!(bad_json.contains("invalid snapshot JSON"), "{bad_json}");
+        let too_big = message(source.fetch(Some("t")));
+        assert_eq!(too_big, "response exceeds 64 bytes");
+        server.join().expect("server");
+        // nothing listens there any more
+        let refused = message(source.with_timeout(Duration::from_secs(2)).fetch(None));
+        assert!(
+            refused.starts_with("cannot connect to 127.0.0.1:"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn requests_name_the_host_path_and_json() {
+        let (addr, server) = serve(vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}".to_vec()
+        ]);
+        let source = HttpSnapshotSource::new(&format!("http://{addr}/")).expect("address");
+        assert_eq!(
+            source
+                .get("/kv_events/snapshot?tenant_id=a%20b")
+                .expect("ok"),
+            b"{}"
+        );
+        let requests = server.join().expect("server");
+        let head = requests[0].to_ascii_lowercase();
+        assert!(
+            head.starts_with("get /kv_events/snapshot?tenant_id=a%20b http/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains(&format!("\r\nhost: {addr}\r\n")), "{head}");
+        assert!(head.contains("\r\naccept: application/json\r\n"), "{head}");
+    }
+
+    #[test]
+    fn bodies_by_length_by_chunks_and_by_close() {
+        let answers: [(&[u8], &[u8]); 3] = [
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}junk", b"{}"),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{\"a\r\n4;x=y\r\n\":1}\r\n0\r\n\r\n",
+                br#"{"a":1}"#,
+            ),
+            (b"HTTP/1.0 200 OK\r\n\r\n[1]", b"[1]"),
+        ];
+        let (addr, server) = serve(answers.iter().map(|(raw, _)| raw.to_vec()).collect());
+        let source = HttpSnapshotSource::new(&addr).expect("address");
+        for (raw, want) in answers {
+            let got = source.get(SNAPSHOT_PATH);
+            assert_eq!(
+                got.as_deref().ok(),
+                Some(want),
+                "{}: {got:?}",
+                String::from_utf8_lossy(raw)
             );
         }
+        server.join().expect("server");
+    }
+
+    #[test]
+    fn bad_answers_are_errors_that_say_what_was_wrong() {
+        let answers: [(&[u8], &str); 7] = [
+            (
+                b"HTTP/1.1 404 Not Found\r\n\r\nnope",
+                "server answered 404 Not Found: nope",
+            ),
+            (
+                b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:1/\r\nContent-Length: 0\r\n\r\n",
+                "server answered 302 Found",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}",
+                "cannot read from",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                "malformed HTTP response",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nab",
+                "cannot read from",
+            ),
+            (b"garbage", "malformed HTTP response"),
+            (b"SMTP 200 OK\r\n\r\n", "malformed HTTP response"),
+        ];
+        let (addr, server) = serve(answers.iter().map(|(raw, _)| raw.to_vec()).collect());
+        let source = HttpSnapshotSource::new(&addr)
+            .expect("address")
+            .with_timeout(Duration::from_secs(10));
+        for (raw, starts) in answers {
+            let m = message(source.get(SNAPSHOT_PATH));
+            assert!(
+                m.starts_with(starts),
+                "{}: {m}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        server.join().expect("server");
+    }
+
+    #[test]
+    fn a_silent_server_times_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (done, wait) = mpsc::channel::<()>();
+        let server = thread::spawn(move || {
+            let Ok((mut stream, _)) = listener.accept() else {
+                return;
+            };
+            read_head(&mut stream);
+            // hold the connection open, unanswered, until the client has given up
+            let _ = wait.recv();
+        });
+        let source = HttpSnapshotSource::new(&addr)
+            .expect("address")
+            .with_timeout(Duration::from_millis(300));
+        let started = Instant::now();
+        let m = message(source.get(SNAPSHOT_PATH));
+        let waited = started.elapsed();
+        let _ = done.send(());
+        server.join().expect("server");
+        assert!(m.starts_with("timed out after 300ms fetching from"), "{m}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
     }
 }
