@@ -11,8 +11,8 @@ use crate::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::auth::{Secret, NONCE_LEN, SECRET_ENV, SECRET_FILE_ENV};
 use moonkv_proto::grant::GRANT_LEN;
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -449,7 +449,7 @@ impl ConnectionPool {
         self.lock().remove(endpoint);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<DataConnection>>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<DataConnection>>> {
+        self.idle.lock()
     }
 }

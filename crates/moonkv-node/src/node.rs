@@ -129,7 +129,7 @@ impl Node {
             let id = SegmentId(moonkv_client::util::random_client_id().0);
             memories.push(Arc::new(SegmentMemory::allocate(id, config.segment_size)?));
         }
-        let table: SegmentTable = Arc::new(std::sync::RwLock::new(
+        let table: SegmentTable = Arc::new(parking_lot::RwLock::new(
             memories.iter().map(|m| (m.id(), m.clone())).collect(),
         ));
         let disk_store = opened.as_ref().map(|(store, _)| store.clone());

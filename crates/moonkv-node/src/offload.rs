@@ -113,12 +113,7 @@ impl DiskAgent {
     /// Copies one memory replica of this node into a disk file.
     async fn offload(&self, task: &OffloadTask) -> bool {
         let source = &task.source;
-        let segment = self
-            .segments
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&source.segment_id)
-            .cloned();
+        let segment = self.segments.read().get(&source.segment_id).cloned();
         let Some(segment) = segment else {
             tracing::warn!(key = %task.key, "offload source is not a segment of this node");
             return false;

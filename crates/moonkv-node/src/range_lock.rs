@@ -2,8 +2,8 @@
 //! writes; disjoint ranges never wait for each other. The table of held ranges is guarded by a
 //! short critical section only, never across I/O.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use tokio::sync::Notify;
 
 struct Held {
@@ -38,7 +38,7 @@ impl RangeLock {
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                let mut held = self.held.lock();
                 let conflict = held
                     .iter()
                     .any(|h| h.start < end && start < h.end && (h.exclusive || exclusive));
@@ -58,13 +58,13 @@ impl RangeLock {
 
     #[cfg(test)]
     fn held_count(&self) -> usize {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.held.lock().len()
     }
 }
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut held = self.lock.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.lock.held.lock();
         if let Some(i) = held.iter().position(|h| h.token == self.token) {
             held.swap_remove(i);
         }

@@ -13,10 +13,11 @@ use moonkv_dataplane::stream::{Stream, TlsAcceptor};
 use moonkv_proto::auth::{Secret, NONCE_LEN};
 use moonkv_proto::grant::{self, Grant, Refusal, GRANT_LEN};
 use moonkv_proto::SegmentId;
+use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -53,11 +54,7 @@ pub(crate) struct Served {
 
 impl Served {
     fn segment(&self, id: SegmentId) -> Option<Arc<SegmentMemory>> {
-        self.segments
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
+        self.segments.read().get(&id).cloned()
     }
 
     fn disk(&self, id: SegmentId) -> Option<&Arc<DiskStore>> {

@@ -22,7 +22,7 @@ struct Fixture {
 
 async fn fixture(size: u64) -> Fixture {
     let segment = Arc::new(SegmentMemory::allocate(SegmentId::new(3, 4), size).unwrap());
-    let table: SegmentTable = Arc::new(std::sync::RwLock::new(
+    let table: SegmentTable = Arc::new(parking_lot::RwLock::new(
         [(segment.id(), segment.clone())].into(),
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

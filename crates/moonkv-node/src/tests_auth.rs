@@ -33,7 +33,7 @@ struct Secured {
 
 async fn secured(node_secret: Option<Secret>) -> Secured {
     let segment = Arc::new(SegmentMemory::allocate(SegmentId::new(5, 6), 1 << 20).unwrap());
-    let table: SegmentTable = Arc::new(std::sync::RwLock::new(
+    let table: SegmentTable = Arc::new(parking_lot::RwLock::new(
         [(segment.id(), segment.clone())].into(),
     ));
     let dir = disk::tests::TempDir::new("dataplane-auth");

@@ -6,7 +6,7 @@ use crate::test_support::{fake_master, ok, Handler, Reply};
 use moonkv_node::segment::SegmentMemory;
 use moonkv_node::server::{DataServer, SegmentTable};
 use moonkv_proto::SegmentId;
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -19,7 +19,7 @@ async fn serving(content: &[u8]) -> (DataServer, ReplicaDescriptor) {
         .unwrap()
         .copy_from_slice(content);
     let descriptor = descriptor(ReplicaId(41), memory.base(), content.len() as u64, "");
-    let table: SegmentTable = Arc::new(std::sync::RwLock::new([(memory.id(), memory)].into()));
+    let table: SegmentTable = Arc::new(parking_lot::RwLock::new([(memory.id(), memory)].into()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = DataServer::spawn(listener, table).unwrap();
     let endpoint = server.local_addr().to_string();
@@ -70,7 +70,6 @@ fn expired_lease_master(
         Request::RevalidateReplicas(r) => {
             asked
                 .lock()
-                .unwrap()
                 .extend(r.items.iter().flat_map(|i| i.replica_ids.clone()));
             ok(&vec![ItemResult(verdict.clone())])
         }
@@ -101,7 +100,7 @@ async fn a_replaced_replica_after_lease_expiry_is_lease_expired_not_data() {
             batch[0].as_ref().unwrap_err().code,
             ErrorCode::LEASE_EXPIRED
         );
-        assert_eq!(asked.lock().unwrap().as_slice(), &[ReplicaId(41); 3]);
+        assert_eq!(asked.lock().as_slice(), &[ReplicaId(41); 3]);
     })
     .await
     .unwrap();
@@ -136,11 +135,11 @@ async fn a_failed_write_is_revoked_with_exactly_the_start_ids() {
         let handler: Handler = Arc::new(move |req| match req {
             Request::PutStart(_) => ok(&replicas),
             Request::PutRevoke(rv) => {
-                r.lock().unwrap().push(rv.replica_ids);
+                r.lock().push(rv.replica_ids);
                 ok(&())
             }
             Request::PutEnd(_) => {
-                *e.lock().unwrap() += 1;
+                *e.lock() += 1;
                 ok(&())
             }
             _ => Reply::Err(Error::new(ErrorCode::NOT_SUPPORTED, "not scripted")),
@@ -152,11 +151,8 @@ async fn a_failed_write_is_revoked_with_exactly_the_start_ids() {
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
-        assert_eq!(
-            *revoked.lock().unwrap(),
-            vec![vec![ReplicaId(5), ReplicaId(6)]]
-        );
-        assert_eq!(*ended.lock().unwrap(), 0);
+        assert_eq!(*revoked.lock(), vec![vec![ReplicaId(5), ReplicaId(6)]]);
+        assert_eq!(*ended.lock(), 0);
     })
     .await
     .unwrap();

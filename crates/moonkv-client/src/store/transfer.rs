@@ -7,11 +7,12 @@ use moonkv_dataplane::{LocalSegment, LocalSegments};
 use moonkv_proto::auth::Secret;
 use moonkv_proto::types::{ReplicaDescriptor, ReplicaKind};
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -77,7 +78,7 @@ impl Transfer {
         ids: &[ReplicaId],
     ) -> Option<impl Future<Output = bool> + Send + 'static> {
         let tasks: Vec<JoinHandle<bool>> = {
-            let mut fences = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+            let mut fences = self.fences.lock();
             ids.iter()
                 .filter_map(|id| fences.remove(id))
                 .flatten()
@@ -97,12 +98,7 @@ impl Transfer {
 
     fn fence(&self, replica: ReplicaId, conn: DataConnection) {
         let task = tokio::spawn(conn.fence(FENCE_LIMIT));
-        self.fences
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(replica)
-            .or_default()
-            .push(task);
+        self.fences.lock().entry(replica).or_default().push(task);
     }
 
     /// Whether reading `replica` needs no network (its segment is served by this process).

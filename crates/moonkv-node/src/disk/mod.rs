@@ -11,11 +11,11 @@ pub mod format;
 use format::{FileHeader, FIXED_LEN, MAX_TENANT_LEN};
 use moonkv_proto::types::DiskFile;
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result, SegmentId, Uuid};
+use parking_lot::Mutex;
 use std::collections::{HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 /// Name of the file holding the disk id.
@@ -316,10 +316,7 @@ impl DiskStore {
     /// Deletes file `file_id` (a missing file is fine) and remembers the id for a while.
     pub fn delete(&self, file_id: u64) {
         {
-            let mut recent = self
-                .recently_deleted
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut recent = self.recently_deleted.lock();
             if recent.0.insert(file_id) {
                 recent.1.push_back(file_id);
                 if recent.1.len() > RECENT_DELETIONS {
@@ -338,11 +335,7 @@ impl DiskStore {
     }
 
     fn was_deleted(&self, file_id: u64) -> bool {
-        self.recently_deleted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .0
-            .contains(&file_id)
+        self.recently_deleted.lock().0.contains(&file_id)
     }
 }
 
