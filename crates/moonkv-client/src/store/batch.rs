@@ -1,9 +1,9 @@
 //! Batch forms: one master round trip per phase for all keys, transfers of all keys in
 //! parallel, and one result per key (a failing key never fails the others).
 
-use super::transfer::join_all;
 use super::{buffer_for, check_value, lease_expired, object_size, zeroed, Store, WriteKind};
 use crate::util::check_key;
+use futures_util::future::join_all;
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
@@ -144,7 +144,7 @@ impl Store {
             }
             Err(_) => None,
         });
-        let written = join_all(writes.collect()).await;
+        let written = join_all(writes).await;
 
         let mut results: Vec<Result<()>> = started
             .iter()
@@ -289,7 +289,7 @@ impl Store {
                 let replica = self.read_any_replica(key, &list.replicas, buf).await?;
                 Ok::<_, Error>((size, replica))
             });
-        let read = join_all(reads.collect()).await;
+        let read = join_all(reads).await;
 
         // Keys whose lease ran out: confirm with the master in one call.
         let mut expired = Vec::new();

@@ -415,9 +415,11 @@ impl Store {
         };
         let writes = replicas
             .iter()
-            .map(|r| self.transfer.write_replica(r, &meta, value))
-            .collect();
-        transfer::join_all(writes).await.into_iter().collect()
+            .map(|r| self.transfer.write_replica(r, &meta, value));
+        futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .collect()
     }
 
     async fn read_object(

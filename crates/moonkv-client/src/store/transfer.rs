@@ -2,6 +2,7 @@
 //! directly when the replica's segment lives in this process. A disk replica moves as one
 //! whole-file request to the node that owns the disk.
 
+use futures_util::future::join_all;
 use moonkv_dataplane::{ConnectionPool, DataConnection, FileMeta};
 use moonkv_dataplane::{LocalSegment, LocalSegments};
 use moonkv_proto::auth::Secret;
@@ -10,10 +11,8 @@ use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -128,10 +127,12 @@ impl Transfer {
             return Ok(());
         }
         let lanes = spread(buf.chunks_mut(self.chunk_size), self.lanes, self.chunk_size);
+        // Lanes borrow the caller's buffer, so they run concurrently on this task rather than
+        // as spawned tasks; for socket I/O that is as fast.
         let work = lanes
             .into_iter()
             .map(|items| self.read_lane(replica, items));
-        join_all(work.collect()).await.into_iter().collect()
+        join_all(work).await.into_iter().collect()
     }
 
     /// Writes `data` (the whole object) into a replica; `meta` names the object for disk files.
@@ -162,7 +163,7 @@ impl Transfer {
         let work = lanes
             .into_iter()
             .map(|items| self.write_lane(replica, items));
-        join_all(work.collect()).await.into_iter().collect()
+        join_all(work).await.into_iter().collect()
     }
 
     /// Deadline of a whole-file request: the chunk deadline per chunk-sized share.
@@ -382,33 +383,6 @@ fn spread<T>(
     out
 }
 
-/// Polls every future concurrently on the current task and returns their outputs in order.
-/// (Borrowed buffers cannot move into spawned tasks; concurrency on one task is enough for I/O.)
-pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut pending: Vec<Option<Pin<Box<F>>>> =
-        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
-    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    let mut left = pending.len();
-    std::future::poll_fn(|cx| {
-        for (slot, output) in pending.iter_mut().zip(outputs.iter_mut()) {
-            if let Some(future) = slot {
-                if let Poll::Ready(value) = future.as_mut().poll(cx) {
-                    *output = Some(value);
-                    *slot = None;
-                    left -= 1;
-                }
-            }
-        }
-        if left == 0 {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,11 +400,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn join_all_keeps_order() {
-        let futures = (0..5u64).map(|i| async move {
-            tokio::time::sleep(Duration::from_millis(10 * (5 - i))).await;
-            i
-        });
-        assert_eq!(join_all(futures.collect()).await, vec![0, 1, 2, 3, 4]);
+    async fn join_all_answers_in_input_order_whatever_finishes_first() {
+        // Lanes and batch items are matched to their results by position. The library takes a
+        // different path above 30 futures, so both sizes are checked.
+        for n in [5u64, 40] {
+            let futures = (0..n).map(|i| async move {
+                for _ in 0..(n - i) {
+                    tokio::task::yield_now().await;
+                }
+                i
+            });
+            assert_eq!(join_all(futures).await, (0..n).collect::<Vec<_>>());
+        }
     }
 }
