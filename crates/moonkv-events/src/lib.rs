@@ -18,6 +18,7 @@
 //!
 //! The crate does no async I/O and depends on no other moonkv crate.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod codec;

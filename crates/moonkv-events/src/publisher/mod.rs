@@ -6,10 +6,11 @@ mod queue;
 pub use queue::{EventQueue, QueueCounters};
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Encoder, EventConfig, KvEvent, StampedEvent, MAX_EVENTS_PER_MESSAGE};
@@ -67,17 +68,10 @@ struct State {
 }
 
 struct Shared {
+    /// parking_lot's mutex does not poison, so a panic elsewhere cannot stop event
+    /// accounting.
     state: Mutex<State>,
     wake: Condvar,
-}
-
-impl Shared {
-    /// A panic elsewhere must not stop event accounting, so a poisoned lock is used as is.
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 /// A running KV event publisher. Dropping it drains the queue and stops the thread.
@@ -180,7 +174,7 @@ impl Publisher {
     /// publishes while holding its own metadata lock gets ids consistent with its state.
     pub fn publish(&self, ev: KvEvent) -> u64 {
         let timestamp_ms = now_ms();
-        let mut state = self.shared.lock();
+        let mut state = self.shared.state.lock();
         let id = state.queue.push(ev, timestamp_ms);
         // Only a parked socket thread needs a (syscall-priced) wake-up.
         if id != 0 && state.consumer_waiting {
@@ -192,7 +186,7 @@ impl Publisher {
 
     /// Highest event id assigned so far; the master's snapshot watermark.
     pub fn last_event_id(&self) -> u64 {
-        self.shared.lock().queue.last_event_id()
+        self.shared.state.lock().queue.last_event_id()
     }
 
     /// The endpoint actually bound (ZMQ `LAST_ENDPOINT`), e.g. with the ephemeral port filled in.
@@ -207,7 +201,7 @@ impl Publisher {
 
     /// Counters and positions for the status endpoint.
     pub fn status(&self) -> PublisherStatus {
-        let state = self.shared.lock();
+        let state = self.shared.state.lock();
         let c = state.queue.counters();
         PublisherStatus {
             enabled: true,
@@ -234,7 +228,7 @@ impl Publisher {
             return;
         };
         {
-            let mut state = self.shared.lock();
+            let mut state = self.shared.state.lock();
             state.shutting_down = true;
             self.shared.wake.notify_one();
         }
@@ -267,7 +261,7 @@ fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq
     let mut outcome: Option<SendOutcome> = None;
     loop {
         let sequence = {
-            let mut state = shared.lock();
+            let mut state = shared.state.lock();
             if let Some(o) = outcome.take() {
                 record(&mut state.queue, &o);
                 state.in_flight = 0;
@@ -287,18 +281,11 @@ fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq
                     // wake-up syscall (one futex call per few events otherwise) and messages
                     // carry fuller batches. Costs at most this much latency per idle period.
                     lingered = true;
-                    state = shared
-                        .wake
-                        .wait_timeout(state, LINGER_BEFORE_PARK)
-                        .map(|(guard, _)| guard)
-                        .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+                    shared.wake.wait_for(&mut state, LINGER_BEFORE_PARK);
                     continue;
                 }
                 state.consumer_waiting = true;
-                state = shared
-                    .wake
-                    .wait(state)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                shared.wake.wait(&mut state);
             }
         };
         let Some(sequence) = sequence else { break };
