@@ -1,0 +1,827 @@
+//! `MooncakeDistributedStore`: upstream's class, method for method — names, positional order,
+//! keyword names and integer results (0 or a negative upstream code; byte counts for reads; a
+//! result per key in batch forms; 1/0/negative from `is_exist`; `b""` from `get` on a miss).
+//! Only wrong argument types raise (`TypeError`), as upstream's bindings do.
+//!
+//! - this file: lifecycle, the copying calls (bounded by `local_buffer_size`), metadata.
+//! - [`zero_copy`]: calls on registered memory (`put_from`, `get_into`, batch and multi-buffer
+//!   forms, `get_into_ranges`).
+//!
+//! Methods upstream has and moonkv lacks are added by the Python subclass in
+//! `moonkv/__init__.py`, each raising `NotImplementedError` naming itself.
+
+mod copying;
+mod zero_copy;
+
+use crate::args::{self, Split};
+use crate::config::PyReplicateConfig;
+use crate::engine::{Engine, StoreTuning, NOT_INITIALIZED};
+use crate::errors::{code, invalid, not_set_up, write_code};
+use crate::pybuf::Pinned;
+use crate::registry::Range;
+use crate::replica::{buffer_handle, PyReplicaDescriptor};
+use crate::settings::RawSetup;
+use copying::first_failure;
+use moonkv_proto::msg::KeysRequest;
+use moonkv_proto::Error;
+use parking_lot::RwLock;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use std::sync::Arc;
+
+/// The store object of upstream's Python API.
+#[pyclass(module = "moonkv._moonkv", name = "MooncakeDistributedStore", subclass)]
+pub(crate) struct DropIn {
+    engine: RwLock<Option<Arc<Engine>>>,
+}
+
+/// Logs through Python's `logging` (logger `moonkv`), where upstream's users look for the reason
+/// behind a non-zero return.
+fn log(py: Python<'_>, level: &str, message: &str) {
+    let logger = py
+        .import("logging")
+        .and_then(|logging| logging.call_method1("getLogger", ("moonkv",)));
+    if let Ok(logger) = logger {
+        let _ = logger.call_method1(level, (message,));
+    }
+}
+
+impl DropIn {
+    fn engine(&self) -> Result<Arc<Engine>, Error> {
+        self.engine.read().clone().ok_or_else(not_set_up)
+    }
+}
+
+/// An int result for each item: the error code, or what `ok` makes of the value.
+fn codes<T>(results: Vec<Result<T, Error>>, ok: impl Fn(T) -> i64) -> Vec<i64> {
+    results
+        .into_iter()
+        .map(|r| match r {
+            Ok(v) => ok(v),
+            Err(e) => code(&e) as i64,
+        })
+        .collect()
+}
+
+/// `n` copies of one error code (a batch refused as a whole).
+fn all_failed(n: usize, error: &Error) -> Vec<i64> {
+    vec![code(error) as i64; n]
+}
+
+#[pymethods]
+impl DropIn {
+    #[new]
+    fn new() -> Self {
+        DropIn {
+            engine: RwLock::new(None),
+        }
+    }
+
+    /// Connects to the master; with `global_segment_size > 0` also starts a node in this process
+    /// that contributes that much memory. Sizes are integers or text such as `"16MB"`/`"4gb"`.
+    /// `metadata_server` and `rdma_devices` are accepted and unused (moonkv needs no metadata
+    /// service and moves bytes over TCP). Also takes upstream's dict form: `setup({...})`.
+    /// Returns 0, or a negative error code (the reason is logged on logger `moonkv`).
+    #[pyo3(signature = (
+        local_hostname = None, metadata_server = None, global_segment_size = None,
+        local_buffer_size = None, protocol = None, rdma_devices = None, master_server_addr = None,
+        engine = None, enable_ssd_offload = false, ssd_offload_path = None, tenant_id = None,
+        enable_client_http_server = false, client_http_port = None, config = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn setup<'py>(
+        &self,
+        py: Python<'py>,
+        local_hostname: Option<Bound<'py, PyAny>>,
+        metadata_server: Option<String>,
+        global_segment_size: Option<Bound<'py, PyAny>>,
+        local_buffer_size: Option<Bound<'py, PyAny>>,
+        protocol: Option<String>,
+        rdma_devices: Option<String>,
+        master_server_addr: Option<String>,
+        engine: Option<Bound<'py, PyAny>>,
+        enable_ssd_offload: bool,
+        ssd_offload_path: Option<String>,
+        tenant_id: Option<String>,
+        enable_client_http_server: bool,
+        client_http_port: Option<i64>,
+        config: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<i32> {
+        let _ = (rdma_devices, ssd_offload_path, client_http_port);
+        let dict = match (&config, &local_hostname) {
+            (Some(d), _) => Some(d.clone()),
+            (None, Some(first)) => first.cast::<PyDict>().ok().cloned(),
+            _ => None,
+        };
+        let raw = match dict {
+            Some(d) => RawSetup::from_dict(&d)?,
+            None => RawSetup {
+                local_hostname: local_hostname.map(|h| h.extract::<String>()).transpose()?,
+                metadata_server,
+                global_segment_size,
+                local_buffer_size,
+                protocol,
+                master_server_addr,
+                tenant_id,
+                enable_ssd_offload,
+                enable_client_http_server,
+            },
+        };
+        if engine.is_some_and(|e| !e.is_none()) {
+            log(
+                py,
+                "error",
+                "setup: engine= (a TransferEngine to reuse) is not supported by moonkv",
+            );
+            return Ok(code(&invalid("engine")));
+        }
+        if self.engine.read().is_some() {
+            log(
+                py,
+                "error",
+                "setup: this store is already set up; close() it first",
+            );
+            return Ok(code(&invalid("already set up")));
+        }
+        let settings = match raw.validate() {
+            Ok(s) => s,
+            Err(e) => {
+                log(py, "error", &format!("setup: {}", e.message));
+                return Ok(code(&e));
+            }
+        };
+        match py.detach(|| Engine::start(&settings, StoreTuning::default())) {
+            Ok(engine) => {
+                *self.engine.write() = Some(Arc::new(engine));
+                Ok(0)
+            }
+            Err(e) => {
+                log(py, "error", &format!("setup: {e}"));
+                Ok(code(&e))
+            }
+        }
+    }
+
+    /// Unmounts this process's memory, disconnects and returns 0; later calls fail.
+    fn close(&self, py: Python<'_>) -> i32 {
+        let engine = self.engine.write().take();
+        if let Some(engine) = engine {
+            py.detach(|| engine.shut_down());
+        }
+        0
+    }
+
+    /// 0 healthy, 1 not set up or closed, 2 master unreachable.
+    fn health_check(&self, py: Python<'_>) -> i32 {
+        match self.engine() {
+            Ok(engine) => py.detach(|| engine.health()),
+            Err(_) => NOT_INITIALIZED,
+        }
+    }
+
+    /// The embedded node's data-plane endpoint `host:port` (also its segment name, for
+    /// `ReplicateConfig.preferred_segments`); `local_hostname` for a pure requester.
+    fn get_hostname(&self) -> String {
+        self.engine()
+            .map(|e| e.hostname.clone())
+            .unwrap_or_default()
+    }
+
+    /// Registers `[buffer_ptr, buffer_ptr + size)` for the zero-copy calls. The memory must stay
+    /// valid until `unregister_buffer`; it is never touched outside calls that name it.
+    fn register_buffer(&self, buffer_ptr: usize, size: usize) -> i32 {
+        match self
+            .engine()
+            .and_then(|e| e.registry.register(buffer_ptr, size))
+        {
+            Ok(()) => 0,
+            Err(e) => code(&e),
+        }
+    }
+
+    /// Unregisters the buffer starting at `buffer_ptr`, once calls using it have finished.
+    fn unregister_buffer(&self, py: Python<'_>, buffer_ptr: usize) -> i32 {
+        let result = self
+            .engine()
+            .and_then(|e| py.detach(|| e.registry.unregister(buffer_ptr)));
+        match result {
+            Ok(()) => 0,
+            Err(e) => code(&e),
+        }
+    }
+
+    // ---- copying calls -------------------------------------------------------------------
+
+    /// Stores `value` (any contiguous buffer) under `key`; 0 also when the key already exists.
+    #[pyo3(signature = (key, value, config = None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let value = Pinned::read(value)?;
+        let key = args::key(key)?;
+        Ok(write_code(&self.copy_write(
+            py,
+            key,
+            &[&value],
+            config.as_deref(),
+            false,
+        )))
+    }
+
+    /// Stores the concatenation of `parts` under `key`.
+    #[pyo3(signature = (key, *parts, config = None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let pinned: Vec<Pinned> = parts
+            .iter()
+            .map(|p| Pinned::read(&p))
+            .collect::<PyResult<_>>()?;
+        let key = args::key(key)?;
+        let refs: Vec<&Pinned> = pinned.iter().collect();
+        Ok(write_code(&self.put_parts_of(
+            py,
+            key,
+            &refs,
+            config.as_deref(),
+        )?))
+    }
+
+    /// Stores `values[i]` under `keys[i]`; one code for the whole batch (the first failure).
+    #[pyo3(signature = (keys, values, config = None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let pinned: Vec<Pinned> = args::items(values, "values")?
+            .iter()
+            .map(Pinned::read)
+            .collect::<PyResult<_>>()?;
+        let keys = args::keys(keys)?;
+        let results = self.copy_batch_write(py, keys, &pinned, config.as_deref(), false);
+        Ok(first_failure(&results))
+    }
+
+    /// Stores or replaces `value` under `key`.
+    #[pyo3(signature = (key, value, config = None))]
+    fn upsert(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let value = Pinned::read(value)?;
+        let key = args::key(key)?;
+        Ok(write_code(&self.copy_write(
+            py,
+            key,
+            &[&value],
+            config.as_deref(),
+            true,
+        )))
+    }
+
+    /// Stores or replaces the concatenation of `parts` under `key`.
+    #[pyo3(signature = (key, *parts, config = None))]
+    fn upsert_parts(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let pinned: Vec<Pinned> = parts
+            .iter()
+            .map(|p| Pinned::read(&p))
+            .collect::<PyResult<_>>()?;
+        let key = args::key(key)?;
+        let refs: Vec<&Pinned> = pinned.iter().collect();
+        Ok(write_code(&self.copy_write(
+            py,
+            key,
+            &refs,
+            config.as_deref(),
+            true,
+        )))
+    }
+
+    /// Stores or replaces `values[i]` under `keys[i]`; one code for the whole batch.
+    #[pyo3(signature = (keys, values, config = None))]
+    fn upsert_batch(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let pinned: Vec<Pinned> = args::items(values, "values")?
+            .iter()
+            .map(Pinned::read)
+            .collect::<PyResult<_>>()?;
+        let keys = args::keys(keys)?;
+        let results = self.copy_batch_write(py, keys, &pinned, config.as_deref(), true);
+        Ok(first_failure(&results))
+    }
+
+    /// The object's bytes; `b""` on a miss or any error (upstream cannot tell them apart
+    /// either; use `get_size` or `is_exist` for that).
+    fn get<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+        let key = args::key(key)?;
+        let read = self.copy_read(py, key);
+        Ok(match read {
+            Ok((bytes, _lease)) => PyBytes::new(py, &bytes),
+            Err(_) => PyBytes::new(py, b""),
+        })
+    }
+
+    /// The bytes of each key; `b""` for a key that is missing or failed.
+    fn get_batch<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let keys = args::keys(keys)?;
+        let read = self.copy_batch_read(py, keys);
+        Ok(read
+            .into_iter()
+            .map(|r| match r {
+                Ok((bytes, _lease)) => PyBytes::new(py, &bytes),
+                Err(_) => PyBytes::new(py, b""),
+            })
+            .collect())
+    }
+
+    /// The object in a `BufferHandle` (a bytearray with `ptr()` and `size()`) charged to the local
+    /// buffer while it lives; `None` on a miss or error.
+    fn get_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let key = args::key(key)?;
+        match self.copy_read(py, key) {
+            Ok((bytes, lease)) => buffer_handle(py, &bytes, lease).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// `get_buffer` for each key (`None` where it failed).
+    fn batch_get_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+        let keys = args::keys(keys)?;
+        self.copy_batch_read(py, keys)
+            .into_iter()
+            .map(|r| match r {
+                Ok((bytes, lease)) => buffer_handle(py, &bytes, lease).map(Some),
+                Err(_) => Ok(None),
+            })
+            .collect()
+    }
+
+    // ---- zero-copy calls on registered memory ---------------------------------------------
+
+    /// Stores the `size` bytes at `buffer_ptr` (inside a registered buffer) under `key`.
+    #[pyo3(signature = (key, buffer_ptr, size, config = None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let key = args::key(key)?;
+        let result = self.single_write(
+            py,
+            key,
+            Range {
+                ptr: buffer_ptr,
+                len: size,
+            },
+            config.as_deref(),
+            false,
+        );
+        Ok(write_code(&result))
+    }
+
+    /// Stores or replaces the `size` bytes at `buffer_ptr` under `key`.
+    #[pyo3(signature = (key, buffer_ptr, size, config = None))]
+    fn upsert_from(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let key = args::key(key)?;
+        let result = self.single_write(
+            py,
+            key,
+            Range {
+                ptr: buffer_ptr,
+                len: size,
+            },
+            config.as_deref(),
+            true,
+        );
+        Ok(write_code(&result))
+    }
+
+    /// Reads the object into `[buffer_ptr, buffer_ptr + size)` (registered); its size, or a
+    /// negative code (`INVALID_PARAMS` when the buffer is too small or not registered).
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer_ptr: usize,
+        size: usize,
+    ) -> PyResult<i64> {
+        let key = args::key(key)?;
+        let result = self.with_key(key, |engine, key| {
+            zero_copy::get_into(
+                py,
+                engine,
+                &key,
+                Range {
+                    ptr: buffer_ptr,
+                    len: size,
+                },
+            )
+        });
+        Ok(codes(vec![result], |n| n as i64).remove(0))
+    }
+
+    /// `put_from` for each key, in one batch; a code per key.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config = None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffer_ptrs: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<Vec<i64>> {
+        self.batch_write(py, keys, buffer_ptrs, sizes, config.as_deref(), false)
+    }
+
+    /// `upsert_from` for each key; a code per key.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config = None))]
+    fn batch_upsert_from(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffer_ptrs: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<Vec<i64>> {
+        self.batch_write(py, keys, buffer_ptrs, sizes, config.as_deref(), true)
+    }
+
+    /// `get_into` for each key, in one batch; a size or code per key.
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffer_ptrs: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = args::keys(keys)?;
+        let ptrs = args::numbers(buffer_ptrs, "buffer_ptrs")?;
+        let sizes = args::numbers(sizes, "sizes")?;
+        let n = keys.len();
+        let engine = match self.engine() {
+            Ok(e) => e,
+            Err(e) => return Ok(all_failed(n, &e)),
+        };
+        let ranges = match zero_copy::ranges(&ptrs, &sizes).filter(|r| r.len() == n) {
+            Some(r) => r,
+            None => return Ok(all_failed(n, &mismatch(n, ptrs.len(), sizes.len()))),
+        };
+        Ok(codes(
+            zero_copy::batch_get_into(py, &engine, keys, &ranges),
+            |s| s as i64,
+        ))
+    }
+
+    /// Object i is the concatenation of the buffers `all_buffer_ptrs[i]` (sizes
+    /// `all_sizes[i]`); a code per key.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config = None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = args::keys(keys)?;
+        let ptrs = args::nested_numbers(all_buffer_ptrs, "all_buffer_ptrs")?;
+        let sizes = args::nested_numbers(all_sizes, "all_sizes")?;
+        let n = keys.len();
+        let prepared = self.engine().and_then(|engine| {
+            let ranges = nested_ranges(n, &ptrs, &sizes)?;
+            let config = crate::config::wire(config.as_deref(), engine.local_segment.as_deref())?;
+            Ok((engine, ranges, config))
+        });
+        let (engine, ranges, config) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Ok(all_failed(n, &e)),
+        };
+        let results = zero_copy::batch_put_multi(
+            py,
+            &engine,
+            "batch_put_from_multi_buffers",
+            keys,
+            &ranges,
+            config,
+        )?;
+        Ok(results.iter().map(|r| write_code(r) as i64).collect())
+    }
+
+    /// Object i spread in order over the buffers `all_buffer_ptrs[i]`; its size or a code per
+    /// key. `prefer_alloc_in_same_node` is accepted for compatibility (reads always prefer
+    /// this process's replicas).
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node = false))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &Bound<'_, PyAny>,
+        prefer_alloc_in_same_node: bool,
+    ) -> PyResult<Vec<i64>> {
+        let _ = prefer_alloc_in_same_node;
+        let keys = args::keys(keys)?;
+        let ptrs = args::nested_numbers(all_buffer_ptrs, "all_buffer_ptrs")?;
+        let sizes = args::nested_numbers(all_sizes, "all_sizes")?;
+        let n = keys.len();
+        let prepared = self
+            .engine()
+            .and_then(|engine| Ok((engine, nested_ranges(n, &ptrs, &sizes)?)));
+        let (engine, ranges) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Ok(all_failed(n, &e)),
+        };
+        let results = zero_copy::batch_get_multi(py, &engine, keys, &ranges)?;
+        Ok(codes(results, |s| s as i64))
+    }
+
+    /// Stores `metadata_size` bytes at `metadata_buffer_ptr` followed by `size` bytes at
+    /// `buffer_ptr` as one object (both registered).
+    #[pyo3(signature = (key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, config = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn put_from_with_metadata(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer_ptr: usize,
+        metadata_buffer_ptr: usize,
+        size: usize,
+        metadata_size: usize,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let key = args::key(key)?;
+        let prepared = self.engine().and_then(|engine| {
+            let config = crate::config::wire(config.as_deref(), engine.local_segment.as_deref())?;
+            Ok((engine, config))
+        });
+        let (engine, config) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Ok(code(&e)),
+        };
+        let ranges = vec![vec![
+            Range {
+                ptr: metadata_buffer_ptr,
+                len: metadata_size,
+            },
+            Range {
+                ptr: buffer_ptr,
+                len: size,
+            },
+        ]];
+        let mut results = zero_copy::batch_put_multi(
+            py,
+            &engine,
+            "put_from_with_metadata",
+            vec![key],
+            &ranges,
+            config,
+        )?;
+        Ok(results.pop().map_or(0, |r| write_code(&r)))
+    }
+
+    /// Buffer-major ranged reads: for buffer b, key k and range r, copies `all_sizes[b][k][r]`
+    /// bytes from offset `all_src_offsets[b][k][r]` of object `all_keys[b][k]` to
+    /// `buffer_ptrs[b] + all_dst_offsets[b][k][r]` (registered). Returns the bytes copied or a
+    /// negative code for each range.
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: &Bound<'_, PyAny>,
+        all_keys: &Bound<'_, PyAny>,
+        all_dst_offsets: &Bound<'_, PyAny>,
+        all_src_offsets: &Bound<'_, PyAny>,
+        all_sizes: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Vec<Vec<i64>>>> {
+        let deep = |obj: &Bound<'_, PyAny>, what: &str| -> PyResult<Vec<Vec<Vec<usize>>>> {
+            args::items(obj, what)?
+                .iter()
+                .map(|inner| args::nested_numbers(inner, what))
+                .collect()
+        };
+        let request = zero_copy::RangeRequest {
+            buffer_ptrs: args::numbers(buffer_ptrs, "buffer_ptrs")?,
+            keys: args::items(all_keys, "all_keys")?
+                .iter()
+                .map(args::keys)
+                .collect::<PyResult<_>>()?,
+            dst: deep(all_dst_offsets, "all_dst_offsets")?,
+            src: deep(all_src_offsets, "all_src_offsets")?,
+            sizes: deep(all_sizes, "all_sizes")?,
+        };
+        let engine = match self.engine() {
+            Ok(e) => e,
+            Err(e) => return Ok(zero_copy::shaped_failure(&request, &e)),
+        };
+        zero_copy::get_into_ranges(py, &engine, request)
+    }
+
+    // ---- metadata ------------------------------------------------------------------------
+
+    /// 1 if the object exists, 0 if not, a negative code on error.
+    fn is_exist(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let key = args::key(key)?;
+        let result = self.with_key(key, |engine, key| {
+            engine.wait(py, engine.store.exists(&key))
+        });
+        Ok(codes(vec![result], i64::from).remove(0))
+    }
+
+    /// `is_exist` for each key.
+    fn batch_is_exist(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        let split = Split::new(args::keys(keys)?);
+        let engine = match self.engine() {
+            Ok(e) => e,
+            Err(e) => return Ok(all_failed(split.merge::<()>(vec![]).len(), &e)),
+        };
+        let refs: Vec<&str> = split.valid.iter().map(String::as_str).collect();
+        let results = engine.wait(py, engine.store.batch_exists(&refs));
+        Ok(codes(split.merge(results), i64::from))
+    }
+
+    /// The object's size in bytes, or a negative code (`OBJECT_NOT_FOUND` on a miss).
+    fn get_size(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let key = args::key(key)?;
+        let result = self.with_key(key, |engine, key| {
+            let list = engine.wait(py, engine.store.replicas(&key))?;
+            list.replicas.first().map(|r| r.size).ok_or_else(|| {
+                Error::new(
+                    moonkv_proto::ErrorCode::REPLICA_IS_NOT_READY,
+                    "no readable replica",
+                )
+            })
+        });
+        Ok(codes(vec![result], |size| size as i64).remove(0))
+    }
+
+    /// The object's readable replicas; empty on a miss or error.
+    fn get_replica_desc(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<PyReplicaDescriptor>> {
+        let key = args::key(key)?;
+        let result = self.with_key(key, |engine, key| {
+            engine.wait(py, engine.store.replicas(&key))
+        });
+        Ok(result
+            .map(|list| {
+                list.replicas
+                    .into_iter()
+                    .map(PyReplicaDescriptor::new)
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// `{key: [replicas]}` for the keys that exist.
+    fn batch_get_replica_desc<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let split = Split::new(args::keys(keys)?);
+        let out = PyDict::new(py);
+        let Ok(engine) = self.engine() else {
+            return Ok(out);
+        };
+        let request = KeysRequest {
+            tenant: engine.store.tenant().to_string(),
+            keys: split.valid.clone(),
+        };
+        let answer = engine.wait(py, engine.store.master().batch_get_replica_list(request));
+        if let Ok(items) = answer {
+            for (key, item) in split.valid.iter().zip(items) {
+                if let Ok(list) = item.0 {
+                    let replicas: Vec<PyReplicaDescriptor> = list
+                        .replicas
+                        .into_iter()
+                        .map(PyReplicaDescriptor::new)
+                        .collect();
+                    out.set_item(key, replicas)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes the object; `force` ignores read leases. 0 or a negative code.
+    #[pyo3(signature = (key, force = false))]
+    fn remove(&self, py: Python<'_>, key: &Bound<'_, PyAny>, force: bool) -> PyResult<i32> {
+        let key = args::key(key)?;
+        let result = self.with_key(key, |engine, key| {
+            engine.wait(py, engine.store.remove(&key, force))
+        });
+        Ok(result.map_or_else(|e| code(&e), |()| 0))
+    }
+
+    /// `remove` for each key.
+    #[pyo3(signature = (keys, force = false))]
+    fn batch_remove(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        force: bool,
+    ) -> PyResult<Vec<i64>> {
+        let split = Split::new(args::keys(keys)?);
+        let engine = match self.engine() {
+            Ok(e) => e,
+            Err(e) => return Ok(all_failed(split.merge::<()>(vec![]).len(), &e)),
+        };
+        let refs: Vec<&str> = split.valid.iter().map(String::as_str).collect();
+        let results = engine.wait(py, engine.store.batch_remove(&refs, force));
+        Ok(codes(split.merge(results), |()| 0))
+    }
+
+    /// Removes every object whose key matches `regex_pattern`; how many, or a negative code.
+    #[pyo3(signature = (regex_pattern, force = false))]
+    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str, force: bool) -> i64 {
+        let result = self
+            .engine()
+            .and_then(|e| e.wait(py, e.store.remove_by_regex(regex_pattern, force)));
+        result.unwrap_or_else(|e| code(&e) as i64)
+    }
+
+    /// Removes every object of this tenant; how many, or a negative code.
+    #[pyo3(signature = (force = false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
+        let result = self
+            .engine()
+            .and_then(|e| e.wait(py, e.store.remove_all(force)));
+        result.unwrap_or_else(|e| code(&e) as i64)
+    }
+}
+
+/// The error of a batch whose lists do not line up.
+fn mismatch(keys: usize, ptrs: usize, sizes: usize) -> Error {
+    invalid(format!("{keys} keys, {ptrs} buffer pointers and {sizes} sizes: the lists must have the same length"))
+}
+
+/// Ranges of the multi-buffer forms, or why the lists do not line up.
+fn nested_ranges(
+    n: usize,
+    ptrs: &[Vec<usize>],
+    sizes: &[Vec<usize>],
+) -> Result<Vec<Vec<Range>>, Error> {
+    if ptrs.len() != n || sizes.len() != n {
+        return Err(mismatch(n, ptrs.len(), sizes.len()));
+    }
+    ptrs.iter()
+        .zip(sizes)
+        .map(|(p, s)| {
+            zero_copy::ranges(p, s).ok_or_else(|| {
+                invalid(format!(
+                    "{} buffer pointers but {} sizes for one key",
+                    p.len(),
+                    s.len()
+                ))
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,231 @@
+//! Calls on registered memory: every address range is checked against the registry, leased
+//! for the call, and only then turned into the slice the store reads from or writes into (the
+//! bytes go between the socket, or the embedded node's segment, and the caller's memory with no
+//! staging copy).
+
+use super::copying::keep_groups_of;
+use crate::args::Split;
+use crate::engine::Engine;
+use crate::errors::invalid;
+use crate::registry::{self, overlapping, Lease, Range};
+use futures_util::future::join_all;
+use moonkv_proto::types::ReplicateConfig;
+use moonkv_proto::Error;
+use pyo3::prelude::*;
+
+/// Leases `ranges` and reports, per range, why it cannot be used (outside every registered
+/// buffer, or, when `writable`, overlapping another range of the same call).
+fn check(engine: &Engine, ranges: &[Range], writable: bool) -> (Lease, Vec<Option<Error>>) {
+    let (lease, mut errors) = engine.registry.lease(ranges);
+    if writable {
+        for (i, overlaps) in overlapping(ranges).into_iter().enumerate() {
+            if overlaps && errors[i].is_none() {
+                errors[i] = Some(invalid(format!(
+                    "buffer {:#x}+{} overlaps another destination of the same call",
+                    ranges[i].ptr, ranges[i].len
+                )));
+            }
+        }
+    }
+    (lease, errors)
+}
+
+/// `put_from` / `upsert_from`.
+pub(super) fn put_from(
+    py: Python<'_>,
+    engine: &Engine,
+    key: &str,
+    range: Range,
+    config: &ReplicateConfig,
+    upsert: bool,
+) -> Result<(), Error> {
+    let (lease, mut errors) = check(engine, &[range], false);
+    if let Some(e) = errors.pop().flatten() {
+        return Err(e);
+    }
+    // SAFETY: `check` found the range inside a registered buffer that `lease` keeps registered.
+    let value = unsafe { registry::slice(range, &lease) };
+    let store = &engine.store;
+    engine.wait(py, async {
+        if upsert {
+            store.upsert(key, value, config).await
+        } else {
+            store.put_from(key, value, config).await
+        }
+    })
+}
+
+/// `get_into`: the object's size, or why not.
+pub(super) fn get_into(
+    py: Python<'_>,
+    engine: &Engine,
+    key: &str,
+    range: Range,
+) -> Result<usize, Error> {
+    let (lease, mut errors) = check(engine, &[range], true);
+    if let Some(e) = errors.pop().flatten() {
+        return Err(e);
+    }
+    // SAFETY: checked and leased as above; it is the call's only destination.
+    let buf = unsafe { registry::slice_mut(range, &lease) };
+    engine.wait(py, engine.store.get_into(key, buf))
+}
+
+/// `batch_put_from` / `batch_upsert_from`: one result per key.
+pub(super) fn batch_put_from(
+    py: Python<'_>,
+    engine: &Engine,
+    keys: Vec<Result<String, Error>>,
+    ranges: &[Range],
+    mut config: ReplicateConfig,
+    upsert: bool,
+) -> Vec<Result<(), Error>> {
+    let n = keys.len();
+    let (lease, errors) = check(engine, ranges, false);
+    let checked = keys
+        .into_iter()
+        .zip(ranges.iter().zip(errors))
+        .map(|(key, (range, error))| match error {
+            Some(e) => Err(e),
+            // SAFETY: no error means `check` found the range inside a leased registration.
+            None => key.map(|k| (k, unsafe { registry::slice(*range, &lease) })),
+        })
+        .collect();
+    let split = Split::new(checked);
+    keep_groups_of(&mut config, &split.valid_positions(), n);
+    let keys: Vec<&str> = split.valid.iter().map(|(k, _)| k.as_str()).collect();
+    let values: Vec<&[u8]> = split.valid.iter().map(|(_, v)| *v).collect();
+    let store = &engine.store;
+    let results = engine.wait(py, async {
+        if upsert {
+            let writes = keys
+                .iter()
+                .zip(&values)
+                .map(|(k, v)| store.upsert(k, v, &config))
+                .collect::<Vec<_>>();
+            join_all(writes).await
+        } else {
+            store.batch_put_from(&keys, &values, &config).await
+        }
+    });
+    split.merge(results)
+}
+
+/// `batch_get_into`: each object's size, or why not.
+pub(super) fn batch_get_into(
+    py: Python<'_>,
+    engine: &Engine,
+    keys: Vec<Result<String, Error>>,
+    ranges: &[Range],
+) -> Vec<Result<usize, Error>> {
+    let (lease, errors) = check(engine, ranges, true);
+    let checked = keys
+        .into_iter()
+        .zip(ranges.iter().zip(errors))
+        .map(|(key, (range, error))| match error {
+            Some(e) => Err(e),
+            // SAFETY: checked, leased, and no other destination of this call overlaps it.
+            None => key.map(|k| (k, unsafe { registry::slice_mut(*range, &lease) })),
+        })
+        .collect();
+    let mut split = Split::new(checked);
+    let keys: Vec<String> = split.valid.iter().map(|(k, _)| k.clone()).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut bufs: Vec<&mut [u8]> = split.valid.drain(..).map(|(_, b)| b).collect();
+    let results = engine.wait(py, engine.store.batch_get_into(&key_refs, &mut bufs));
+    split.merge(results)
+}
+
+/// Objects made of several parts (`put_parts`, the multi-buffer forms): one result per key.
+pub(super) fn put_parts(
+    _py: Python<'_>,
+    _engine: &Engine,
+    method: &str,
+    _keys: &[&str],
+    _parts: &[Vec<&[u8]>],
+    _config: &ReplicateConfig,
+) -> PyResult<Vec<Result<(), Error>>> {
+    Err(parts_missing(method))
+}
+
+fn parts_missing(method: &str) -> PyErr {
+    pyo3::exceptions::PyNotImplementedError::new_err(format!(
+        "MooncakeDistributedStore.{method} is not implemented yet: it needs multi-buffer writes and reads in the store (Store::batch_put_parts / batch_get_into_parts)"
+    ))
+}
+
+/// Turns `(ptrs, sizes)` lists into ranges; `None` when the two lengths differ.
+pub(super) fn ranges(ptrs: &[usize], sizes: &[usize]) -> Option<Vec<Range>> {
+    (ptrs.len() == sizes.len()).then(|| {
+        ptrs.iter()
+            .zip(sizes)
+            .map(|(&ptr, &len)| Range { ptr, len })
+            .collect()
+    })
+}
+
+/// `batch_put_from_multi_buffers`: object i is the concatenation of its ranges.
+pub(super) fn batch_put_multi(
+    py: Python<'_>,
+    engine: &Engine,
+    method: &str,
+    keys: Vec<Result<String, Error>>,
+    ranges: &[Vec<Range>],
+    config: ReplicateConfig,
+) -> PyResult<Vec<Result<(), Error>>> {
+    let _ = (py, engine, keys, ranges, config);
+    Err(parts_missing(method))
+}
+
+/// `batch_get_into_multi_buffers`: object i spread in order over its ranges.
+pub(super) fn batch_get_multi(
+    py: Python<'_>,
+    engine: &Engine,
+    keys: Vec<Result<String, Error>>,
+    ranges: &[Vec<Range>],
+) -> PyResult<Vec<Result<usize, Error>>> {
+    let _ = (py, engine, keys, ranges);
+    Err(parts_missing("batch_get_into_multi_buffers"))
+}
+
+/// One `get_into_ranges` request: per buffer, per key, the (dst offset, src offset, size)
+/// of each range.
+pub(super) struct RangeRequest {
+    pub buffer_ptrs: Vec<usize>,
+    pub keys: Vec<Vec<Result<String, Error>>>,
+    pub dst: Vec<Vec<Vec<usize>>>,
+    pub src: Vec<Vec<Vec<usize>>>,
+    pub sizes: Vec<Vec<Vec<usize>>>,
+}
+
+/// `get_into_ranges`: per buffer, per key, per range, the bytes copied or a negative code.
+pub(super) fn get_into_ranges(
+    py: Python<'_>,
+    engine: &Engine,
+    request: RangeRequest,
+) -> PyResult<Vec<Vec<Vec<i64>>>> {
+    let RangeRequest {
+        buffer_ptrs,
+        keys,
+        dst,
+        src,
+        sizes,
+    } = request;
+    let _ = (py, engine, buffer_ptrs, keys, dst, src, sizes);
+    Err(parts_missing("get_into_ranges"))
+}
+
+/// The answer to a `get_into_ranges` that fails as a whole: the error for every range.
+pub(super) fn shaped_failure(request: &RangeRequest, error: &Error) -> Vec<Vec<Vec<i64>>> {
+    let code = crate::errors::code(error) as i64;
+    request
+        .dst
+        .iter()
+        .map(|per_key| {
+            per_key
+                .iter()
+                .map(|per_range| vec![code; per_range.len()])
+                .collect()
+        })
+        .collect()
+}

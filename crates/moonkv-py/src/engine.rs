@@ -1,0 +1,256 @@
+//! One set-up store: its tokio runtime, the connection to the master, the embedded node (when
+//! the process contributes memory), the registered buffers and the local-buffer budget.
+
+use crate::errors::invalid;
+use crate::registry::Registry;
+use crate::settings::{host_and_port, Settings};
+use moonkv_client::{Store, StoreConfig};
+use moonkv_node::{Node, NodeConfig, NodeHandle};
+use moonkv_proto::msg::{Request, ServiceReadyRequest};
+use moonkv_proto::{Error, ErrorCode};
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `health_check` answers, as upstream numbers them.
+pub(crate) const HEALTHY: i32 = 0;
+/// The store is not set up or was closed.
+pub(crate) const NOT_INITIALIZED: i32 = 1;
+/// The master does not answer.
+pub(crate) const MASTER_UNREACHABLE: i32 = 2;
+
+/// How long `health_check` waits for the master.
+const HEALTH_DEADLINE: Duration = Duration::from_secs(2);
+/// Attempts at an ephemeral data-plane port that another process may take in between.
+const PORT_ATTEMPTS: usize = 20;
+
+/// A running store.
+pub(crate) struct Engine {
+    // `Option` so `Drop` can shut it down without waiting for its threads.
+    runtime: Option<tokio::runtime::Runtime>,
+    pub store: Store,
+    node: Mutex<Option<NodeHandle>>,
+    /// What `get_hostname` answers: the node's data-plane endpoint, or `local_hostname`.
+    pub hostname: String,
+    /// The embedded node's segment name (its endpoint), for `prefer_alloc_in_same_node`.
+    pub local_segment: Option<String>,
+    pub staging: Arc<Staging>,
+    pub registry: Registry,
+}
+
+impl Engine {
+    /// Connects to the master and, when `global_segment_size > 0`, starts a node in this
+    /// process first. Blocks; call it without the GIL.
+    pub(crate) fn start(settings: &Settings, connect: StoreTuning) -> Result<Engine, Error> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads())
+            .thread_name("moonkv")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    format!("cannot start the runtime: {e}"),
+                )
+            })?;
+        let node = if settings.global_segment_size > 0 {
+            Some(runtime.block_on(start_node(settings))?)
+        } else {
+            None
+        };
+        let mut config = StoreConfig::new(settings.master_server_addr.clone());
+        config.tenant = settings.tenant_id.clone();
+        config.local_segments = node.as_ref().map(NodeHandle::local_segments);
+        connect.apply(&mut config);
+        let store = match runtime.block_on(Store::connect(config)) {
+            Ok(store) => store,
+            Err(e) => {
+                if let Some(node) = node {
+                    runtime.block_on(node.shutdown());
+                }
+                return Err(e);
+            }
+        };
+        let hostname = node.as_ref().map_or_else(
+            || settings.local_hostname.clone(),
+            |n| n.endpoint().to_string(),
+        );
+        Ok(Engine {
+            runtime: Some(runtime),
+            store,
+            local_segment: node.as_ref().map(|n| n.endpoint().to_string()),
+            node: Mutex::new(node),
+            hostname,
+            staging: Arc::new(Staging::new(settings.local_buffer_size)),
+            registry: Registry::default(),
+        })
+    }
+
+    /// Runs `work` to completion with the GIL released.
+    pub(crate) fn wait<F>(&self, py: Python<'_>, work: F) -> F::Output
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        py.detach(|| self.block_on(work))
+    }
+
+    /// Runs `work` to completion on the calling thread (which must not hold the GIL).
+    pub(crate) fn block_on<F: Future>(&self, work: F) -> F::Output {
+        match &self.runtime {
+            Some(rt) => rt.block_on(work),
+            // Only `Drop` takes the runtime, and nothing runs after it.
+            None => unreachable!("the runtime is gone only during drop"),
+        }
+    }
+
+    /// Unmounts the embedded node's memory and stops it; later calls fail. Blocks.
+    pub(crate) fn shut_down(&self) {
+        let node = self.node.lock().take();
+        if let Some(node) = node {
+            self.block_on(node.shutdown());
+        }
+        self.block_on(self.store.master().close());
+    }
+
+    /// 0 when the master answers within a short deadline, 2 otherwise. Blocks.
+    pub(crate) fn health(&self) -> i32 {
+        let ready = self.block_on(self.store.master().call_with_timeout::<String>(
+            Request::ServiceReady(ServiceReadyRequest {}),
+            HEALTH_DEADLINE,
+        ));
+        match ready {
+            Ok(_) => HEALTHY,
+            Err(e) => {
+                tracing::debug!(error = %e, "health check failed");
+                MASTER_UNREACHABLE
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            // A node that was never shut down stops serving now (the master expires its
+            // segments); its sockets are closed inside the runtime they belong to.
+            {
+                let _inside = rt.enter();
+                drop(self.node.lock().take());
+            }
+            // The last reference may go away on a Python thread holding the GIL: do not wait
+            // for worker threads there.
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Deadlines a store is built with (defaults are the Rust client's).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StoreTuning {
+    pub rpc_timeout: Option<Duration>,
+}
+
+impl StoreTuning {
+    fn apply(self, config: &mut StoreConfig) {
+        if let Some(t) = self.rpc_timeout {
+            config.rpc_timeout = t;
+            config.connect_timeout = config.connect_timeout.min(t);
+        }
+    }
+}
+
+fn worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
+}
+
+/// Starts the embedded node. Its one segment is named after its endpoint, so
+/// `preferred_segments=[store.get_hostname()]` (what LMCache passes for local-first placement)
+/// names it; that needs the port before the node starts, hence the probe-and-retry when
+/// `local_hostname` has none.
+async fn start_node(settings: &Settings) -> Result<NodeHandle, Error> {
+    let (host, port) = host_and_port(&settings.local_hostname)?;
+    let attempts = if port == 0 { PORT_ATTEMPTS } else { 1 };
+    let mut last = invalid("no port to listen on");
+    for _ in 0..attempts {
+        let port = if port == 0 { free_port(&host)? } else { port };
+        let endpoint = format!("{host}:{port}");
+        let mut config = NodeConfig::new(
+            settings.master_server_addr.clone(),
+            settings.global_segment_size,
+        );
+        config.data_bind = endpoint.clone();
+        config.advertise_host = Some(host.clone());
+        config.segment_names = vec![endpoint];
+        config.host_id = host.clone();
+        match Node::start(config).await {
+            Ok(node) => return Ok(node),
+            Err(e) if e.message.contains("cannot listen") => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}
+
+fn free_port(host: &str) -> Result<u16, Error> {
+    let probe = std::net::TcpListener::bind((host.trim_matches(['[', ']']), 0))
+        .map_err(|e| invalid(format!("cannot listen on {host}: {e}")))?;
+    probe
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| invalid(format!("cannot listen on {host}: {e}")))
+}
+
+/// The local buffer of upstream's copying calls, kept as a budget: an object larger than
+/// `local_buffer_size` is refused, and so is one that does not fit beside the objects other
+/// threads are moving through copying calls at the same time (upstream's allocator fails the
+/// same way rather than waiting).
+pub(crate) struct Staging {
+    limit: u64,
+    used: Mutex<u64>,
+}
+
+/// Bytes held in the local buffer; given back on drop.
+pub(crate) struct StagingLease {
+    staging: Arc<Staging>,
+    bytes: u64,
+}
+
+impl Staging {
+    fn new(limit: u64) -> Staging {
+        Staging {
+            limit,
+            used: Mutex::new(0),
+        }
+    }
+
+    /// Takes `bytes` of the local buffer.
+    pub(crate) fn reserve(self: &Arc<Self>, bytes: u64) -> Result<StagingLease, Error> {
+        if bytes > self.limit {
+            return Err(invalid(format!(
+                "{bytes} bytes do not fit in the local buffer of {} bytes (setup's local_buffer_size bounds put/get/get_buffer; the zero-copy calls have no such bound)",
+                self.limit
+            )));
+        }
+        let mut used = self.used.lock();
+        if *used + bytes > self.limit {
+            return Err(invalid(format!(
+                "the local buffer is full: {} of {} bytes are in use by other copying calls or live BufferHandles",
+                *used, self.limit
+            )));
+        }
+        *used += bytes;
+        Ok(StagingLease {
+            staging: self.clone(),
+            bytes,
+        })
+    }
+}
+
+impl Drop for StagingLease {
+    fn drop(&mut self) {
+        *self.staging.used.lock() -= self.bytes;
+    }
+}

@@ -1,0 +1,44 @@
+//! `moonkv._moonkv`, the extension module of the Python package `moonkv` (the package's Python
+//! sources are in `python/moonkv`; build and install with `pip install ./crates/moonkv-py`).
+//!
+//! - [`dropin`]: `MooncakeDistributedStore`, upstream's class with its names, argument order and
+//!   integer results, so a connector switches by changing one import.
+//! - [`client`]: `Client`, the Pythonic layer (exceptions, buffer-protocol objects, context
+//!   manager).
+//! - [`engine`]: what both share — a tokio runtime per store, the connection to the master,
+//!   the embedded node (`global_segment_size > 0`) and the local-buffer budget.
+//! - [`registry`]: registered memory, the only raw addresses ever turned into slices.
+//! - [`pybuf`]: borrowing Python buffers (bytes, bytearray, memoryview, NumPy) without copying.
+//! - [`config`], [`replica`], [`settings`], [`args`], [`errors`]: `ReplicateConfig`, replica
+//!   descriptors and `BufferHandle`, `setup` parsing, argument reading, error mapping.
+//!
+//! Every wait on the network releases the GIL; one store may be shared by many threads.
+
+mod args;
+mod client;
+mod config;
+mod dropin;
+mod engine;
+mod errors;
+mod pybuf;
+mod registry;
+mod replica;
+mod settings;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _moonkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<dropin::DropIn>()?;
+    m.add_class::<client::Client>()?;
+    m.add_class::<config::PyReplicateConfig>()?;
+    m.add_class::<replica::PyReplicaDescriptor>()?;
+    m.add_class::<replica::PyBufferDescriptor>()?;
+    m.add_class::<replica::PyMemoryDescriptor>()?;
+    m.add_class::<replica::PyDiskDescriptor>()?;
+    m.add_function(wrap_pyfunction!(errors::_install, m)?)?;
+    m.add_function(wrap_pyfunction!(replica::_bytearray_address, m)?)?;
+    m.add("MAX_KEY_LEN", moonkv_proto::MAX_KEY_LEN)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

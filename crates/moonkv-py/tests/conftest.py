@@ -1,0 +1,188 @@
+"""Fixtures: a real `moonkv master` on loopback with ephemeral ports, and stores set up on it.
+
+The binary is `$MOONKV_BIN`, else `target/debug/moonkv` of this repository (`cargo build -p
+moonkv`). Tests import the installed package (`pip install ./crates/moonkv-py`), never the
+source tree.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+# Deadline of every wait on a child process; nothing sleeps for a fixed time.
+WAIT = 30.0
+
+
+def moonkv_bin() -> str:
+    path = os.environ.get("MOONKV_BIN") or str(REPO / "target" / "debug" / "moonkv")
+    if not Path(path).is_file():
+        pytest.exit(f"moonkv binary not found at {path}: run `cargo build -p moonkv` or set MOONKV_BIN", 2)
+    return path
+
+
+class Lines:
+    """Lines of a child's stdout, read by a thread so every wait has a deadline."""
+
+    def __init__(self, stream) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def next(self, timeout: float = WAIT) -> str:
+        try:
+            line = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no output within {timeout}s") from None
+        if line is None:
+            raise AssertionError("the process closed its output")
+        return line.rstrip("\n")
+
+
+class Master:
+    """A `moonkv master` child process."""
+
+    def __init__(self, *flags: str) -> None:
+        self.proc = subprocess.Popen(
+            [moonkv_bin(), "master", "--rpc-port", "0", "--metrics-port", "0", *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.lines = Lines(self.proc.stdout)
+        ready = json.loads(self.lines.next())
+        assert ready["event"] == "ready", ready
+        self.addr: str = ready["rpc"]
+        self.admin: str = ready["admin"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=WAIT)
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture(scope="module")
+def master():
+    m = Master()
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def fresh_master():
+    """A master of the test's own, for tests that stop or pause it."""
+    m = Master()
+    yield m
+    m.resume()
+    m.stop()
+
+
+def setup_store(addr: str, segment: int | str = 64 << 20, buffer: int | str = 16 << 20, tenant: str = "default"):
+    import moonkv
+
+    store = moonkv.MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", segment, buffer, "tcp", "", addr, tenant_id=tenant)
+    assert rc == 0, rc
+    return store
+
+
+@pytest.fixture(scope="module")
+def store(master):
+    """A store with an embedded node (64 MiB) and a 16 MiB local buffer, shared by a module."""
+    s = setup_store(master.addr)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def tenant_store(master):
+    """A store of the test's own tenant, so remove_all and regex removal touch nothing else."""
+    s = setup_store(master.addr, tenant=f"t{uuid.uuid4().hex[:12]}")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def key():
+    """A key prefix no other test uses."""
+    return f"k-{uuid.uuid4().hex}"
+
+
+class Pool:
+    """Caller memory (a ctypes array) registered with a store for the zero-copy calls."""
+
+    def __init__(self, store, size: int) -> None:
+        self.store = store
+        self.buf = (ctypes.c_char * size)()
+        self.ptr = ctypes.addressof(self.buf)
+        self.size = size
+        assert store.register_buffer(self.ptr, size) == 0
+
+    def write(self, offset: int, data: bytes) -> None:
+        ctypes.memmove(self.ptr + offset, data, len(data))
+
+    def read(self, offset: int, length: int) -> bytes:
+        return ctypes.string_at(self.ptr + offset, length)
+
+    def close(self) -> None:
+        assert self.store.unregister_buffer(self.ptr) == 0
+
+
+@pytest.fixture
+def pool(store):
+    p = Pool(store, 4 << 20)
+    yield p
+    p.close()
+
+
+def pattern(seed: str, size: int) -> bytes:
+    """Bytes that depend on `seed` and on each position, so a torn or shifted copy shows."""
+    block = (seed.encode() * (64 // max(1, len(seed)) + 1))[:64]
+    out = bytearray()
+    i = 0
+    while len(out) < size:
+        out += bytes((b + i) & 0xFF for b in block)
+        i += 1
+    return bytes(out[:size])
+
+
+def python_child(script: str, *args: str) -> subprocess.Popen:
+    """Runs `script` (a file next to this one) in a new interpreter."""
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name(script)), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def within(seconds: float, fn, *args):
+    """Runs fn and asserts it returned within `seconds`; returns (result, elapsed)."""
+    started = time.monotonic()
+    result = fn(*args)
+    elapsed = time.monotonic() - started
+    assert elapsed < seconds, f"{getattr(fn, '__name__', fn)} took {elapsed:.1f}s"
+    return result, elapsed

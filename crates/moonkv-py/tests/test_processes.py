@@ -1,0 +1,142 @@
+"""Several processes against one real master: two Python workers with embedded nodes exchange
+objects; one killed in the middle of its puts leaves nothing torn and the others keep working;
+a master that dies or hangs gives errors within deadlines, never a hang."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import moonkv
+from conftest import WAIT, Lines, pattern, python_child, setup_store, within
+
+
+class Worker:
+    def __init__(self, *args: str) -> None:
+        self.proc = python_child("worker.py", *args)
+        self.lines = Lines(self.proc.stdout)
+        self.hostname = self.lines.next()
+        assert ":" in self.hostname, self.hostname
+
+    def ask(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.lines.next()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=WAIT)
+
+    def quit(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=WAIT)
+
+
+def test_two_processes_exchange_objects(master, key):
+    a, b = Worker("serve", master.addr), Worker("serve", master.addr)
+    try:
+        assert a.hostname != b.hostname
+        assert a.ask(f"put {key}-from-a 3000000") == "0"
+        assert b.ask(f"check {key}-from-a 3000000") == "ok"
+        assert b.ask(f"put {key}-from-b 12345") == "0"
+        assert a.ask(f"check {key}-from-b 12345") == "ok"
+        # And this process reads both, wherever the master placed them.
+        local = setup_store(master.addr, segment=0)
+        try:
+            assert local.get(f"{key}-from-a") == pattern(f"{key}-from-a", 3000000)
+            assert local.get(f"{key}-from-b") == pattern(f"{key}-from-b", 12345)
+        finally:
+            local.close()
+    finally:
+        a.quit()
+        b.quit()
+
+
+def test_a_process_killed_mid_put_leaves_nothing_torn(master, key):
+    here = setup_store(master.addr, segment=128 << 20)
+    other = Worker("serve", master.addr)
+    size = 4 << 20
+    flood = Worker("flood", master.addr, key, str(size), here.get_hostname())
+    try:
+        finished = {}
+        started = -1
+        # Let a few puts complete, then kill it right after it announces the next one.
+        while started < 3:
+            line = flood.lines.next().split()
+            if line[0] == "start":
+                started = int(line[1])
+            else:
+                finished[int(line[1])] = int(line[2])
+        flood.kill()
+        assert all(rc == 0 for rc in finished.values()), finished
+        for i in range(started + 1):
+            name = f"{key}-{i}"
+            got = here.get(name)
+            if i in finished:
+                assert got == pattern(name, size), f"{name} was acknowledged"
+            else:
+                assert got in (b"", pattern(name, size)), f"{name} is torn"
+        # The survivors keep working, with each other and on their own.
+        assert here.put(f"{key}-after", pattern(f"{key}-after", size)) == 0
+        assert other.ask(f"check {key}-after {size}") == "ok"
+        assert other.ask(f"put {key}-after-2 1000") == "0"
+        assert here.get(f"{key}-after-2") == pattern(f"{key}-after-2", 1000)
+        assert here.health_check() == 0
+    finally:
+        if flood.proc.poll() is None:
+            flood.kill()
+        other.quit()
+        here.close()
+
+
+def test_master_down_errors_within_the_deadline(fresh_master, key):
+    store = setup_store(fresh_master.addr, segment=32 << 20)
+    client = moonkv.Client(fresh_master.addr)
+    try:
+        assert store.put(key, b"before") == 0
+        fresh_master.stop()
+        assert within(5, store.health_check)[0] == 2
+        rc, _ = within(20, store.put, key + "-2", b"after")
+        assert rc < 0
+        assert within(20, store.get, key)[0] == b""
+        assert within(20, store.is_exist, key)[0] < 0
+        assert within(20, store.batch_is_exist, [key, key + "-2"])[0][0] < 0
+        started = time.monotonic()
+        with pytest.raises(moonkv.UnavailableError) as info:
+            client.get(key)
+        assert time.monotonic() - started < 20
+        assert info.value.code in (-900, -901)
+    finally:
+        client.close()
+        store.close()
+
+
+def test_hung_master_times_out_and_the_gil_is_released(fresh_master, key):
+    store = setup_store(fresh_master.addr, segment=32 << 20)
+    try:
+        assert store.put(key, b"v") == 0
+        fresh_master.pause()
+        answers = []
+        waiter = threading.Thread(target=lambda: answers.append(store.health_check()))
+        waiter.start()
+        # While the other thread waits on the hung master, this one keeps running.
+        gaps, last = [], time.monotonic()
+        while waiter.is_alive():
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+            time.sleep(0.001)
+        waiter.join(WAIT)
+        assert answers == [2]
+        assert len(gaps) > 100 and max(gaps) < 0.5, max(gaps)
+        rc, elapsed = within(30, store.is_exist, key)
+        assert rc == -901, rc  # RPC_TIMEOUT
+        fresh_master.resume()
+        assert within(10, store.is_exist, key)[0] == 1
+    finally:
+        fresh_master.resume()
+        store.close()

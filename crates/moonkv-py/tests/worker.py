@@ -1,0 +1,63 @@
+"""A second Python process with an embedded node, driven by the tests over stdin/stdout.
+
+    worker.py serve <master>                 answers commands: put KEY SIZE, check KEY SIZE, quit
+    worker.py flood <master> <prefix> <size> <preferred segment>
+                                             puts PREFIX-0, PREFIX-1, ... forever, announcing
+                                             "start I" before and "done I RC" after each put
+
+Every answer is one line; the first line is the node's hostname.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import moonkv
+from conftest import pattern
+
+
+def open_store(master: str) -> moonkv.MooncakeDistributedStore:
+    store = moonkv.MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 64 << 20, 16 << 20, "tcp", "", master)
+    if rc != 0:
+        print(f"setup failed {rc}", flush=True)
+        sys.exit(1)
+    print(store.get_hostname(), flush=True)
+    return store
+
+
+def serve(master: str) -> None:
+    store = open_store(master)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        if words[0] == "put":
+            key, size = words[1], int(words[2])
+            print(store.put(key, pattern(key, size)), flush=True)
+        elif words[0] == "check":
+            key, size = words[1], int(words[2])
+            got = store.get(key)
+            verdict = "ok" if got == pattern(key, size) else ("miss" if got == b"" else "torn")
+            print(verdict, flush=True)
+    store.close()
+
+
+def flood(master: str, prefix: str, size: int, preferred: str) -> None:
+    store = open_store(master)
+    config = moonkv.ReplicateConfig(preferred_segments=[preferred])
+    i = 0
+    while True:
+        key = f"{prefix}-{i}"
+        value = pattern(key, size)
+        print(f"start {i}", flush=True)
+        print(f"done {i} {store.put(key, value, config)}", flush=True)
+        i += 1
+
+
+if __name__ == "__main__":
+    mode, master = sys.argv[1], sys.argv[2]
+    if mode == "serve":
+        serve(master)
+    else:
+        flood(master, sys.argv[3], int(sys.argv[4]), sys.argv[5])
