@@ -75,35 +75,71 @@ impl Default for EngineConfig {
     }
 }
 
-impl EngineConfig {
-    /// Checks ranges and cross-field rules; the message names the offending config key.
-    pub fn validate(&self) -> Result<(), String> {
-        let ratio_ok = |r: f64| (0.0..=1.0).contains(&r);
-        if !ratio_ok(self.eviction_ratio) {
-            return Err(format!(
-                "eviction_ratio must be in [0, 1], got {}",
-                self.eviction_ratio
-            ));
+/// A tunable out of range, or two that contradict each other. The message names the upstream
+/// config key, which [`EngineConfigError::key`] gives alone.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum EngineConfigError {
+    /// `eviction_ratio` or `eviction_high_watermark_ratio` outside [0, 1].
+    #[error("{key} must be in [0, 1], got {value}")]
+    RatioOutOfRange {
+        /// The config key.
+        key: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// An unfinished put would be reclaimed before it may be replaced.
+    #[error("put_start_release_timeout_sec must exceed put_start_discard_timeout_sec")]
+    ReleaseNotAfterDiscard,
+    /// The default soft pin is longer than any write may ask for.
+    #[error("default_kv_soft_pin_ttl must not exceed max_kv_soft_pin_ttl")]
+    DefaultSoftPinAboveMax,
+    /// Every client would be dead at once.
+    #[error("client_live_ttl_sec must be positive")]
+    ZeroClientTtl,
+    /// No shard to put an object in.
+    #[error("shard_count must be positive")]
+    ZeroShards,
+}
+
+impl EngineConfigError {
+    /// The config key at fault.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Self::RatioOutOfRange { key, .. } => key,
+            Self::ReleaseNotAfterDiscard => "put_start_release_timeout_sec",
+            Self::DefaultSoftPinAboveMax => "default_kv_soft_pin_ttl",
+            Self::ZeroClientTtl => "client_live_ttl_sec",
+            Self::ZeroShards => "shard_count",
         }
-        if !ratio_ok(self.eviction_high_watermark_ratio) {
-            return Err(format!(
-                "eviction_high_watermark_ratio must be in [0, 1], got {}",
-                self.eviction_high_watermark_ratio
-            ));
+    }
+}
+
+impl EngineConfig {
+    /// Checks ranges and cross-field rules.
+    pub fn validate(&self) -> Result<(), EngineConfigError> {
+        let ratios = [
+            ("eviction_ratio", self.eviction_ratio),
+            (
+                "eviction_high_watermark_ratio",
+                self.eviction_high_watermark_ratio,
+            ),
+        ];
+        for (key, value) in ratios {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(EngineConfigError::RatioOutOfRange { key, value });
+            }
         }
         if self.put_start_release_timeout_ms <= self.put_start_discard_timeout_ms {
-            return Err(
-                "put_start_release_timeout_sec must exceed put_start_discard_timeout_sec".into(),
-            );
+            return Err(EngineConfigError::ReleaseNotAfterDiscard);
         }
         if self.default_kv_soft_pin_ttl_ms > self.max_kv_soft_pin_ttl_ms {
-            return Err("default_kv_soft_pin_ttl must not exceed max_kv_soft_pin_ttl".into());
+            return Err(EngineConfigError::DefaultSoftPinAboveMax);
         }
         if self.client_live_ttl_ms == 0 {
-            return Err("client_live_ttl_sec must be positive".into());
+            return Err(EngineConfigError::ZeroClientTtl);
         }
         if self.shard_count == 0 {
-            return Err("shard_count must be positive".into());
+            return Err(EngineConfigError::ZeroShards);
         }
         Ok(())
     }

@@ -54,7 +54,7 @@ pub use admin::{
     TenantQuotaSnapshot,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{AllocationStrategy, EngineConfig};
+pub use config::{AllocationStrategy, EngineConfig, EngineConfigError};
 pub use sink::{AvailabilitySink, Medium, NoopSink};
 
 use moonkv_proto::{ClientId, OffloadTask};

@@ -203,20 +203,25 @@ fn config_validation_names_the_key() {
     let bad = |f: fn(&mut EngineConfig)| {
         let mut c = EngineConfig::default();
         f(&mut c);
-        c.validate().unwrap_err()
+        let e = c.validate().unwrap_err();
+        assert!(e.to_string().contains(e.key()), "{e} names {}", e.key());
+        (e.key(), e.to_string())
     };
-    assert!(bad(|c| c.eviction_ratio = 1.5).contains("eviction_ratio"));
-    assert!(
-        bad(|c| c.eviction_high_watermark_ratio = -0.1).contains("eviction_high_watermark_ratio")
+    assert_eq!(bad(|c| c.eviction_ratio = 1.5).0, "eviction_ratio");
+    assert_eq!(
+        bad(|c| c.eviction_high_watermark_ratio = -0.1).0,
+        "eviction_high_watermark_ratio"
     );
+    let (key, message) = bad(|c| c.put_start_release_timeout_ms = c.put_start_discard_timeout_ms);
+    assert_eq!(key, "put_start_release_timeout_sec");
     assert!(
-        bad(|c| c.put_start_release_timeout_ms = c.put_start_discard_timeout_ms)
-            .contains("put_start_release_timeout_sec must exceed put_start_discard_timeout_sec")
+        message.contains("put_start_release_timeout_sec must exceed put_start_discard_timeout_sec")
     );
-    assert!(
-        bad(|c| c.default_kv_soft_pin_ttl_ms = c.max_kv_soft_pin_ttl_ms + 1)
-            .contains("default_kv_soft_pin_ttl")
+    assert_eq!(
+        bad(|c| c.default_kv_soft_pin_ttl_ms = c.max_kv_soft_pin_ttl_ms + 1).0,
+        "default_kv_soft_pin_ttl"
     );
-    assert!(bad(|c| c.client_live_ttl_ms = 0).contains("client_live_ttl_sec"));
+    assert_eq!(bad(|c| c.client_live_ttl_ms = 0).0, "client_live_ttl_sec");
+    assert_eq!(bad(|c| c.shard_count = 0).0, "shard_count");
     assert_eq!(EngineConfig::default().validate(), Ok(()));
 }
