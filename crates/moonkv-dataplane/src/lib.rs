@@ -21,4 +21,4 @@ pub mod stream;
 pub use connection::{ConnectionPool, DataConnection};
 pub use header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader};
 pub use local::{LocalSegment, LocalSegments};
-pub use stream::{Stream, TlsAcceptor, TlsClientConfig, TlsConnector, TlsServerConfig};
+pub use stream::{Stream, TlsAcceptor, TlsClientConfig, TlsConnector, TlsError, TlsServerConfig};

@@ -77,9 +77,33 @@ impl AsyncWrite for Stream {
     }
 }
 
-#[cfg(not(feature = "tls"))]
-fn unsupported() -> String {
-    "this moonkv was built without TLS support (cargo feature `tls`)".to_string()
+/// Why TLS could not be set up or established.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// This build has no TLS (cargo feature `tls`).
+    #[error("this moonkv was built without TLS support (cargo feature `tls`)")]
+    Unsupported,
+    /// A certificate, key or CA file could not be used, or the address has no name a
+    /// certificate could be checked against. The loader reports it as text naming the file or
+    /// the setting at fault.
+    #[error("{0}")]
+    Settings(String),
+    /// The TLS handshake with the peer failed.
+    #[error("{explained}")]
+    Handshake {
+        /// What to fix when that is known (see [`explain`]), else the I/O error's text.
+        explained: String,
+        /// The failure as the TLS stream reported it.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The error's text, so that `moonkv_proto::Error::new(code, tls_error)` reads as before.
+impl From<TlsError> for std::borrow::Cow<'static, str> {
+    fn from(e: TlsError) -> Self {
+        e.to_string().into()
+    }
 }
 
 /// Client-side TLS settings, loaded once and shared by every connection.
@@ -100,24 +124,30 @@ impl std::fmt::Debug for TlsConnector {
 
 impl TlsConnector {
     /// Reads the CA (and client certificate) files; the error names the file at fault.
-    pub fn load(config: &TlsClientConfig) -> Result<TlsConnector, String> {
+    pub fn load(config: &TlsClientConfig) -> Result<TlsConnector, TlsError> {
         #[cfg(feature = "tls")]
         {
             Ok(TlsConnector {
                 config: config.clone(),
-                inner: tokio_rustls::TlsConnector::from(config.load()?),
+                inner: tokio_rustls::TlsConnector::from(config.load().map_err(TlsError::Settings)?),
             })
         }
         #[cfg(not(feature = "tls"))]
         {
             let _ = config;
-            Err(unsupported())
+            Err(TlsError::Unsupported)
         }
     }
 
     /// Loads `config` when given; a bad file is an error for the caller to report.
-    pub fn load_optional(config: Option<&TlsClientConfig>) -> Result<Option<TlsConnector>, String> {
+    pub fn load_if_set(config: Option<&TlsClientConfig>) -> Result<Option<TlsConnector>, TlsError> {
         config.map(Self::load).transpose()
+    }
+
+    /// [`TlsConnector::load_if_set`] with the error as text, for callers that keep the reason
+    /// as a string (the master client stores it to repeat on every connect attempt).
+    pub fn load_optional(config: Option<&TlsClientConfig>) -> Result<Option<TlsConnector>, String> {
+        Self::load_if_set(config).map_err(|e| e.to_string())
     }
 }
 
@@ -136,17 +166,17 @@ impl std::fmt::Debug for TlsAcceptor {
 
 impl TlsAcceptor {
     /// Reads the certificate and key files; the error names the file at fault.
-    pub fn load(config: &TlsServerConfig) -> Result<TlsAcceptor, String> {
+    pub fn load(config: &TlsServerConfig) -> Result<TlsAcceptor, TlsError> {
         #[cfg(feature = "tls")]
         {
             Ok(TlsAcceptor {
-                inner: tokio_rustls::TlsAcceptor::from(config.load()?),
+                inner: tokio_rustls::TlsAcceptor::from(config.load().map_err(TlsError::Settings)?),
             })
         }
         #[cfg(not(feature = "tls"))]
         {
             let _ = config;
-            Err(unsupported())
+            Err(TlsError::Unsupported)
         }
     }
 
@@ -164,17 +194,23 @@ impl TlsAcceptor {
         #[cfg(not(feature = "tls"))]
         {
             let _ = (stream, limit);
-            Err(io::Error::new(io::ErrorKind::Unsupported, unsupported()))
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                TlsError::Unsupported,
+            ))
         }
     }
 }
 
 /// How a failed connection went wrong, for the caller's error message.
+#[derive(Debug, thiserror::Error)]
 pub enum ConnectFailure {
     /// TCP connect (or socket option) failed.
-    Tcp(io::Error),
-    /// The TLS handshake failed; the text says what to fix when that is known.
-    Tls(String),
+    #[error("TCP connect failed")]
+    Tcp(#[source] io::Error),
+    /// TLS could not be established; the text says what to fix when that is known.
+    #[error(transparent)]
+    Tls(TlsError),
 }
 
 /// Opens a TCP connection to `addr` with `TCP_NODELAY` and, with `tls`, performs the TLS
@@ -193,16 +229,22 @@ pub async fn connect(
     };
     #[cfg(feature = "tls")]
     {
-        let name = tls.config.server_name(addr).map_err(ConnectFailure::Tls)?;
+        let name = tls
+            .config
+            .server_name(addr)
+            .map_err(|why| ConnectFailure::Tls(TlsError::Settings(why)))?;
         match tls.inner.connect(name, stream).await {
             Ok(s) => Ok(Stream::Tls(Box::new(s.into()))),
-            Err(e) => Err(ConnectFailure::Tls(explain(&e, peer, addr))),
+            Err(source) => Err(ConnectFailure::Tls(TlsError::Handshake {
+                explained: explain(&source, peer, addr),
+                source,
+            })),
         }
     }
     #[cfg(not(feature = "tls"))]
     {
         let _ = (tls, peer);
-        Err(ConnectFailure::Tls(unsupported()))
+        Err(ConnectFailure::Tls(TlsError::Unsupported))
     }
 }
 

@@ -7,7 +7,7 @@
 //! knows the disk (it restarted, or expired this node), the node rescans the directory and
 //! mounts it again.
 
-use crate::disk::DiskStore;
+use crate::disk::{with_cause, DiskStore};
 use crate::server::SegmentTable;
 use moonkv_client::master_client::MasterClient;
 use moonkv_proto::msg::{MountDiskSegmentRequest, NotifyOffloadRequest, OffloadHeartbeatRequest};
@@ -137,8 +137,8 @@ impl DiskAgent {
             .await;
         match written {
             Ok(()) => true,
-            Err(fault) => {
-                tracing::warn!(key = %task.key, fault = ?fault, "offload to disk failed");
+            Err(e) => {
+                tracing::warn!(key = %task.key, error = %with_cause(&e), "offload to disk failed");
                 false
             }
         }

@@ -3,7 +3,7 @@
 //! With a shared secret, a connection must open with the authentication handshake and every
 //! request must carry a grant covering it (`docs/data-plane.md`).
 
-use crate::disk::{format::MAX_TENANT_LEN, DiskFault, DiskStore};
+use crate::disk::{format::MAX_TENANT_LEN, with_cause, DiskFault, DiskStore, WriteError};
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use moonkv_dataplane::header::{
@@ -473,7 +473,10 @@ async fn serve_file_read(
     };
     let data = match disk.read_verified(h.address, h.length).await {
         Ok(data) => data,
-        Err(fault) => return respond(stream, fault_status(fault), h.request_id).await,
+        Err(e) => {
+            tracing::debug!(file = h.address, error = %with_cause(&e), "disk file read refused");
+            return respond(stream, fault_status(e.fault()), h.request_id).await;
+        }
     };
     let ok = ResponseHeader {
         status: DataStatus::Ok,
@@ -526,7 +529,10 @@ async fn serve_file_write(
     };
     match disk.write_from(h.address, tenant, key, size, stream).await {
         Ok(()) => respond(stream, DataStatus::Ok, h.request_id).await,
-        Err(Ok(fault)) => respond(stream, fault_status(fault), h.request_id).await,
-        Err(Err(e)) => Err(e),
+        Err(WriteError::Disk(e)) => {
+            tracing::debug!(file = h.address, error = %with_cause(&e), "disk file write refused");
+            respond(stream, fault_status(e.fault()), h.request_id).await
+        }
+        Err(WriteError::Payload(e)) => Err(e),
     }
 }

@@ -128,7 +128,7 @@ impl Store {
         master_config.connect_timeout = config.connect_timeout;
         master_config.auth_secret = config.auth_secret.clone();
         master_config.tls = config.tls.clone();
-        let tls = moonkv_dataplane::stream::TlsConnector::load_optional(config.tls.as_ref())
+        let tls = moonkv_dataplane::stream::TlsConnector::load_if_set(config.tls.as_ref())
             .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, format!("TLS settings: {e}")))?;
         let master = MasterClient::connect(master_config).await?;
         let transfer = Transfer::new(

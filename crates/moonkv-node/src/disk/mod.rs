@@ -6,14 +6,16 @@
 //! The directory keeps its disk id in `moonkv-disk.id`, so a restarted node mounts the same disk
 //! and can hand its files back to the master.
 
+mod error;
 pub mod format;
 
+pub use error::{with_cause, DiskError, DiskFault, FileError, WriteError};
 use format::{FileHeader, FIXED_LEN, MAX_TENANT_LEN};
 use moonkv_proto::types::DiskFile;
-use moonkv_proto::{Error, ErrorCode, ReplicaId, Result, SegmentId, Uuid};
+use moonkv_proto::{ReplicaId, SegmentId, Uuid};
 use parking_lot::Mutex;
 use std::collections::{HashSet, VecDeque};
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
@@ -27,21 +29,6 @@ const RECENT_DELETIONS: usize = 1 << 16;
 /// Bytes moved per step between the socket and the file.
 const STEP: usize = 1 << 20;
 
-/// Why a disk operation failed, as the data plane reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DiskFault {
-    /// No file with this id.
-    NotFound,
-    /// The file exists but its header, length or checksum is wrong.
-    Corrupt,
-    /// The disk budget has no room.
-    Full,
-    /// The file could not be read.
-    ReadFailed,
-    /// The file could not be written or synced.
-    WriteFailed,
-}
-
 /// A disk directory served by a node.
 #[derive(Debug)]
 pub struct DiskStore {
@@ -53,35 +40,23 @@ pub struct DiskStore {
     recently_deleted: Mutex<(HashSet<u64>, VecDeque<u64>)>,
 }
 
-fn fail(code: ErrorCode, message: String) -> Error {
-    Error::new(code, message)
-}
-
 impl DiskStore {
     /// Opens `dir` with a budget of `capacity` bytes: checks that it exists and is writable,
     /// loads (or creates) its disk id, removes leftover temporary files and lists the replica
     /// files found (invalid ones are removed). Errors name the directory.
-    pub fn open(dir: &Path, capacity: u64) -> Result<(DiskStore, Vec<DiskFile>)> {
+    pub fn open(dir: &Path, capacity: u64) -> Result<(DiskStore, Vec<DiskFile>), DiskError> {
         let shown = dir.display();
         if capacity == 0 {
-            return Err(fail(
-                ErrorCode::INVALID_PARAMS,
-                format!("disk capacity for {shown} must be greater than zero"),
-            ));
+            return Err(DiskError::ZeroCapacity { dir: dir.into() });
         }
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(fail(
-                    ErrorCode::INVALID_PARAMS,
-                    format!("disk directory {shown} is not a directory"),
-                ))
-            }
-            Err(e) => {
-                return Err(fail(
-                    ErrorCode::FILE_NOT_FOUND,
-                    format!("disk directory {shown} cannot be used: {e}"),
-                ))
+            Ok(_) => return Err(DiskError::NotADirectory { dir: dir.into() }),
+            Err(source) => {
+                return Err(DiskError::Unusable {
+                    dir: dir.into(),
+                    source,
+                })
             }
         }
         probe_writable(dir)?;
@@ -121,12 +96,10 @@ impl DiskStore {
 
     /// Lists valid replica files; with `cleanup`, removes temporary and invalid files. Returns
     /// the files and their total size.
-    pub fn scan(&self, cleanup: bool) -> Result<(Vec<DiskFile>, u64)> {
-        let entries = std::fs::read_dir(&self.dir).map_err(|e| {
-            fail(
-                ErrorCode::FILE_READ_FAIL,
-                format!("cannot list disk directory {}: {e}", self.dir.display()),
-            )
+    pub fn scan(&self, cleanup: bool) -> Result<(Vec<DiskFile>, u64), DiskError> {
+        let entries = std::fs::read_dir(&self.dir).map_err(|source| DiskError::List {
+            dir: self.dir.clone(),
+            source,
         })?;
         let mut files = Vec::new();
         let mut bytes = 0u64;
@@ -189,8 +162,9 @@ impl DiskStore {
     }
 
     /// Writes file `file_id` with `size` payload bytes taken from `source`. On a disk failure
-    /// the remaining payload is still consumed (the caller's stream stays in step) and the
-    /// fault is returned; an error of `source` itself is returned as `Err(Err(io))`.
+    /// the remaining payload is still consumed, so the caller's stream stays in step
+    /// ([`WriteError::Disk`]); only a failure of `source` itself leaves it out of step
+    /// ([`WriteError::Payload`]).
     pub async fn write_from<R: AsyncRead + Unpin>(
         &self,
         file_id: u64,
@@ -198,7 +172,7 @@ impl DiskStore {
         key: &str,
         size: u64,
         source: &mut R,
-    ) -> std::result::Result<(), std::result::Result<DiskFault, std::io::Error>> {
+    ) -> Result<(), WriteError> {
         let mut header = FileHeader {
             tenant: tenant.to_string(),
             key: key.to_string(),
@@ -208,17 +182,25 @@ impl DiskStore {
         };
         let charge = header.file_len();
         if tenant.len() > MAX_TENANT_LEN || key.len() > moonkv_proto::MAX_KEY_LEN {
-            drain(source, size).await.map_err(Err)?;
-            return Err(Ok(DiskFault::WriteFailed));
+            drain(source, size).await.map_err(WriteError::Payload)?;
+            return Err(FileError::NameTooLong {
+                tenant_len: tenant.len(),
+                key_len: key.len(),
+            }
+            .into());
         }
         if !self.reserve(charge) {
-            drain(source, size).await.map_err(Err)?;
-            return Err(Ok(DiskFault::Full));
+            drain(source, size).await.map_err(WriteError::Payload)?;
+            return Err(FileError::Full {
+                needed: charge,
+                capacity: self.capacity,
+            }
+            .into());
         }
         let tmp = self.tmp_path_of(file_id);
         let written = self.write_tmp(&tmp, &mut header, source).await;
         let result = match written {
-            Ok(()) => self.publish(&tmp, file_id).await,
+            Ok(()) => self.publish(&tmp, file_id).await.map_err(WriteError::from),
             Err(e) => Err(e),
         };
         if result.is_err() {
@@ -233,17 +215,15 @@ impl DiskStore {
         tmp: &Path,
         header: &mut FileHeader,
         source: &mut R,
-    ) -> std::result::Result<(), std::result::Result<DiskFault, std::io::Error>> {
-        let mut file = match tokio::fs::File::create(tmp).await {
-            Ok(f) => Some(f),
-            Err(e) => {
-                tracing::warn!(file = %tmp.display(), error = %e, "cannot create replica file");
-                None
-            }
-        };
-        if let Some(f) = file.as_mut() {
-            if f.write_all(&header.encode()).await.is_err() {
-                file = None;
+    ) -> Result<(), WriteError> {
+        // After a file error the payload keeps being read (see `write_from`); the first error
+        // is what the caller is told.
+        let mut file = tokio::fs::File::create(tmp).await.inspect_err(|e| {
+            tracing::warn!(file = %tmp.display(), error = %e, "cannot create replica file");
+        });
+        if let Ok(f) = &mut file {
+            if let Err(e) = f.write_all(&header.encode()).await {
+                file = Err(e);
             }
         }
         let mut crc = crc32fast::Hasher::new();
@@ -251,45 +231,46 @@ impl DiskStore {
         let mut left = header.size;
         while left > 0 {
             let take = left.min(buf.len() as u64) as usize;
-            source.read_exact(&mut buf[..take]).await.map_err(Err)?;
+            source
+                .read_exact(&mut buf[..take])
+                .await
+                .map_err(WriteError::Payload)?;
             left -= take as u64;
             crc.update(&buf[..take]);
-            if let Some(f) = file.as_mut() {
+            if let Ok(f) = &mut file {
                 if let Err(e) = f.write_all(&buf[..take]).await {
                     tracing::warn!(file = %tmp.display(), error = %e, "replica file write failed");
-                    file = None;
+                    file = Err(e);
                 }
             }
         }
-        let Some(mut f) = file else {
-            return Err(Ok(DiskFault::WriteFailed));
+        let write_failed = |source| FileError::Write {
+            path: tmp.to_path_buf(),
+            source,
         };
+        let mut f = file.map_err(write_failed)?;
         header.payload_crc = crc.finalize();
         let finished = async {
-            f.seek(std::io::SeekFrom::Start(0)).await?;
+            f.seek(io::SeekFrom::Start(0)).await?;
             f.write_all(&header.encode()).await?;
             f.sync_all().await
         }
         .await;
         finished.map_err(|e| {
             tracing::warn!(file = %tmp.display(), error = %e, "replica file sync failed");
-            Ok(DiskFault::WriteFailed)
+            write_failed(e).into()
         })
     }
 
     /// Renames the synced temporary file to its final name.
-    async fn publish(
-        &self,
-        tmp: &Path,
-        file_id: u64,
-    ) -> std::result::Result<(), std::result::Result<DiskFault, std::io::Error>> {
+    async fn publish(&self, tmp: &Path, file_id: u64) -> Result<(), FileError> {
         let path = self.path_of(file_id);
         if let Ok(old) = tokio::fs::metadata(&path).await {
             self.release(old.len());
         }
-        tokio::fs::rename(tmp, &path)
-            .await
-            .map_err(|_| Ok(DiskFault::WriteFailed))?;
+        if let Err(source) = tokio::fs::rename(tmp, &path).await {
+            return Err(FileError::Write { path, source });
+        }
         if let Ok(dir) = tokio::fs::File::open(&self.dir).await {
             let _ = dir.sync_all().await;
         }
@@ -302,15 +283,17 @@ impl DiskStore {
 
     /// Reads file `file_id`, which must hold exactly `size` payload bytes, verifying its header
     /// and checksum before returning any byte.
-    pub async fn read_verified(
-        &self,
-        file_id: u64,
-        size: u64,
-    ) -> std::result::Result<Vec<u8>, DiskFault> {
+    pub async fn read_verified(&self, file_id: u64, size: u64) -> Result<Vec<u8>, FileError> {
         let path = self.path_of(file_id);
+        let shown = path.clone();
         tokio::task::spawn_blocking(move || read_file(&path, file_id, size))
             .await
-            .unwrap_or(Err(DiskFault::ReadFailed))
+            .unwrap_or_else(|joined| {
+                Err(FileError::Read {
+                    path: shown,
+                    source: io::Error::other(joined),
+                })
+            })
     }
 
     /// Deletes file `file_id` (a missing file is fine) and remembers the id for a while.
@@ -340,11 +323,11 @@ impl DiskStore {
 }
 
 /// Reads and discards `len` bytes.
-async fn drain<R: AsyncRead + Unpin>(source: &mut R, len: u64) -> std::io::Result<()> {
+async fn drain<R: AsyncRead + Unpin>(source: &mut R, len: u64) -> io::Result<()> {
     let copied = tokio::io::copy(&mut source.take(len), &mut tokio::io::sink()).await?;
     if copied < len {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
             "payload ended early",
         ));
     }
@@ -371,79 +354,81 @@ fn read_header(path: &Path) -> Option<(FileHeader, u64)> {
     Some((FileHeader::decode(&fixed, &variable)?, len))
 }
 
-fn read_file(path: &Path, file_id: u64, size: u64) -> std::result::Result<Vec<u8>, DiskFault> {
+fn read_file(path: &Path, file_id: u64, size: u64) -> Result<Vec<u8>, FileError> {
+    let unreadable = |source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let truncated = |source| FileError::Truncated {
+        path: path.to_path_buf(),
+        source,
+    };
+    let corrupt = |reason| FileError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
     let mut file = match std::fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(DiskFault::NotFound),
-        Err(_) => return Err(DiskFault::ReadFailed),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(FileError::NotFound {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(unreadable(e)),
     };
-    let len = file.metadata().map_err(|_| DiskFault::ReadFailed)?.len();
+    let len = file.metadata().map_err(unreadable)?.len();
     let mut fixed = [0u8; FIXED_LEN];
-    file.read_exact(&mut fixed)
-        .map_err(|_| DiskFault::Corrupt)?;
-    let (t, k) = FileHeader::variable_len(&fixed).ok_or(DiskFault::Corrupt)?;
+    file.read_exact(&mut fixed).map_err(truncated)?;
+    let (t, k) =
+        FileHeader::variable_len(&fixed).ok_or_else(|| corrupt("not a replica file header"))?;
     let mut variable = vec![0u8; t + k];
-    file.read_exact(&mut variable)
-        .map_err(|_| DiskFault::Corrupt)?;
-    let header = FileHeader::decode(&fixed, &variable).ok_or(DiskFault::Corrupt)?;
+    file.read_exact(&mut variable).map_err(truncated)?;
+    let header =
+        FileHeader::decode(&fixed, &variable).ok_or_else(|| corrupt("header checksum mismatch"))?;
     if header.file_id != file_id || header.size != size || header.file_len() != len {
-        return Err(DiskFault::Corrupt);
+        return Err(corrupt("header does not match the file or the request"));
     }
-    let size = usize::try_from(size).map_err(|_| DiskFault::ReadFailed)?;
+    let size = usize::try_from(size).map_err(|e| unreadable(io::Error::other(e)))?;
     let mut data = Vec::new();
     data.try_reserve_exact(size)
-        .map_err(|_| DiskFault::ReadFailed)?;
+        .map_err(|e| unreadable(io::Error::new(io::ErrorKind::OutOfMemory, e)))?;
     data.resize(size, 0);
-    file.read_exact(&mut data).map_err(|_| DiskFault::Corrupt)?;
+    file.read_exact(&mut data).map_err(truncated)?;
     if crc32fast::hash(&data) != header.payload_crc {
         tracing::warn!(file = %path.display(), "replica file checksum mismatch");
-        return Err(DiskFault::Corrupt);
+        return Err(corrupt("payload checksum mismatch"));
     }
     Ok(data)
 }
 
-fn probe_writable(dir: &Path) -> Result<()> {
+fn probe_writable(dir: &Path) -> Result<(), DiskError> {
     let probe = dir.join(".moonkv-write-probe");
     let attempt = std::fs::File::create(&probe)
         .and_then(|mut f| f.write_all(b"probe"))
         .and_then(|()| std::fs::remove_file(&probe));
-    attempt.map_err(|e| {
-        fail(
-            ErrorCode::FILE_WRITE_FAIL,
-            format!("disk directory {} is not writable: {e}", dir.display()),
-        )
+    attempt.map_err(|source| DiskError::NotWritable {
+        dir: dir.to_path_buf(),
+        source,
     })
 }
 
-fn load_or_create_id(dir: &Path) -> Result<SegmentId> {
+fn load_or_create_id(dir: &Path) -> Result<SegmentId, DiskError> {
     let path = dir.join(ID_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(text) => Uuid::parse(text.trim()).map(SegmentId).ok_or_else(|| {
-            fail(
-                ErrorCode::INVALID_PARAMS,
-                format!(
-                    "{} does not hold a disk id; remove it to give the directory a new identity",
-                    path.display()
-                ),
-            )
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Ok(text) => Uuid::parse(text.trim())
+            .map(SegmentId)
+            .ok_or(DiskError::BadId { path }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let id = SegmentId(moonkv_client::util::random_client_id().0);
             let tmp = dir.join(format!("{ID_FILE}.tmp"));
-            std::fs::write(&tmp, format!("{id}\n"))
-                .and_then(|()| std::fs::rename(&tmp, &path))
-                .map_err(|e| {
-                    fail(
-                        ErrorCode::FILE_WRITE_FAIL,
-                        format!("cannot write {}: {e}", path.display()),
-                    )
-                })?;
-            Ok(id)
+            let written =
+                std::fs::write(&tmp, format!("{id}\n")).and_then(|()| std::fs::rename(&tmp, &path));
+            match written {
+                Ok(()) => Ok(id),
+                Err(source) => Err(DiskError::WriteId { path, source }),
+            }
         }
-        Err(e) => Err(fail(
-            ErrorCode::FILE_READ_FAIL,
-            format!("cannot read {}: {e}", path.display()),
-        )),
+        Err(source) => Err(DiskError::ReadId { path, source }),
     }
 }
 
