@@ -10,7 +10,7 @@ import time
 import pytest
 
 import moonkv
-from conftest import WAIT, Lines, pattern, python_child, setup_store, within
+from conftest import WAIT, Lines, Master, pattern, python_child, setup_store, within
 
 
 class Worker:
@@ -56,7 +56,10 @@ def test_two_processes_exchange_objects(master, key):
         b.quit()
 
 
-def test_a_process_killed_mid_put_leaves_nothing_torn(master, key):
+def test_a_process_killed_mid_put_leaves_nothing_torn(key):
+    # The dead process's segment stays mounted until the master's client TTL runs out; a short
+    # TTL lets the test see placement recover too.
+    master = Master("--client-live-ttl-sec", "2")
     here = setup_store(master.addr, segment=128 << 20)
     other = Worker("serve", master.addr)
     size = 4 << 20
@@ -81,16 +84,28 @@ def test_a_process_killed_mid_put_leaves_nothing_torn(master, key):
             else:
                 assert got in (b"", pattern(name, size)), f"{name} is torn"
         # The survivors keep working, with each other and on their own.
-        assert here.put(f"{key}-after", pattern(f"{key}-after", size)) == 0
+        mine = moonkv.ReplicateConfig(preferred_segments=[here.get_hostname()])
+        assert here.put(f"{key}-after", pattern(f"{key}-after", size), mine) == 0
         assert other.ask(f"check {key}-after {size}") == "ok"
-        assert other.ask(f"put {key}-after-2 1000") == "0"
-        assert here.get(f"{key}-after-2") == pattern(f"{key}-after-2", 1000)
         assert here.health_check() == 0
+        # Until the master drops the dead segment, a put placed on it fails (TRANSFER_FAIL)
+        # and is revoked; after that every put lands on a live node.
+        # Twenty successes in a row mean the dead segment is out of placement.
+        deadline = time.monotonic() + WAIT
+        attempt = streak = 0
+        while streak < 20:
+            assert time.monotonic() < deadline, "placement never recovered"
+            rc = other.ask(f"put {key}-later-{attempt} 1000")
+            assert rc in ("0", "-800"), rc
+            streak = streak + 1 if rc == "0" else 0
+            attempt += 1
+        assert here.get(f"{key}-later-{attempt - 1}") == pattern(f"{key}-later-{attempt - 1}", 1000)
     finally:
         if flood.proc.poll() is None:
             flood.kill()
         other.quit()
         here.close()
+        master.stop()
 
 
 def test_master_down_errors_within_the_deadline(fresh_master, key):
