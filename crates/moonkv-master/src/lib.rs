@@ -6,6 +6,8 @@
 //! - [`server`] (feature `server`, on by default): RPC server, admin HTTP, event publisher hook,
 //!   metrics and configuration around the engine.
 
+#![forbid(unsafe_code)]
+
 pub mod engine;
 #[cfg(feature = "server")]
 pub mod server;

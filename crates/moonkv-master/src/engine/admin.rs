@@ -147,7 +147,7 @@ pub struct PlacementSnapshot {
 impl Engine {
     /// Every mounted segment, sorted by name then id.
     pub fn segments(&self) -> Vec<SegmentInfo> {
-        let registry = self.registry.read().unwrap_or_else(|e| e.into_inner());
+        let registry = self.registry.read();
         let mut out: Vec<SegmentInfo> = registry
             .by_id
             .values()
@@ -165,7 +165,7 @@ impl Engine {
 
     /// Every known disk (mounted or detached), sorted by name then id.
     pub fn disk_segments(&self) -> Vec<DiskInfo> {
-        let registry = self.disks.read().unwrap_or_else(|e| e.into_inner());
+        let registry = self.disks.read();
         let mut out: Vec<DiskInfo> = registry
             .by_id
             .values()
@@ -187,7 +187,7 @@ impl Engine {
         let mut stats = EngineStats {
             capacity_bytes: self.usage.capacity.load(Ordering::Acquire),
             allocated_bytes: self.usage.allocated.load(Ordering::Acquire),
-            active_clients: super::segments::lock(&self.clients).len() as u64,
+            active_clients: self.clients.lock().len() as u64,
             ..Default::default()
         };
         for i in 0..self.shards.len() {

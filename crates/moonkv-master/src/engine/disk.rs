@@ -6,11 +6,11 @@
 //! its file id and queues the file for deletion by the owning node, so no path that forgets a
 //! disk replica can leak space or let the file come back after a node restart.
 
-use super::segments::lock;
 use moonkv_proto::{ClientId, DiskSegment, SegmentId};
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Bytes charged per file on top of the object size: the file header and block rounding.
 pub(crate) const DISK_FILE_OVERHEAD: u64 = 4096;
@@ -44,7 +44,7 @@ impl DiskMemory {
     /// Records that file `id` was removed: it is tombstoned and queued for deletion.
     pub(crate) fn forget_file(&self, id: u64) {
         {
-            let mut t = lock(&self.tombstones);
+            let mut t = self.tombstones.lock();
             if t.set.insert(id) {
                 t.order.push_back(id);
                 if t.order.len() > TOMBSTONES_PER_DISK {
@@ -54,7 +54,7 @@ impl DiskMemory {
                 }
             }
         }
-        let mut d = lock(&self.deletions);
+        let mut d = self.deletions.lock();
         d.push_back(id);
         if d.len() > MAX_PENDING_DELETIONS {
             d.pop_front();
@@ -63,12 +63,12 @@ impl DiskMemory {
 
     /// Whether file `id` was removed (recently enough to be remembered).
     pub(crate) fn is_tombstoned(&self, id: u64) -> bool {
-        lock(&self.tombstones).set.contains(&id)
+        self.tombstones.lock().set.contains(&id)
     }
 
     /// Takes every pending deletion.
     pub(crate) fn take_deletions(&self) -> Vec<u64> {
-        lock(&self.deletions).drain(..).collect()
+        self.deletions.lock().drain(..).collect()
     }
 }
 

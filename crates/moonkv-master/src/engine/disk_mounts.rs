@@ -6,7 +6,6 @@
 use super::disk::{disk_charge, DiskHandle, DiskSlot, DiskState};
 use super::object::{ObjectMeta, Placement, Replica};
 use super::replica_list::ReplicaList;
-use super::segments::lock;
 use super::shard::After;
 use super::sink::{emit_diff, Medium};
 use super::validate::{check_key, invalid, read_tenant};
@@ -64,7 +63,7 @@ impl Engine {
     /// The disk's replicas are detached, as on client expiry.
     pub fn unmount_disk_segment(&self, req: &UnmountDiskSegmentRequest) -> Result<()> {
         let slot = {
-            let registry = self.disks.read().unwrap_or_else(|e| e.into_inner());
+            let registry = self.disks.read();
             match registry.by_id.get(&req.disk_id) {
                 Some(slot) if slot.owner != req.client_id => {
                     return Err(Error::new(
@@ -83,7 +82,7 @@ impl Engine {
     /// Detaches the disks of expired clients.
     pub(crate) fn detach_disks_of(&self, clients: &[ClientId]) {
         let slots: Vec<Arc<DiskSlot>> = {
-            let registry = self.disks.read().unwrap_or_else(|e| e.into_inner());
+            let registry = self.disks.read();
             clients
                 .iter()
                 .filter_map(|c| registry.of_client(*c).cloned())
@@ -92,7 +91,7 @@ impl Engine {
         for slot in &slots {
             self.detach_disk(slot);
         }
-        let mut mailboxes = lock(&self.offload_mailboxes);
+        let mut mailboxes = self.offload_mailboxes.lock();
         for c in clients {
             mailboxes.remove(c);
         }
@@ -102,7 +101,7 @@ impl Engine {
     pub fn expire_detached_disks(&self) -> usize {
         let now = self.now();
         let due: Vec<Arc<DiskSlot>> = {
-            let mut registry = self.disks.write().unwrap_or_else(|e| e.into_inner());
+            let mut registry = self.disks.write();
             let ids: Vec<SegmentId> = registry
                 .by_id
                 .iter()
@@ -135,7 +134,7 @@ impl Engine {
         disk: &DiskSegment,
         client: ClientId,
     ) -> Result<(Arc<DiskSlot>, Option<Arc<DiskSlot>>)> {
-        let mut registry = self.disks.write().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self.disks.write();
         if registry
             .by_client
             .get(&client)
@@ -163,7 +162,7 @@ impl Engine {
     /// Detaches a mounted disk: unreadable now, dropped after the grace period unless remounted.
     fn detach_disk(&self, slot: &Arc<DiskSlot>) {
         {
-            let mut registry = self.disks.write().unwrap_or_else(|e| e.into_inner());
+            let mut registry = self.disks.write();
             if registry.by_client.get(&slot.owner) == Some(&slot.info.id) {
                 registry.by_client.remove(&slot.owner);
             }

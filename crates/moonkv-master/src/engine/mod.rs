@@ -19,7 +19,8 @@
 //! request takes its shard's mutex once (a batch takes each involved shard's mutex once). Lock
 //! order is clients → shards (ascending index) → tenant accounts → segment registry → disk
 //! registry → one segment allocator → parked buffers → offload mailboxes; a disk's tombstone and
-//! deletion lists are leaves. No path takes them in another order.
+//! deletion lists are leaves. No path takes them in another order. The locks are parking_lot's,
+//! which do not poison: a request that panicked must not fail every request after it.
 
 pub mod clock;
 pub mod config;
@@ -59,11 +60,12 @@ pub use sink::{AvailabilitySink, Medium, NoopSink};
 
 use moonkv_proto::{ClientId, OffloadTask};
 use object::ReplicaIdGen;
+use parking_lot::{Mutex, RwLock};
 use segments::{MemBuffer, Registry, SpaceUsage};
 use shard::Shard;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 /// A buffer taken from an abandoned or replaced write, kept out of the allocator until a slow
 /// writer can no longer be writing into it.

@@ -2,7 +2,7 @@
 //! client expiry. Unmounting kills the segment's slot (its replicas turn invalid at once), then
 //! sweeps every shard so each object that lost a medium reports `removed` right away.
 
-use super::segments::{lock, SegmentSlot};
+use super::segments::SegmentSlot;
 use super::validate::invalid;
 use super::Engine;
 use moonkv_proto::msg::{
@@ -34,7 +34,7 @@ impl Engine {
     /// Ping: `OK` for a client the master knows (heartbeat refreshed), `NEED_REMOUNT` otherwise.
     pub fn ping(&self, req: &PingRequest) -> Result<PingResponse> {
         let deadline = self.now().saturating_add(self.config.client_live_ttl_ms);
-        let client_status = match lock(&self.clients).get_mut(&req.client_id) {
+        let client_status = match self.clients.lock().get_mut(&req.client_id) {
             Some(d) => {
                 *d = deadline;
                 ClientStatus::Ok
@@ -51,7 +51,7 @@ impl Engine {
     pub fn mount_segment(&self, req: &MountSegmentRequest) -> Result<()> {
         check_segment(&req.segment)?;
         {
-            let mut registry = self.registry.write().unwrap_or_else(|e| e.into_inner());
+            let mut registry = self.registry.write();
             if let Some(slot) = registry.by_id.get(&req.segment.id) {
                 if slot.status() != SegmentStatus::Ok {
                     return Err(Error::new(
@@ -73,7 +73,7 @@ impl Engine {
     /// skipped); the client becomes OK.
     pub fn remount_segment(&self, req: &ReMountSegmentRequest) -> Result<()> {
         {
-            let mut registry = self.registry.write().unwrap_or_else(|e| e.into_inner());
+            let mut registry = self.registry.write();
             for segment in &req.segments {
                 if let Some(slot) = registry.by_id.get(&segment.id) {
                     if slot.owner != req.client_id || slot.info != *segment {
@@ -103,7 +103,7 @@ impl Engine {
     /// UnmountSegment: only the owner may unmount; an unknown id is already unmounted (OK).
     pub fn unmount_segment(&self, req: &UnmountSegmentRequest) -> Result<()> {
         {
-            let registry = self.registry.read().unwrap_or_else(|e| e.into_inner());
+            let registry = self.registry.read();
             match registry.by_id.get(&req.segment_id) {
                 None => return Ok(()),
                 Some(slot) if slot.owner != req.client_id => {
@@ -123,7 +123,7 @@ impl Engine {
     /// unmounts it when the grace period ends (see [`Engine::run_graceful_unmounts`]).
     pub fn graceful_unmount_segment(&self, req: &GracefulUnmountSegmentRequest) -> Result<()> {
         let deadline = self.now().saturating_add(req.grace_period_ms);
-        let mut registry = self.registry.write().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self.registry.write();
         let owned = registry
             .by_client
             .get(&req.client_id)
@@ -153,7 +153,7 @@ impl Engine {
 
     /// QuerySegmentStatus by name (the most recently mounted segment of that name).
     pub fn query_segment_status(&self, req: &QuerySegmentStatusRequest) -> Result<SegmentStatus> {
-        let registry = self.registry.read().unwrap_or_else(|e| e.into_inner());
+        let registry = self.registry.read();
         let id = registry
             .last_by_name
             .get(&req.segment_name)
@@ -170,7 +170,7 @@ impl Engine {
         &self,
         req: &QuerySegmentStatusByIdRequest,
     ) -> Result<SegmentStatus> {
-        let registry = self.registry.read().unwrap_or_else(|e| e.into_inner());
+        let registry = self.registry.read();
         registry
             .by_id
             .get(&req.segment_id)
@@ -185,7 +185,7 @@ impl Engine {
         self.expire_detached_disks();
         let now = self.now();
         let expired: Vec<ClientId> = {
-            let mut clients = lock(&self.clients);
+            let mut clients = self.clients.lock();
             let ids: Vec<ClientId> = clients
                 .iter()
                 .filter(|(_, d)| **d < now)
@@ -200,7 +200,7 @@ impl Engine {
             return 0;
         }
         let segments: Vec<SegmentId> = {
-            let registry = self.registry.read().unwrap_or_else(|e| e.into_inner());
+            let registry = self.registry.read();
             expired
                 .iter()
                 .filter_map(|c| registry.by_client.get(c))
@@ -220,7 +220,7 @@ impl Engine {
     pub fn run_graceful_unmounts(&self) -> usize {
         let now = self.now();
         let due: Vec<SegmentId> = {
-            let registry = self.registry.read().unwrap_or_else(|e| e.into_inner());
+            let registry = self.registry.read();
             registry
                 .graceful
                 .iter()
@@ -252,13 +252,13 @@ impl Engine {
 
     pub(crate) fn mark_client_alive(&self, client: ClientId) {
         let deadline = self.now().saturating_add(self.config.client_live_ttl_ms);
-        lock(&self.clients).insert(client, deadline);
+        self.clients.lock().insert(client, deadline);
     }
 
     /// Unmounts the given segments, then sweeps their replicas out of every object.
     fn unmount_many(&self, ids: &[SegmentId]) -> usize {
         let killed: Vec<Arc<SegmentSlot>> = {
-            let mut registry = self.registry.write().unwrap_or_else(|e| e.into_inner());
+            let mut registry = self.registry.write();
             ids.iter().filter_map(|id| registry.remove(*id)).collect()
         };
         let count = killed.iter().filter(|slot| slot.kill()).count();

@@ -10,7 +10,6 @@
 
 use super::disk::{disk_charge, DiskHandle, PendingOffload};
 use super::object::{ObjectMeta, Placement, Replica};
-use super::segments::lock;
 use super::shard::After;
 use super::sink::emit_diff;
 use super::validate::read_tenant;
@@ -35,7 +34,7 @@ impl Engine {
     /// first memory replica if it has room, else on the emptiest mounted disk.
     pub(crate) fn place_disk(&self, size: u64, memory: &[Replica]) -> Result<Replica> {
         let charge = disk_charge(size);
-        let registry = self.disks.read().unwrap_or_else(|e| e.into_inner());
+        let registry = self.disks.read();
         let near = memory.iter().find_map(|r| match &r.placement {
             Placement::Memory(buf) => registry.of_client(buf.segment.owner).cloned(),
             Placement::Disk(_) => None,
@@ -85,7 +84,7 @@ impl Engine {
             return false;
         };
         let slot = {
-            let registry = self.disks.read().unwrap_or_else(|e| e.into_inner());
+            let registry = self.disks.read();
             registry.of_client(owner).cloned()
         };
         let charge = disk_charge(obj.size);
@@ -108,7 +107,8 @@ impl Engine {
         let pending =
             PendingOffload::new(replica, source.id, deadline, self.pending_offloads.clone());
         obj.set_offload(Box::new(pending));
-        lock(&self.offload_mailboxes)
+        self.offload_mailboxes
+            .lock()
             .entry(owner)
             .or_default()
             .push(task);
@@ -155,11 +155,13 @@ impl Engine {
         req: &OffloadHeartbeatRequest,
     ) -> Result<OffloadHeartbeatResponse> {
         let slot = {
-            let registry = self.disks.read().unwrap_or_else(|e| e.into_inner());
+            let registry = self.disks.read();
             registry.of_client(req.client_id).cloned()
         }
         .ok_or_else(no_disk)?;
-        let tasks = lock(&self.offload_mailboxes)
+        let tasks = self
+            .offload_mailboxes
+            .lock()
             .remove(&req.client_id)
             .unwrap_or_default();
         Ok(OffloadHeartbeatResponse {
@@ -172,7 +174,7 @@ impl Engine {
     /// file (the object changed meanwhile); the node deletes it.
     pub fn notify_offload(&self, req: &NotifyOffloadRequest) -> Result<Vec<ItemResult<()>>> {
         let mounted = {
-            let registry = self.disks.read().unwrap_or_else(|e| e.into_inner());
+            let registry = self.disks.read();
             registry.of_client(req.client_id).is_some()
         };
         if !mounted {
@@ -309,7 +311,7 @@ impl Engine {
         if cancelled.is_empty() {
             return 0;
         }
-        for tasks in lock(&self.offload_mailboxes).values_mut() {
+        for tasks in self.offload_mailboxes.lock().values_mut() {
             tasks.retain(|t| !cancelled.contains(&t.disk_replica_id.0));
         }
         self.counters

@@ -376,7 +376,7 @@ impl Engine {
             )
         };
         let len = aligned_len(size).ok_or_else(no_handle)?;
-        let registry = self.registry.read().unwrap_or_else(|e| e.into_inner());
+        let registry = self.registry.read();
         let groups = &registry.groups;
         let names = groups.len();
         let want = (replica_num as usize).min(names);

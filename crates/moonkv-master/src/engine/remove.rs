@@ -121,7 +121,7 @@ impl Engine {
     /// is decided.
     fn remove_all_locked(
         &self,
-        shards: &mut [std::sync::MutexGuard<'_, Shard>],
+        shards: &mut [parking_lot::MutexGuard<'_, Shard>],
         tenant: &str,
         force: bool,
     ) -> i64 {

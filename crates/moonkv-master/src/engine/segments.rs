@@ -7,9 +7,10 @@
 
 use super::alloc::Allocator;
 use moonkv_proto::{ClientId, Segment, SegmentId, SegmentStatus};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Cluster-wide byte counters shared by every slot, read by the eviction trigger.
 #[derive(Debug, Default)]
@@ -67,7 +68,7 @@ impl SegmentSlot {
 
     /// Reserves `len` aligned bytes; `None` when full or unmounted.
     pub(crate) fn allocate(&self, len: u64) -> Option<u64> {
-        let mut a = lock(&self.allocator);
+        let mut a = self.allocator.lock();
         if !self.is_alive() {
             return None;
         }
@@ -80,7 +81,7 @@ impl SegmentSlot {
     /// Returns a buffer. On a dead segment this is a no-op: its space left the accounting when
     /// it was unmounted.
     fn free(&self, address: u64, len: u64) {
-        let mut a = lock(&self.allocator);
+        let mut a = self.allocator.lock();
         if self.is_alive() && a.free(address, len) {
             self.used.store(a.used(), Ordering::Relaxed);
             self.usage.allocated.fetch_sub(len, Ordering::Relaxed);
@@ -90,7 +91,7 @@ impl SegmentSlot {
     /// Marks the segment dead and removes its space from the cluster counters. Returns false if
     /// it was already dead.
     pub(crate) fn kill(&self) -> bool {
-        let a = lock(&self.allocator);
+        let a = self.allocator.lock();
         if !self.alive.swap(false, Ordering::AcqRel) {
             return false;
         }
@@ -225,10 +226,4 @@ impl Registry {
         self.rebuild_groups();
         Some(slot)
     }
-}
-
-/// Locks a mutex, recovering the data if a panicking thread poisoned it: the engine's invariants
-/// are restored at the end of every critical section, so a poisoned lock holds consistent data.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -4,15 +4,14 @@
 
 use super::keyhash::KeyHashState;
 use super::object::{ObjectMeta, Replica};
-use super::segments::lock;
 use super::sink::emit_diff;
 use super::validate::read_tenant;
 use super::{Engine, ParkedBuffer};
 use moonkv_proto::{ErrorCode, ItemResult, Result, TenantId};
+use parking_lot::MutexGuard;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
 
 /// Objects of one tenant inside one shard.
 #[derive(Debug)]
@@ -61,12 +60,12 @@ impl Engine {
     }
 
     pub(crate) fn lock_shard(&self, index: usize) -> MutexGuard<'_, super::Shard> {
-        lock(&self.shards[index])
+        self.shards[index].lock()
     }
 
     /// Every shard, locked in index order (RemoveAll, snapshots).
     pub(crate) fn lock_all_shards(&self) -> Vec<MutexGuard<'_, super::Shard>> {
-        self.shards.iter().map(lock).collect()
+        self.shards.iter().map(|shard| shard.lock()).collect()
     }
 
     /// Runs `f` on the live object (tenant, key), if any. Replicas whose segment died are dropped
@@ -195,7 +194,7 @@ impl Engine {
             return;
         }
         let all = std::mem::take(&mut obj.replicas);
-        let mut parked = lock(&self.parked);
+        let mut parked = self.parked.lock();
         for replica in all {
             if !pick(&replica) {
                 obj.replicas.push(replica);

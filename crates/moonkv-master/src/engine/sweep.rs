@@ -6,7 +6,6 @@
 //! period.
 
 use super::object::{PinIntent, Replica};
-use super::segments::lock;
 use super::sink::emit_diff;
 use super::{Engine, ParkedBuffer};
 use std::sync::atomic::Ordering;
@@ -75,7 +74,7 @@ impl Engine {
     /// Returns parked buffers whose deadline passed to their segments.
     pub(crate) fn release_parked(&self, now: u64) -> usize {
         let due: Vec<ParkedBuffer> = {
-            let mut parked = lock(&self.parked);
+            let mut parked = self.parked.lock();
             if !parked.iter().any(|p| p.release_at_ms <= now) {
                 return 0;
             }

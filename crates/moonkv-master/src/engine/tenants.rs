@@ -9,9 +9,10 @@ use super::admin::TenantQuotaSnapshot;
 use super::validate::{invalid, tenant_valid};
 use super::Engine;
 use moonkv_proto::{Error, ErrorCode, Result};
+use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 /// Largest quota a tenant may request (fits an i64 for dashboards).
 const MAX_QUOTA_BYTES: u64 = i64::MAX as u64;
@@ -32,11 +33,7 @@ pub(crate) struct TenantBook {
 
 impl TenantBook {
     fn get(&self, tenant: &str) -> Option<Arc<Account>> {
-        self.accounts
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(tenant)
-            .cloned()
+        self.accounts.read().get(tenant).cloned()
     }
 
     /// Registered and open for writes.
@@ -82,7 +79,7 @@ impl TenantBook {
     /// they all fit, otherwise `floor(capacity × request / Σ requests)` plus the leftover bytes
     /// one each by largest remainder, ties broken by tenant id.
     fn recompute(&self, capacity: u64) {
-        let accounts = self.accounts.read().unwrap_or_else(|e| e.into_inner());
+        let accounts = self.accounts.read();
         let total: u128 = accounts
             .values()
             .map(|a| a.requested.load(Ordering::Acquire) as u128)
@@ -182,11 +179,7 @@ impl Engine {
         if !self.config.enable_multi_tenants {
             return Err(unavailable());
         }
-        let accounts = self
-            .tenants
-            .accounts
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let accounts = self.tenants.accounts.read();
         match tenant {
             Some(name) => accounts
                 .get(name)
@@ -224,11 +217,7 @@ impl Engine {
             return Err(invalid("requested_quota_bytes must be in [1, 2^63-1]"));
         }
         {
-            let mut accounts = self
-                .tenants
-                .accounts
-                .write()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut accounts = self.tenants.accounts.write();
             let account = accounts.entry(tenant.to_string()).or_default();
             account
                 .requested
@@ -263,11 +252,7 @@ impl Engine {
                 "tenant still owns objects",
             ));
         }
-        self.tenants
-            .accounts
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(tenant);
+        self.tenants.accounts.write().remove(tenant);
         self.recompute_quotas();
         Ok(())
     }

@@ -4,7 +4,7 @@ use super::config::KvEventsSettings;
 use crate::engine::{AvailabilitySink, Medium};
 use moonkv_events::{EventConfig, KvEvent, Publisher, PublisherStatus};
 use moonkv_proto::TenantId;
-use std::sync::RwLock;
+use parking_lot::RwLock;
 
 /// Owns the publisher (if events are on) and turns engine callbacks into events.
 ///
@@ -67,7 +67,7 @@ impl EventHook {
     }
 
     fn with<T>(&self, f: impl FnOnce(&Publisher) -> T) -> Option<T> {
-        let guard = self.publisher.read().unwrap_or_else(|p| p.into_inner());
+        let guard = self.publisher.read();
         guard.as_ref().map(f)
     }
 
@@ -89,11 +89,7 @@ impl EventHook {
 
     /// Drains the queue and stops the publisher thread; later changes are not published.
     pub fn shutdown(&self) {
-        let taken = self
-            .publisher
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let taken = self.publisher.write().take();
         if let Some(p) = taken {
             p.shutdown();
         }

@@ -85,9 +85,7 @@ impl MasterHandle {
 pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
     config.validate()?;
     let tls = match config.tls() {
-        Some(settings) => {
-            Some(tls::RpcTls::load(&settings).map_err(|e| anyhow::anyhow!("TLS: {e}"))?)
-        }
+        Some(settings) => Some(tls::RpcTls::load(&settings)?),
         None => None,
     };
     let events = Arc::new(EventHook::start(&config.kv_events)?);

@@ -28,18 +28,23 @@ pub(crate) struct RpcTls {
     _never: std::convert::Infallible,
 }
 
+/// The RPC port's certificate, key or client CA could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("TLS: {0}")]
+pub(crate) struct TlsLoadError(String);
+
 impl RpcTls {
     /// Loads the certificate, key and optional client CA.
-    pub fn load(config: &moonkv_proto::tls::TlsServerConfig) -> Result<RpcTls, String> {
+    pub fn load(config: &moonkv_proto::tls::TlsServerConfig) -> Result<RpcTls, TlsLoadError> {
         #[cfg(feature = "tls")]
         {
             Ok(RpcTls {
-                acceptor: tokio_rustls::TlsAcceptor::from(config.load()?),
+                acceptor: tokio_rustls::TlsAcceptor::from(config.load().map_err(TlsLoadError)?),
             })
         }
         #[cfg(not(feature = "tls"))]
         {
-            config.check()?;
+            config.check().map_err(TlsLoadError)?;
             unreachable!("check refuses every TLS setting without the feature")
         }
     }

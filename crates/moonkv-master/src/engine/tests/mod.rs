@@ -19,8 +19,8 @@ mod upsert;
 use super::*;
 use moonkv_proto::msg::*;
 use moonkv_proto::*;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 pub(super) const BASE: u64 = 0x3_0000_0000;
 pub(super) const MIB: u64 = 1 << 20;
@@ -44,12 +44,12 @@ pub(super) struct RecordingSink {
 
 impl RecordingSink {
     pub(super) fn take(&self) -> Vec<Ev> {
-        std::mem::take(&mut *self.events.lock().unwrap())
+        std::mem::take(&mut *self.events.lock())
     }
 
     fn push(&self, ev: Ev) {
         self.last_id.fetch_add(1, Ordering::SeqCst);
-        self.events.lock().unwrap().push(ev);
+        self.events.lock().push(ev);
     }
 }
 

@@ -198,12 +198,12 @@ fn agree(op: Op, engine: Outcome, model: Outcome) -> std::result::Result<(), Tes
 fn replay(
     model: &mut BTreeMap<(String, String), BTreeSet<Medium>>,
     events: Vec<Ev>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), &'static str> {
     for ev in events {
         match ev {
             Ev::Stored(t, k, _, m) => {
                 if !model.entry((t, k)).or_default().insert(m) {
-                    return Err("stored for a medium already available".into());
+                    return Err("stored for a medium already available");
                 }
             }
             Ev::Removed(t, k, _, m) => {
@@ -211,7 +211,7 @@ fn replay(
                     .get_mut(&(t.clone(), k.clone()))
                     .ok_or("removed for an unknown object")?;
                 if !media.remove(&m) {
-                    return Err("removed for a medium not available".into());
+                    return Err("removed for a medium not available");
                 }
                 if media.is_empty() {
                     model.remove(&(t, k));
