@@ -205,17 +205,6 @@ async fn get_all_segments(State(s): State<AdminState>) -> String {
     text
 }
 
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
-}
-
 fn status_name(s: SegmentStatus) -> &'static str {
     match s {
         SegmentStatus::Ok => "OK",
@@ -241,7 +230,7 @@ async fn get_segments_detail(State(s): State<AdminState>) -> Json<Value> {
                 "client_id": seg.client_id.to_string(),
                 "base_address": format!("{:#x}", seg.segment.base),
                 "size_bytes": seg.segment.size,
-                "size_human": human_bytes(seg.segment.size),
+                "size_human": moonkv_proto::units::format_size_with(seg.segment.size, 2),
                 "te_endpoint": seg.segment.endpoint,
                 "protocol": seg.segment.protocol,
                 "status": status_name(seg.status),
@@ -258,7 +247,7 @@ async fn get_segments_detail(State(s): State<AdminState>) -> Json<Value> {
                 "segment_id": disk.disk.id.to_string(),
                 "client_id": disk.client_id.to_string(),
                 "size_bytes": disk.capacity_bytes,
-                "size_human": human_bytes(disk.capacity_bytes),
+                "size_human": moonkv_proto::units::format_size_with(disk.capacity_bytes, 2),
                 "te_endpoint": disk.disk.endpoint,
                 "protocol": "file",
                 "status": disk.status,
