@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Checks the moonkv event stream with an independent peer: pyzmq SUB + Python msgpack.
 
-Runs the `publish_fixture` example of moonkv-events, subscribes, and verifies framing,
+Runs the `publish_fixture` binary of moonkv-testkit, subscribes, and verifies framing,
 sequence numbers, batch shape, field names, field order and the nil-vs-absent rules of
-docs/events.md. Run from the repository root (needs `pip install pyzmq msgpack`):
+docs/events.md. `cargo test -p moonkv-testkit --test python_peers` builds the binary and runs
+this script; by hand, from the repository root (needs `pip install pyzmq msgpack`):
 
-    cargo build -p moonkv-events --example publish_fixture
+    cargo build -p moonkv-testkit --bin publish_fixture
     python3 tests/peer/events_peer.py [path/to/publish_fixture]
 
 Prints "N passed, M failed" and exits non-zero on failure.
@@ -18,7 +19,7 @@ import msgpack
 import zmq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_BIN = os.path.join(ROOT, "target", "debug", "examples", "publish_fixture")
+DEFAULT_BIN = os.path.join(ROOT, "target", "debug", "publish_fixture")
 
 ENVELOPE = ["event_id", "timestamp", "event_type", "type", "model_name", "block_size",
             "additional_salt", "lora_name", "tenant_id", "backend_id", "medium", "dp_rank"]

@@ -3,7 +3,6 @@
 //! every request frame with an empty response and does nothing else. What a single-key shape
 //! measures above this floor is the master's own work.
 
-use super::client::Connection;
 use super::histogram::Histogram;
 use super::report::{grouped, micros};
 use moonkv_proto::frame::{self, FrameKind};
@@ -64,7 +63,7 @@ fn measure(
     duration: Duration,
 ) -> anyhow::Result<(f64, Histogram)> {
     let connections = (0..clients)
-        .map(|c| Connection::connect(addr, &format!("moonkv-bench-echo-{c}")).map(Arc::new))
+        .map(|c| super::connect(addr, &format!("moonkv-bench-echo-{c}")).map(Arc::new))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let start_line = Barrier::new(clients);
     let results: Vec<anyhow::Result<(u64, f64, Histogram)>> = std::thread::scope(|scope| {

@@ -8,11 +8,12 @@
 //! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
 //! - `shape`: `OP:CxT:bB` shapes; `target`: the master over the wire or the engine in-process
-//!   behind one trait; `load`: the per-thread loop; `client`: the blocking protocol client;
-//!   `histogram`: latency percentiles; `report`: markdown tables; `loopback`: the
-//!   publisher → subscriber runner.
+//!   behind one trait; `load`: the per-thread loop; `histogram`: latency percentiles;
+//!   `report`: markdown tables; `loopback`: the publisher → subscriber runner.
+//!
+//! Over the wire the load runs through `moonkv_client::master_client::blocking`, the blocking
+//! protocol client (one connection shared by several threads); `connect` opens one.
 
-mod client;
 mod echo;
 pub mod events;
 mod histogram;
@@ -28,8 +29,10 @@ mod stream;
 mod target;
 mod tcp;
 
+use moonkv_client::master_client::blocking::Connection;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Arguments of `moonkv bench`.
@@ -74,6 +77,18 @@ pub fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime>
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))
+}
+
+/// A blocking master connection named `name`, proving the shared secret from
+/// `MOONKV_AUTH_SECRET[_FILE]` if the master asks for it.
+fn connect(addr: SocketAddr, name: &str) -> anyhow::Result<Connection> {
+    let secret = moonkv_client::util::secret_from_env();
+    Ok(Connection::connect(
+        &addr.to_string(),
+        name,
+        secret.as_ref(),
+        None,
+    )?)
 }
 
 /// A fresh random number, for ids and key prefixes that must not collide between runs.

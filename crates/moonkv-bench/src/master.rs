@@ -5,11 +5,11 @@
 //! Targets: a running master (`--master`), a fresh master started in this process for each
 //! shape (`--spawn`), or the engine called directly with no network (`--in-process`).
 
-use super::client::Connection;
 use super::load::{self, LoadSettings, ShapeResult};
 use super::report;
 use super::shape::Shape;
 use super::target::{self, MetaTarget};
+use moonkv_client::master_client::blocking::Connection;
 use moonkv_master::engine::{Engine, EngineConfig, NoopSink, SystemClock};
 use moonkv_master::server::{self, MasterConfig};
 use moonkv_proto::msg::{PingRequest, UnmountSegmentRequest};
@@ -211,7 +211,7 @@ fn run_on_wire(
     let session = Session::open(addr, settings)?;
     tracing::info!(%shape, %addr, "running over the wire");
     let connected: anyhow::Result<Vec<Arc<Connection>>> = (0..shape.clients)
-        .map(|c| Connection::connect(addr, &format!("moonkv-bench-{c}")).map(Arc::new))
+        .map(|c| super::connect(addr, &format!("moonkv-bench-{c}")).map(Arc::new))
         .collect();
     let result = connected.and_then(|targets| {
         let key_space = key_space(super::nonce());
@@ -232,7 +232,7 @@ struct Session {
 
 impl Session {
     fn open(addr: SocketAddr, settings: &LoadSettings) -> anyhow::Result<Session> {
-        let control = Arc::new(Connection::connect(addr, "moonkv-bench-control")?);
+        let control = Arc::new(super::connect(addr, "moonkv-bench-control")?);
         let nonce = super::nonce();
         let owner = ClientId::new(nonce, 1);
         let segments = target::fake_segments(nonce, settings);

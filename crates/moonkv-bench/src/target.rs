@@ -1,8 +1,8 @@
 //! What the load drives: a master over the wire ([`Connection`]) or the [`Engine`] directly,
 //! behind one trait, and the fake segments both are given.
 
-use super::client::Connection;
 use super::load::LoadSettings;
+use moonkv_client::master_client::blocking::Connection;
 use moonkv_master::engine::Engine;
 use moonkv_proto::msg::*;
 use moonkv_proto::{

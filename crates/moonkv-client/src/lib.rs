@@ -1,7 +1,9 @@
 //! moonkv client library: what an application links to put and get objects.
 //!
 //! - [`master_client`]: the multiplexed RPC connection to the master, typed helpers for every
-//!   operation, deadlines, reconnects and the heartbeat that remounts segments.
+//!   operation, deadlines, reconnects and the heartbeat that remounts segments; its
+//!   [`blocking`](master_client::blocking) twin for threads without a runtime, and the one
+//!   hello exchange both run.
 //! - [`store`]: the API applications use — put/get/upsert/exists/remove and batch forms for one
 //!   tenant, with replica failover, read-lease revalidation and in-process copies from the
 //!   segments of an embedded node (`StoreConfig::local_segments`).
@@ -15,8 +17,9 @@ pub mod master_client;
 pub mod store;
 pub mod util;
 
+// store/tests.rs names the scripted fake master by this path.
 #[cfg(test)]
-mod test_support;
+use moonkv_testkit::fake_master as test_support;
 
 pub use master_client::{MasterClient, MasterClientConfig};
 pub use moonkv_dataplane::{LocalSegments, TlsClientConfig, TlsServerConfig};

@@ -1,10 +1,10 @@
 //! End-to-end: real master, real nodes, real stores on loopback.
 
-mod common;
-
-use common::{admin_get, bounded, metric, pattern, Cluster};
 use moonkv_client::{ErrorCode, ErrorExt, ReplicateConfig};
 use moonkv_master::server::MasterConfig;
+use moonkv_testkit::admin::metric_in;
+use moonkv_testkit::cluster::{bounded, Cluster};
+use moonkv_testkit::payload::pattern;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -308,8 +308,8 @@ async fn an_expired_lease_is_revalidated_instead_of_failing() {
         assert!(store.get("leased").await.unwrap() == value);
         let got = store.batch_get(&["leased"]).await;
         assert!(got[0].as_ref().unwrap() == &value);
-        let metrics = admin_get(&cluster, "/metrics").await;
-        let asked = metric(&metrics, "master_revalidate_replicas_requests_total");
+        let metrics = cluster.admin_get("/metrics").await;
+        let asked = metric_in(&metrics, "master_revalidate_replicas_requests_total");
         assert_eq!(asked, Some(2.0), "one revalidation per read");
         cluster.shutdown().await;
     })

@@ -1,26 +1,27 @@
 //! The admin HTTP endpoints of a real `moonkv master`, with upstream paths and shapes.
 
-mod common;
-
-use common::{fake_segment, http, put_meta, spawn, RawClient};
 use moonkv_proto::msg::*;
 use moonkv_proto::ClientId;
-use std::time::{Duration, Instant};
+use moonkv_testkit::wire::{self, fake_segment, put_meta};
+use moonkv_testkit::{http, signal, Moonkv};
+use std::time::Duration;
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 #[test]
 fn admin_endpoints_report_the_master_state() {
-    let master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
-    let admin = master.addr("admin");
-    let mut c = RawClient::connect(&master.addr("rpc"));
+    let master = MOONKV.start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let admin = master.field("admin");
+    let c = wire::connect(&master.field("rpc"));
     let me = ClientId::new(3, 3);
-    c.call::<()>(Request::MountSegment(MountSegmentRequest {
+    c.request::<()>(&Request::MountSegment(MountSegmentRequest {
         segment: fake_segment(1),
         client_id: me,
     }))
     .unwrap();
-    put_meta(&mut c, me, "", "alpha", 1000);
-    put_meta(&mut c, me, "", "beta", 1000);
-    put_meta(&mut c, me, "other", "gamma", 1000);
+    put_meta(&c, me, "", "alpha", 1000);
+    put_meta(&c, me, "", "beta", 1000);
+    put_meta(&c, me, "other", "gamma", 1000);
 
     let (status, body) = http(&admin, "GET", "/health", "");
     assert_eq!(status, 200);
@@ -114,7 +115,7 @@ fn admin_endpoints_report_the_master_state() {
 
 #[test]
 fn tenant_quotas_work_in_multi_tenant_mode() {
-    let master = spawn(&[
+    let master = MOONKV.start(&[
         "master",
         "--rpc-port",
         "0",
@@ -123,7 +124,7 @@ fn tenant_quotas_work_in_multi_tenant_mode() {
         "--enable-multi-tenants",
         "true",
     ]);
-    let admin = master.addr("admin");
+    let admin = master.field("admin");
     let (status, body) = http(
         &admin,
         "PUT",
@@ -160,23 +161,8 @@ fn tenant_quotas_work_in_multi_tenant_mode() {
 
 #[test]
 fn sigterm_shuts_the_master_down_cleanly() {
-    let mut master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
-    let pid = master.child.id().to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = master.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "master did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut master = MOONKV.start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    signal(master.pid(), "TERM").expect("SIGTERM");
+    let status = master.wait_exit(Duration::from_secs(20));
     assert!(status.success(), "exit status {status}");
 }

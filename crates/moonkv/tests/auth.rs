@@ -1,14 +1,18 @@
 //! Shared-secret authentication of the master protocol, end to end with the real binaries.
 
-mod common;
-
-use common::{http, http_with, RawClient};
+use moonkv_client::master_client::blocking;
+use moonkv_proto::auth::Secret;
 use moonkv_proto::frame::{self, FrameKind};
 use moonkv_proto::msg::{Hello, KeyRequest, Request};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Stdio};
+use moonkv_proto::ErrorCode;
+use moonkv_testkit::wire::RawStream;
+use moonkv_testkit::{http, http_with, output_of, Moonkv, Proc};
+use std::time::Duration;
 
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 const SECRET: &str = "correct-horse-battery-staple-42";
+/// Bound of a blocking connect and its reads.
+const LIMIT: Duration = Duration::from_secs(30);
 
 fn secret_file(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(dir).unwrap();
@@ -18,63 +22,38 @@ fn secret_file(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
 }
 
 struct Master {
-    child: std::process::Child,
+    proc: Proc,
     rpc: String,
     admin: String,
 }
 
-impl Drop for Master {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_master(secret_path: &std::path::Path) -> Master {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args([
-            "master",
-            "--rpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--auth-secret-file",
-        ])
-        .arg(secret_path)
+    let mut cmd = MOONKV.command(&[
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--auth-secret-file",
+    ]);
+    cmd.arg(secret_path)
         .env("RUST_LOG", "debug")
-        .env_remove("MOONKV_AUTH_SECRET")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+        .env_remove("MOONKV_AUTH_SECRET");
+    let proc = Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"));
     Master {
-        child,
-        rpc: ready["rpc"].as_str().unwrap().into(),
-        admin: ready["admin"].as_str().unwrap().into(),
+        rpc: proc.field("rpc"),
+        admin: proc.field("admin"),
+        proc,
     }
 }
 
 fn cli(master: &str, secret: Option<&str>, args: &[&str], stdin: &[u8]) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moonkv"));
-    cmd.args(args)
-        .env("MOONKV_MASTER", master)
-        .env_remove("MOONKV_AUTH_SECRET");
+    let mut cmd = MOONKV.client(master, args);
+    cmd.env_remove("MOONKV_AUTH_SECRET");
     if let Some(s) = secret {
         cmd.env("MOONKV_AUTH_SECRET", s);
     }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    output_of(cmd, stdin)
 }
 
 #[test]
@@ -110,10 +89,31 @@ fn clients_must_prove_the_shared_secret() {
     assert!(!wrong.status.success());
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("ILLEGAL_CLIENT"));
 
-    // A raw client that skips the proof cannot issue requests.
-    let mut raw = std::net::TcpStream::connect(&master.rpc).unwrap();
-    raw.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+    // The blocking client: refused without the secret or with a wrong one, served with it.
+    let refused = blocking::Connection::connect(&master.rpc, "test", None, Some(LIMIT))
+        .err()
+        .expect("no secret, no connection");
+    assert_eq!(refused.code, ErrorCode::ILLEGAL_CLIENT, "{refused}");
+    assert!(refused.message.contains("MOONKV_AUTH_SECRET"), "{refused}");
+    let wrong_secret = Secret::new(b"wrong-secret-but-long-enough".to_vec()).unwrap();
+    let refused =
+        blocking::Connection::connect(&master.rpc, "test", Some(&wrong_secret), Some(LIMIT))
+            .err()
+            .expect("a wrong secret, no connection");
+    assert_eq!(refused.code, ErrorCode::ILLEGAL_CLIENT, "{refused}");
+    let secret = Secret::new(SECRET.as_bytes().to_vec()).unwrap();
+    let proven = blocking::Connection::connect(&master.rpc, "test", Some(&secret), Some(LIMIT))
+        .expect("the right secret is accepted");
+    let exists: bool = proven
+        .request(&Request::ExistKey(KeyRequest {
+            tenant: String::new(),
+            key: "k".into(),
+        }))
         .unwrap();
+    assert!(!exists);
+
+    // A raw client that skips the proof cannot issue requests.
+    let mut raw = RawStream::connect(&master.rpc);
     let mut out = Vec::new();
     let hello = Hello {
         magic: "moonkv".into(),
@@ -131,16 +131,12 @@ fn clients_must_prove_the_shared_secret() {
         }),
     )
     .unwrap();
-    raw.write_all(&out).unwrap();
-    let mut c = RawClient {
-        stream: raw,
-        next_id: 0,
-    };
-    let (code, _) = c.read_frame().expect("hello answer carries a challenge");
-    assert_eq!(code, 0);
-    let (code, _) = c.read_frame().expect("request refused");
-    assert_eq!(code, moonkv_proto::ErrorCode::ILLEGAL_CLIENT.as_i32());
-    assert!(c.read_frame().is_none(), "connection closed");
+    raw.write(&out);
+    let answer = raw.read_frame().expect("hello answer carries a challenge");
+    assert_eq!(answer.code, 0);
+    let answer = raw.read_frame().expect("request refused");
+    assert_eq!(answer.code, ErrorCode::ILLEGAL_CLIENT.as_i32());
+    assert!(raw.read_frame().is_none(), "connection closed");
 
     // Mutating admin endpoints need the secret; reads stay open.
     let (status, _) = http(&master.admin, "POST", "/api/v1/remove_all?force=true", "");
@@ -150,16 +146,16 @@ fn clients_must_prove_the_shared_secret() {
         "POST",
         "/api/v1/remove_all",
         "",
-        "Authorization: Bearer wrong\r\n",
+        &[("Authorization", "Bearer wrong")],
     );
     assert_eq!(status, 401);
-    let bearer = format!("Authorization: Bearer {SECRET}\r\n");
+    let bearer = format!("Bearer {SECRET}");
     let (status, body) = http_with(
         &master.admin,
         "POST",
         "/api/v1/remove_all?force=true",
         "",
-        &bearer,
+        &[("Authorization", &bearer)],
     );
     assert_eq!(status, 200, "{body}");
     let (status, _) = http(&master.admin, "GET", "/get_all_keys", "");
@@ -168,16 +164,7 @@ fn clients_must_prove_the_shared_secret() {
     // The secret never shows in metrics or logs.
     let (_, metrics) = http(&master.admin, "GET", "/metrics", "");
     assert!(!metrics.contains(SECRET));
-    let _ = master.child.kill();
-    let _ = master.child.wait();
-    let mut logs = String::new();
-    master
-        .child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .unwrap();
+    let logs = master.proc.stop_and_read_log();
     assert!(
         logs.contains("authentication failed"),
         "failed attempts are logged"
@@ -190,8 +177,8 @@ fn clients_must_prove_the_shared_secret() {
 fn a_short_or_missing_secret_file_stops_the_master() {
     let dir = std::env::temp_dir().join(format!("moonkv-auth-bad-{}", std::process::id()));
     let path = secret_file(&dir, "short");
-    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args([
+    let out = MOONKV
+        .command(&[
             "master",
             "--rpc-port",
             "0",
@@ -204,8 +191,8 @@ fn a_short_or_missing_secret_file_stops_the_master() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("auth_secret_file"));
-    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args([
+    let out = MOONKV
+        .command(&[
             "master",
             "--rpc-port",
             "0",

@@ -2,20 +2,21 @@
 //! and a real node), protocol frames at a real master, and configuration files and values.
 //! Nothing may panic, hang or take a server down; configuration errors name a key.
 
-mod common;
-mod support;
-
 use moonkv_client::{ReplicateConfig, Store, StoreConfig};
 use moonkv_dataplane::header::{
     check_range, RequestHeader, ResponseHeader, REQUEST_LEN, RESPONSE_LEN,
 };
 use moonkv_master::server::{MasterConfig, CONFIG_KEYS};
+use moonkv_testkit::payload::Rng;
+use moonkv_testkit::wire::RawStream;
+use moonkv_testkit::{http_get, Moonkv};
 use proptest::prelude::*;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
-use support::*;
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
@@ -154,8 +155,8 @@ fn json_document() -> impl Strategy<Value = Value> {
 /// keeps serving real transfers afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_node_survives_random_data_plane_bytes() {
-    let m = master(&[]);
-    let n = node(&m.field("rpc"), "seg-fuzz", "16MiB");
+    let m = MOONKV.master(&[]);
+    let n = MOONKV.node(&m.field("rpc"), "seg-fuzz", "16MiB");
     let data = n.field("data");
     let store = Store::connect(StoreConfig::new(m.field("rpc")))
         .await
@@ -167,7 +168,7 @@ async fn a_real_node_survives_random_data_plane_bytes() {
     let mut rng = Rng(0xdada);
     tokio::task::spawn_blocking(move || {
         for case in 0..300 {
-            let mut bytes: Vec<u8> = (0..rng.below(200)).map(|_| rng.next() as u8).collect();
+            let mut bytes: Vec<u8> = (0..rng.below(200)).map(|_| rng.next_u64() as u8).collect();
             if case % 2 == 0 && bytes.len() >= 5 {
                 // Valid magic and version, so the fields behind them are exercised too.
                 bytes[..5].copy_from_slice(b"MKVD\x01");
@@ -189,7 +190,7 @@ async fn a_real_node_survives_random_data_plane_bytes() {
 /// closes that connection, and keeps serving everyone else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_master_survives_random_frames() {
-    let m = master(&[]);
+    let m = MOONKV.master(&[]);
     let rpc = m.field("rpc");
     let admin = m.field("admin");
     let mut rng = Rng(0xf4a3e);
@@ -198,17 +199,17 @@ async fn a_real_master_survives_random_frames() {
         for case in 0..300u64 {
             if case % 2 == 0 {
                 // A valid hello first, then a request frame with a random opcode and body.
-                let mut client = common::RawClient::connect(&target);
-                let body: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+                let mut raw = RawStream::after_hello(&target);
+                let body: Vec<u8> = (0..rng.below(64)).map(|_| rng.next_u64() as u8).collect();
                 let mut frame = Vec::new();
                 frame.extend_from_slice(&((13 + body.len()) as u32).to_be_bytes());
                 frame.push(1);
                 frame.extend_from_slice(&case.to_be_bytes());
                 frame.extend_from_slice(&(rng.below(50) as i32).to_be_bytes());
                 frame.extend_from_slice(&body);
-                drain(&mut client.stream, &frame);
+                drain(&mut raw.stream, &frame);
             } else {
-                let bytes: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..rng.below(64)).map(|_| rng.next_u64() as u8).collect();
                 send_and_drain(&target, &bytes);
             }
         }

@@ -1,15 +1,14 @@
 //! `moonkv bench` runs end to end in each mode with short durations and every call succeeds;
 //! against a shared master it leaves no keys and no segments behind.
 
-mod common;
+use moonkv_testkit::{http, Moonkv};
 
-use common::{http, spawn};
-use std::process::Command;
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 /// Runs `moonkv bench master <args> --json` and returns one JSON object per shape.
 fn bench_master(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args([
+    let out = MOONKV
+        .command(&[
             "bench",
             "master",
             "--json",
@@ -64,10 +63,11 @@ fn in_process_engine_every_shape_succeeds() {
 
 #[test]
 fn shared_master_is_left_clean() {
-    let master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
-    let results = bench_master(&["--master", &master.addr("rpc"), "--shape", SHAPES]);
+    let master = MOONKV.master(&[]);
+    let results = bench_master(&["--master", &master.field("rpc"), "--shape", SHAPES]);
     assert_all_succeeded(&results, 4);
-    let (_, metrics) = http(&master.addr("admin"), "GET", "/metrics", "");
+    let (status, metrics) = http(&master.field("admin"), "GET", "/metrics", "");
+    assert_eq!(status, 200);
     assert!(metrics.contains("master_key_count 0"), "{metrics}");
     assert!(
         metrics.contains("master_total_capacity_bytes 0"),
@@ -77,8 +77,8 @@ fn shared_master_is_left_clean() {
 
 #[test]
 fn bad_shapes_are_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args([
+    let out = MOONKV
+        .command(&[
             "bench",
             "master",
             "--in-process",
@@ -95,8 +95,8 @@ fn bad_shapes_are_refused() {
 /// both ops, a short probe; it prints the table with both rows and the probe's.
 #[test]
 fn store_bench_prints_a_table() {
-    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args(["bench", "store", "--spawn", "--duration", "200ms"])
+    let out = MOONKV
+        .command(&["bench", "store", "--spawn", "--duration", "200ms"])
         .args([
             "--sizes",
             "64KiB",

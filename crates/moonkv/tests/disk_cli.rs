@@ -1,27 +1,14 @@
 //! The disk tier through the binary: `moonkv up --disk-dir`, `put --disk`, `ls`, `stat`, and a
 //! node refusing an unusable directory.
 
-mod common;
-
-use common::spawn;
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use moonkv_testkit::{output_of, Moonkv};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
+
 fn moonkv(master: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args(args)
-        .env("MOONKV_MASTER", master)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn moonkv");
-    if let Some(bytes) = stdin {
-        child.stdin.take().unwrap().write_all(bytes).unwrap();
-    }
-    drop(child.stdin.take());
-    child.wait_with_output().unwrap()
+    output_of(MOONKV.client(master, args), stdin.unwrap_or_default())
 }
 
 fn temp_dir(tag: &str) -> std::path::PathBuf {
@@ -43,7 +30,7 @@ fn files(dir: &std::path::Path) -> usize {
 fn up_with_a_disk_writes_through_and_stat_shows_the_disk() {
     let dir = temp_dir("up");
     let dir_arg = dir.to_str().unwrap();
-    let up = spawn(&[
+    let up = MOONKV.start(&[
         "up",
         "--rpc-port",
         "0",
@@ -58,7 +45,7 @@ fn up_with_a_disk_writes_through_and_stat_shows_the_disk() {
         "--disk-capacity",
         "16MiB",
     ]);
-    let master = up.addr("rpc");
+    let master = up.field("rpc");
     let payload: Vec<u8> = (0..100_000u32).map(|i| (i * 11 % 253) as u8).collect();
     let put = moonkv(&master, &["put", "--disk", "k", "-"], Some(&payload));
     assert!(
@@ -78,7 +65,7 @@ fn up_with_a_disk_writes_through_and_stat_shows_the_disk() {
         .collect();
     assert_eq!(media, vec!["cpu", "disk"]);
 
-    let admin = up.addr("admin");
+    let admin = up.field("admin");
     let stat = moonkv(&master, &["stat", "--json", "--admin", &admin], None);
     let stat: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap();
     assert_eq!(stat["disk_capacity_bytes"], 16.0 * 1048576.0);
@@ -111,8 +98,8 @@ fn up_with_a_disk_writes_through_and_stat_shows_the_disk() {
 #[test]
 fn a_node_with_a_missing_disk_directory_stops_naming_it() {
     let missing = std::env::temp_dir().join("moonkv-disk-cli-no-such-directory");
-    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args([
+    let out = MOONKV
+        .command(&[
             "node",
             "--master",
             "127.0.0.1:1",
@@ -121,16 +108,14 @@ fn a_node_with_a_missing_disk_directory_stops_naming_it() {
             "--disk-capacity",
             "1GiB",
         ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("moonkv-disk-cli-no-such-directory"), "{err}");
 
-    let lone = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args(["node", "--disk-dir", "/tmp"])
+    let lone = MOONKV
+        .command(&["node", "--disk-dir", "/tmp"])
         .output()
         .unwrap();
     assert!(!lone.status.success(), "--disk-dir needs --disk-capacity");

@@ -7,18 +7,18 @@
 //! handled by probing: a put of a throw-away key is issued whenever a subscriber stalls,
 //! which also makes a loss at the very end of the stream visible as a gap.
 
-mod common;
-mod events_harness;
-
-use events_harness::*;
 use moonkv_events::{HttpSnapshotSource, IndexSync, Subscriber};
+use moonkv_testkit::events::*;
+use moonkv_testkit::{free_ports, Moonkv};
 use std::time::{Duration, Instant};
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 /// The queue drops its oldest events when full and reserves a sequence number for each, so
 /// the sequence numbers a connected subscriber never saw add up to `dropped_events`.
 #[test]
 fn gaps_seen_by_a_subscriber_add_up_to_dropped_events() {
-    let mut cluster = Cluster::start(&["--kv-events-queue-capacity", "2"]);
+    let mut cluster = EventsMaster::start(MOONKV, &["--kv-events-queue-capacity", "2"]);
     let until = deadline();
     let mut sub = Subscriber::connect(&cluster.endpoint(), Duration::from_millis(50)).unwrap();
     let before = catch_up(&mut sub, &mut cluster, until);
@@ -67,7 +67,7 @@ fn gaps_seen_by_a_subscriber_add_up_to_dropped_events() {
 fn a_restarted_master_starts_again_at_sequence_one_and_the_index_follows() {
     let ports = free_ports();
     let until = deadline();
-    let mut cluster = Cluster::start_on(ports);
+    let mut cluster = EventsMaster::start_on(MOONKV, ports);
     let endpoint = cluster.endpoint();
     assert_eq!(endpoint, format!("tcp://127.0.0.1:{}", ports[2]));
     let source = HttpSnapshotSource::new(&cluster.admin()).unwrap();
@@ -76,7 +76,10 @@ fn a_restarted_master_starts_again_at_sequence_one_and_the_index_follows() {
     let mut sub = Subscriber::connect(&endpoint, Duration::from_millis(50))
         .unwrap()
         .with_index(sync);
-    let tail = Cli::spawn(&["tail", "--endpoint", &endpoint, "--timeout", "300"]);
+    let tail = Cli::spawn(
+        MOONKV,
+        &["tail", "--endpoint", &endpoint, "--timeout", "300"],
+    );
 
     // Many messages, so the new master's first sequences are below the old master's last
     // and read as a restart rather than a gap, even by a subscriber that reconnects late.
@@ -102,7 +105,7 @@ fn a_restarted_master_starts_again_at_sequence_one_and_the_index_follows() {
     let restarts_before = sub.counters().restarts;
 
     drop(cluster);
-    let mut cluster = Cluster::start_on(ports);
+    let mut cluster = EventsMaster::start_on(MOONKV, ports);
     assert_eq!(cluster.endpoint(), endpoint);
     let fresh = cluster.status();
     assert_eq!((fresh.last_sequence, fresh.last_event_id), (0, 0));
@@ -165,7 +168,7 @@ fn a_restarted_master_starts_again_at_sequence_one_and_the_index_follows() {
 #[test]
 fn an_index_that_missed_events_recovers_through_the_snapshot() {
     let until = deadline();
-    let mut cluster = Cluster::start(&[]);
+    let mut cluster = EventsMaster::start(MOONKV, &[]);
     let (endpoint, admin) = (cluster.endpoint(), cluster.admin());
     for i in 0..10 {
         cluster.put("t1", &format!("x{i}"));
@@ -175,16 +178,19 @@ fn an_index_that_missed_events_recovers_through_the_snapshot() {
     }
 
     // First life: follows the stream (status lines every 0.2 s) until it matches.
-    let follower = Cli::spawn(&[
-        "index",
-        "--endpoint",
-        &endpoint,
-        "--admin",
-        &admin,
-        "--interval",
-        "0.2",
-        "--json",
-    ]);
+    let follower = Cli::spawn(
+        MOONKV,
+        &[
+            "index",
+            "--endpoint",
+            &endpoint,
+            "--admin",
+            &admin,
+            "--interval",
+            "0.2",
+            "--json",
+        ],
+    );
     cluster.put("t1", "z0");
     loop {
         let status = cluster.status();
@@ -232,7 +238,7 @@ fn an_index_that_missed_events_recovers_through_the_snapshot() {
             "120",
         ];
         args.extend_from_slice(extra);
-        let mut cli = Cli::spawn(&args);
+        let mut cli = Cli::spawn(MOONKV, &args);
         assert!(cli.wait_exit(until), "index --once-synced failed");
         let lines = cli.drain_stdout(Duration::from_secs(5));
         assert_eq!(lines.len(), 1, "only the dump on stdout: {lines:?}");
@@ -269,7 +275,7 @@ fn an_index_that_missed_events_recovers_through_the_snapshot() {
 fn tail_prints_the_events_of_puts_and_removes() {
     const COUNT: usize = 30;
     let until = deadline();
-    let mut cluster = Cluster::start(&[]);
+    let mut cluster = EventsMaster::start(MOONKV, &[]);
     let endpoint = cluster.endpoint();
     let count = COUNT.to_string();
     let common = [
@@ -281,8 +287,8 @@ fn tail_prints_the_events_of_puts_and_removes() {
         "--timeout",
         "300",
     ];
-    let mut json = Cli::spawn(&[&common[..], &["--json"][..]].concat());
-    let mut text = Cli::spawn(&common);
+    let mut json = Cli::spawn(MOONKV, &[&common[..], &["--json"][..]].concat());
+    let mut text = Cli::spawn(MOONKV, &common);
 
     // Probe until both tails print something, keeping what they printed.
     let (mut json_lines, mut text_lines) = (Vec::new(), Vec::new());

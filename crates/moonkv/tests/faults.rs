@@ -7,16 +7,18 @@
 //! `master_allocated_bytes`). Waits are bounded polls; the only timing assertions are upper
 //! bounds on client deadlines.
 
-mod common;
-mod support;
-
 use moonkv_client::{ErrorCode, ReplicateConfig, Store, StoreConfig};
 use moonkv_events::subscriber::{Delivery, SequenceVerdict, Subscriber};
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::ClientId;
+use moonkv_testkit::admin::*;
+use moonkv_testkit::payload::*;
+use moonkv_testkit::wire::{self, Connection};
+use moonkv_testkit::{free_ports, Moonkv, Proc};
 use std::time::{Duration, Instant};
-use support::*;
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 /// Generous bound for anything the master does on its own schedule (TTL expiry, sweeps).
 const SETTLE: Duration = Duration::from_secs(60);
@@ -88,10 +90,10 @@ async fn expect_unreadable_then_gone(store: &Store, key: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed() {
-    let m = master(&["--client-live-ttl-sec", "2"]);
+    let m = MOONKV.master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
-    let a = node(&m.field("rpc"), "seg-a", "512MiB");
-    let _b = node(&m.field("rpc"), "seg-b", "64MiB");
+    let a = MOONKV.node(&m.field("rpc"), "seg-a", "512MiB");
+    let _b = MOONKV.node(&m.field("rpc"), "seg-b", "64MiB");
     let s = store(&m, |_| {}).await;
 
     let survivor = payload(1, 1, MIB);
@@ -148,11 +150,11 @@ async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_killed_mid_get_fails_over_or_errors_and_never_returns_wrong_bytes() {
-    let m = master(&["--client-live-ttl-sec", "2"]);
+    let m = MOONKV.master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
     let mut nodes = [
-        Some(node(&m.field("rpc"), "seg-x", "256MiB")),
-        Some(node(&m.field("rpc"), "seg-y", "256MiB")),
+        Some(MOONKV.node(&m.field("rpc"), "seg-x", "256MiB")),
+        Some(MOONKV.node(&m.field("rpc"), "seg-y", "256MiB")),
     ];
     let s = store(&m, |_| {}).await;
 
@@ -184,7 +186,7 @@ async fn node_killed_mid_get_fails_over_or_errors_and_never_returns_wrong_bytes(
 
     // One replica, node frozen with the read in flight, then killed: a clean error.
     let last = nodes[alive].take().unwrap();
-    let _fresh = node(&m.field("rpc"), "seg-z", "64MiB");
+    let _fresh = MOONKV.node(&m.field("rpc"), "seg-z", "64MiB");
     last.freeze();
     let reader = s.clone();
     let get = tokio::spawn(async move { reader.get("two").await });
@@ -203,7 +205,7 @@ async fn node_killed_mid_get_fails_over_or_errors_and_never_returns_wrong_bytes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_restart_clients_reconnect_nodes_remount_and_subscribers_see_the_restart() {
-    let (rpc, http, events) = (free_port(), free_port(), free_port());
+    let [rpc, http, events] = free_ports();
     let flags = [
         "--rpc-port".to_string(),
         rpc.to_string(),
@@ -219,9 +221,9 @@ async fn master_restart_clients_reconnect_nodes_remount_and_subscribers_see_the_
         "faults".into(),
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let m = master(&flags);
+    let m = MOONKV.master(&flags);
     let admin = m.field("admin");
-    let _n = node(&m.field("rpc"), "seg-n", "64MiB");
+    let _n = MOONKV.node(&m.field("rpc"), "seg-n", "64MiB");
     let s = store(&m, |c| c.rpc_timeout = Duration::from_secs(3)).await;
     let mut sub = Subscriber::connect(
         &format!("tcp://127.0.0.1:{events}"),
@@ -251,7 +253,7 @@ async fn master_restart_clients_reconnect_nodes_remount_and_subscribers_see_the_
         "{err}"
     );
 
-    let m = master_again(&flags);
+    let m = MOONKV.master_again(&flags);
     assert_eq!(m.field("admin"), admin);
     // The node's heartbeat gets NEED_REMOUNT and re-registers its segment by itself.
     wait_for(SETTLE, "the node to remount", || {
@@ -288,9 +290,9 @@ async fn master_restart_clients_reconnect_nodes_remount_and_subscribers_see_the_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_node_or_master_makes_operations_fail_within_their_deadline() {
-    let m = master(&["--client-live-ttl-sec", "60"]);
+    let m = MOONKV.master(&["--client-live-ttl-sec", "60"]);
     let admin = m.field("admin");
-    let n = node(&m.field("rpc"), "seg-f", "256MiB");
+    let n = MOONKV.node(&m.field("rpc"), "seg-f", "256MiB");
     let rpc_timeout = Duration::from_secs(1);
     let transfer_timeout = Duration::from_secs(1);
     let s = store(&m, |c| {
@@ -364,9 +366,9 @@ async fn frozen_node_or_master_makes_operations_fail_within_their_deadline() {
 /// space: the revoke waits until the node has let go of the abandoned connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_write_never_lands_on_a_newer_object() {
-    let m = master(&["--client-live-ttl-sec", "60"]);
+    let m = MOONKV.master(&["--client-live-ttl-sec", "60"]);
     let admin = m.field("admin");
-    let n = node(&m.field("rpc"), "seg-t", "64MiB");
+    let n = MOONKV.node(&m.field("rpc"), "seg-t", "64MiB");
     let hasty = store(&m, |c| c.transfer_timeout = Duration::from_secs(1)).await;
     let patient = store(&m, |_| {}).await;
     let size = 4 * MIB;
@@ -403,7 +405,7 @@ async fn a_timed_out_write_never_lands_on_a_newer_object() {
     wait_for_master_state(&admin, SETTLE, &[("seg-t", used_now)], 3);
 }
 
-fn raw_put_start(c: &mut common::RawClient, me: ClientId, key: &str, size: u64) {
+fn raw_put_start(c: &Connection, me: ClientId, key: &str, size: u64) {
     let start = PutStartRequest {
         client_id: me,
         tenant: String::new(),
@@ -411,12 +413,12 @@ fn raw_put_start(c: &mut common::RawClient, me: ClientId, key: &str, size: u64) 
         size,
         config: ReplicateConfig::default(),
     };
-    let replicas: Vec<ReplicaDescriptor> = c.call(Request::PutStart(start)).expect("put start");
+    let replicas: Vec<ReplicaDescriptor> = c.request(&Request::PutStart(start)).expect("put start");
     assert_eq!(replicas[0].status, ReplicaStatus::Processing);
 }
 
-fn raw_get(c: &mut common::RawClient, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
-    c.call(Request::GetReplicaList(KeyRequest {
+fn raw_get(c: &Connection, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
+    c.request(&Request::GetReplicaList(KeyRequest {
         tenant: String::new(),
         key: key.into(),
     }))
@@ -425,27 +427,27 @@ fn raw_get(c: &mut common::RawClient, key: &str) -> Result<GetReplicaListRespons
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_writes_die_with_their_expired_client_or_node() {
-    let m = master(&["--client-live-ttl-sec", "2"]);
+    let m = MOONKV.master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
     let rpc = m.field("rpc");
 
     // A raw client owns a segment (nothing serves its bytes), starts a write into it, and
     // then stops pinging.
-    let mut owner = common::RawClient::connect(&rpc);
+    let owner = wire::connect(&rpc);
     let me = ClientId::new(77, 1);
-    let mut segment = common::fake_segment(1);
+    let mut segment = wire::fake_segment(1);
     segment.name = "seg-raw".into();
     owner
-        .call::<()>(Request::MountSegment(MountSegmentRequest {
+        .request::<()>(&Request::MountSegment(MountSegmentRequest {
             segment,
             client_id: me,
         }))
         .unwrap();
-    raw_put_start(&mut owner, me, "owner-in-flight", 4096);
+    raw_put_start(&owner, me, "owner-in-flight", 4096);
 
     // Another raw writer starts a write into a real node's segment, then the node dies.
-    let n = node(&rpc, "seg-dies", "64MiB");
-    let mut writer = common::RawClient::connect(&rpc);
+    let n = MOONKV.node(&rpc, "seg-dies", "64MiB");
+    let writer = wire::connect(&rpc);
     let writer_id = ClientId::new(78, 1);
     let start = PutStartRequest {
         client_id: writer_id,
@@ -454,10 +456,10 @@ async fn in_flight_writes_die_with_their_expired_client_or_node() {
         size: (8 * MIB) as u64,
         config: on("seg-dies"),
     };
-    let got: Vec<ReplicaDescriptor> = writer.call(Request::PutStart(start)).unwrap();
+    let got: Vec<ReplicaDescriptor> = writer.request(&Request::PutStart(start)).unwrap();
     assert_eq!(got[0].segment_name, "seg-dies");
     assert_eq!(
-        raw_get(&mut writer, "node-in-flight").unwrap_err(),
+        raw_get(&writer, "node-in-flight").unwrap_err(),
         ErrorCode::REPLICA_IS_NOT_READY
     );
     assert_eq!(metric(&admin, "master_key_count"), Some(2.0));
@@ -467,7 +469,7 @@ async fn in_flight_writes_die_with_their_expired_client_or_node() {
     wait_for_master_state(&admin, SETTLE, &[], 0);
     for key in ["owner-in-flight", "node-in-flight"] {
         assert_eq!(
-            raw_get(&mut writer, key).unwrap_err(),
+            raw_get(&writer, key).unwrap_err(),
             ErrorCode::OBJECT_NOT_FOUND
         );
     }
@@ -481,10 +483,10 @@ async fn in_flight_writes_die_with_their_expired_client_or_node() {
         replica_ids: got.iter().map(|r| r.id).collect(),
         checksum: None,
     };
-    assert!(writer.call::<()>(Request::PutEnd(late)).is_err());
+    assert!(writer.request::<()>(&Request::PutEnd(late)).is_err());
 
     // The key is free again for a new node and a new writer.
-    let _n2 = node(&rpc, "seg-new", "64MiB");
+    let _n2 = MOONKV.node(&rpc, "seg-new", "64MiB");
     let s = store(&m, |_| {}).await;
     let value = payload(9, 2, 8 * MIB);
     s.put("node-in-flight", &value, &ReplicateConfig::default())
@@ -496,7 +498,7 @@ async fn in_flight_writes_die_with_their_expired_client_or_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_write_is_reclaimed_after_the_release_timeout() {
-    let m = master(&[
+    let m = MOONKV.master(&[
         "--put-start-discard-timeout-sec",
         "1",
         "--put-start-release-timeout-sec",
@@ -504,16 +506,11 @@ async fn an_abandoned_write_is_reclaimed_after_the_release_timeout() {
     ]);
     let admin = m.field("admin");
     let rpc = m.field("rpc");
-    let _n = node(&rpc, "seg-s", "64MiB");
+    let _n = MOONKV.node(&rpc, "seg-s", "64MiB");
 
     // A writer that never pings (writers need not) starts a write and disappears.
-    let mut writer = common::RawClient::connect(&rpc);
-    raw_put_start(
-        &mut writer,
-        ClientId::new(79, 1),
-        "abandoned",
-        (4 * MIB) as u64,
-    );
+    let writer = wire::connect(&rpc);
+    raw_put_start(&writer, ClientId::new(79, 1), "abandoned", (4 * MIB) as u64);
     assert!(used(&admin, "seg-s") >= (4 * MIB) as u64);
     drop(writer);
 

@@ -5,12 +5,13 @@
 //! the transfer outlives the 200 ms lease; the test then changes (or not) the object and thaws
 //! the node. Leases run on the master's real clock here, so the waits are real but bounded.
 
-mod common;
-mod support;
-
 use moonkv_client::{ErrorCode, ReplicateConfig, Store, StoreConfig};
+use moonkv_testkit::admin::*;
+use moonkv_testkit::payload::*;
+use moonkv_testkit::{Moonkv, Proc};
 use std::time::Duration;
-use support::*;
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 const MIB: usize = 1 << 20;
 const LEASE: Duration = Duration::from_millis(200);
@@ -51,15 +52,15 @@ async fn stuck_get(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_expiry_mid_get_returns_bytes_only_for_unchanged_replicas() {
-    let m = master(&[
+    let m = MOONKV.master(&[
         "--default-kv-lease-ttl",
         "200ms",
         "--client-live-ttl-sec",
         "600",
     ]);
     let admin = m.field("admin");
-    let a = node(&m.field("rpc"), "seg-a", "64MiB");
-    let _b = node(&m.field("rpc"), "seg-b", "64MiB");
+    let a = MOONKV.node(&m.field("rpc"), "seg-a", "64MiB");
+    let _b = MOONKV.node(&m.field("rpc"), "seg-b", "64MiB");
     let s = store(&m).await;
     let v1 = payload(1, 1, 4 * MIB);
     let v2 = payload(1, 2, 4 * MIB);

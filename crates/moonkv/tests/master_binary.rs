@@ -1,48 +1,27 @@
 //! The real `moonkv master` binary on an ephemeral port, driven with raw frames as
 //! docs/protocol.md describes.
 
-mod common;
-
-use common::{spawn, RawClient};
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
-use moonkv_proto::{ClientId, ErrorCode, SegmentId};
-use std::io::Write;
-use std::process::Command;
+use moonkv_proto::{ClientId, ErrorCode};
+use moonkv_testkit::wire::{self, fake_segment, RawStream};
+use moonkv_testkit::Moonkv;
 use std::time::{Duration, Instant};
 
-fn segment(n: u64) -> Segment {
-    Segment {
-        id: SegmentId::new(9, n),
-        name: format!("seg-{n}"),
-        base: 0x1000_0000,
-        size: 64 << 20,
-        endpoint: "127.0.0.1:1".into(),
-        protocol: "tcp".into(),
-        host_id: "h".into(),
-    }
-}
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 #[test]
 fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
-    let master = spawn(&[
-        "master",
-        "--rpc-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--default-kv-lease-ttl",
-        "300ms",
-    ]);
-    let mut c = RawClient::connect(&master.addr("rpc"));
+    let master = MOONKV.master(&["--default-kv-lease-ttl", "300ms"]);
+    let c = wire::connect(&master.field("rpc"));
     let me = ClientId::new(1, 1);
-    c.call::<()>(Request::MountSegment(MountSegmentRequest {
-        segment: segment(1),
+    c.request::<()>(&Request::MountSegment(MountSegmentRequest {
+        segment: fake_segment(1),
         client_id: me,
     }))
     .unwrap();
     let ping: PingResponse = c
-        .call(Request::Ping(PingRequest { client_id: me }))
+        .request(&Request::Ping(PingRequest { client_id: me }))
         .unwrap();
     assert_eq!(ping.client_status, ClientStatus::Ok);
 
@@ -53,7 +32,7 @@ fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
         size: 4096,
         config: ReplicateConfig::default(),
     };
-    let replicas: Vec<ReplicaDescriptor> = c.call(Request::PutStart(start)).unwrap();
+    let replicas: Vec<ReplicaDescriptor> = c.request(&Request::PutStart(start)).unwrap();
     assert_eq!(replicas.len(), 1);
     assert_ne!(replicas[0].id.0, 0);
     assert_eq!(replicas[0].status, ReplicaStatus::Processing);
@@ -66,10 +45,10 @@ fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
         replica_ids: ids.clone(),
         checksum: None,
     };
-    c.call::<()>(Request::PutEnd(end)).unwrap();
+    c.request::<()>(&Request::PutEnd(end)).unwrap();
 
     let got: GetReplicaListResponse = c
-        .call(Request::GetReplicaList(KeyRequest {
+        .request(&Request::GetReplicaList(KeyRequest {
             tenant: String::new(),
             key: "k1".into(),
         }))
@@ -84,11 +63,13 @@ fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
         key: "k1".into(),
         force: false,
     };
-    let err = c.call::<()>(Request::Remove(remove.clone())).unwrap_err();
+    let err = c
+        .request::<()>(&Request::Remove(remove.clone()))
+        .unwrap_err();
     assert_eq!(err.code, ErrorCode::OBJECT_HAS_LEASE);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match c.call::<()>(Request::Remove(remove.clone())) {
+        match c.request::<()>(&Request::Remove(remove.clone())) {
             Ok(()) => break,
             Err(e) if e.code == ErrorCode::OBJECT_HAS_LEASE && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50))
@@ -96,7 +77,7 @@ fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
             Err(e) => panic!("remove failed: {e}"),
         }
     }
-    let missing = c.call::<GetReplicaListResponse>(Request::GetReplicaList(KeyRequest {
+    let missing = c.request::<GetReplicaListResponse>(&Request::GetReplicaList(KeyRequest {
         tenant: String::new(),
         key: "k1".into(),
     }));
@@ -105,8 +86,8 @@ fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
 
 #[test]
 fn pipelined_requests_are_all_answered_by_id() {
-    let master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
-    let mut c = RawClient::connect(&master.addr("rpc"));
+    let master = MOONKV.master(&[]);
+    let mut c = RawStream::after_hello(&master.field("rpc"));
     let mut out = Vec::new();
     for id in 100..150u64 {
         let req = Request::ExistKey(KeyRequest {
@@ -115,17 +96,17 @@ fn pipelined_requests_are_all_answered_by_id() {
         });
         moonkv_proto::frame::encode_request(&mut out, id, &req).unwrap();
     }
-    c.stream.write_all(&out).unwrap();
+    c.write(&out);
     let mut seen = Vec::new();
     for _ in 100..150 {
-        let mut header = [0u8; 17];
-        std::io::Read::read_exact(&mut c.stream, &mut header).unwrap();
-        let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
-        let mut body = vec![0; len - 13];
-        std::io::Read::read_exact(&mut c.stream, &mut body).unwrap();
-        assert_eq!(i32::from_be_bytes(header[13..17].try_into().unwrap()), 0);
-        assert_eq!(body, vec![0xc2], "ExistKey of a missing key answers false");
-        seen.push(u64::from_be_bytes(header[5..13].try_into().unwrap()));
+        let answer = c.read_frame().expect("an answer per request");
+        assert_eq!(answer.code, 0);
+        assert_eq!(
+            answer.body,
+            vec![0xc2],
+            "ExistKey of a missing key answers false"
+        );
+        seen.push(answer.request_id);
     }
     seen.sort();
     assert_eq!(seen, (100..150).collect::<Vec<_>>());
@@ -133,8 +114,8 @@ fn pipelined_requests_are_all_answered_by_id() {
 
 #[test]
 fn malformed_bodies_keep_the_connection_and_bad_frames_close_only_theirs() {
-    let master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
-    let mut c = RawClient::connect(&master.addr("rpc"));
+    let master = MOONKV.master(&[]);
+    let mut c = RawStream::after_hello(&master.field("rpc"));
     // A PutStart opcode with a body that is not a PutStart request.
     let mut out = Vec::new();
     moonkv_proto::frame::encode_value(
@@ -145,29 +126,33 @@ fn malformed_bodies_keep_the_connection_and_bad_frames_close_only_theirs() {
         &"junk",
     )
     .unwrap();
-    c.stream.write_all(&out).unwrap();
-    let (code, _) = c.read_frame().unwrap();
-    assert_eq!(code, ErrorCode::INVALID_PARAMS.as_i32());
-    let exists: bool = c
-        .call(Request::ExistKey(KeyRequest {
-            tenant: String::new(),
-            key: "x".into(),
-        }))
-        .unwrap();
+    c.write(&out);
+    let answer = c.read_frame().unwrap();
+    assert_eq!(answer.code, ErrorCode::INVALID_PARAMS.as_i32());
+    assert_eq!(answer.request_id, 5);
+    let mut out = Vec::new();
+    let exists = Request::ExistKey(KeyRequest {
+        tenant: String::new(),
+        key: "x".into(),
+    });
+    moonkv_proto::frame::encode_request(&mut out, 6, &exists).unwrap();
+    c.write(&out);
+    let answer = c.read_frame().expect("an answer after a malformed body");
+    assert_eq!(answer.request_id, 6);
+    let exists: bool = wire::decode(&answer).unwrap();
     assert!(!exists, "connection still serves after a malformed body");
 
     // An oversized length closes this connection with an error frame.
-    c.stream.write_all(&[0xff, 0xff, 0xff, 0xff, 1]).unwrap();
-    let (code, _) = c.read_frame().unwrap();
-    assert_eq!(code, ErrorCode::INVALID_PARAMS.as_i32());
+    c.write(&[0xff, 0xff, 0xff, 0xff, 1]);
+    let answer = c.read_frame().unwrap();
+    assert_eq!(answer.code, ErrorCode::INVALID_PARAMS.as_i32());
     assert!(
         c.read_frame().is_none(),
         "connection closed after a bad frame"
     );
 
     // A request before the hello is refused.
-    let mut raw = std::net::TcpStream::connect(master.addr("rpc")).unwrap();
-    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut raw = RawStream::connect(&master.field("rpc"));
     let mut out = Vec::new();
     moonkv_proto::frame::encode_request(
         &mut out,
@@ -175,26 +160,22 @@ fn malformed_bodies_keep_the_connection_and_bad_frames_close_only_theirs() {
         &Request::ServiceReady(ServiceReadyRequest {}),
     )
     .unwrap();
-    raw.write_all(&out).unwrap();
-    let mut header = [0u8; 17];
-    std::io::Read::read_exact(&mut raw, &mut header).unwrap();
-    assert_eq!(
-        i32::from_be_bytes(header[13..17].try_into().unwrap()),
-        ErrorCode::INVALID_PARAMS.as_i32()
-    );
+    raw.write(&out);
+    let answer = raw.read_frame().expect("a refusal");
+    assert_eq!(answer.code, ErrorCode::INVALID_PARAMS.as_i32());
 
     // Other connections are unaffected.
-    let mut fresh = RawClient::connect(&master.addr("rpc"));
+    let fresh = wire::connect(&master.field("rpc"));
     let version: String = fresh
-        .call(Request::ServiceReady(ServiceReadyRequest {}))
+        .request(&Request::ServiceReady(ServiceReadyRequest {}))
         .unwrap();
     assert!(!version.is_empty());
 }
 
 #[test]
 fn bad_configuration_fails_at_start_naming_the_key() {
-    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args([
+    let out = MOONKV
+        .command(&[
             "master",
             "--eviction-ratio",
             "1.5",
@@ -213,8 +194,8 @@ fn bad_configuration_fails_at_start_naming_the_key() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("master.yaml");
     std::fs::write(&path, "default_kv_lease_ttl: 5000\nmade_up_key: 3\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args([
+    let out = MOONKV
+        .command(&[
             "master",
             "--config-path",
             path.to_str().unwrap(),

@@ -1,30 +1,17 @@
 //! The README quick start, run as a user would: `moonkv up`, then the client commands.
 
-mod common;
+use moonkv_testkit::{output_of, Moonkv};
+use std::process::Output;
 
-use common::spawn;
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 fn moonkv(master: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args(args)
-        .env("MOONKV_MASTER", master)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn moonkv");
-    if let Some(bytes) = stdin {
-        child.stdin.take().unwrap().write_all(bytes).unwrap();
-    }
-    drop(child.stdin.take());
-    child.wait_with_output().unwrap()
+    output_of(MOONKV.client(master, args), stdin.unwrap_or_default())
 }
 
 #[test]
 fn up_then_put_get_ls_stat_rm() {
-    let up = spawn(&[
+    let up = MOONKV.start(&[
         "up",
         "--rpc-port",
         "0",
@@ -35,9 +22,9 @@ fn up_then_put_get_ls_stat_rm() {
         "--segment-size",
         "64MiB",
     ]);
-    let master = up.addr("rpc");
+    let master = up.field("rpc");
     assert!(
-        up.addr("kv_events").starts_with("tcp://127.0.0.1:"),
+        up.field("kv_events").starts_with("tcp://127.0.0.1:"),
         "events on by default"
     );
     let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -57,7 +44,7 @@ fn up_then_put_get_ls_stat_rm() {
     assert_eq!(listing["objects"][0]["key"], "greeting");
     assert_eq!(listing["objects"][0]["size"], 200_000);
 
-    let stat = moonkv(&master, &["stat", "--admin", &up.addr("admin")], None);
+    let stat = moonkv(&master, &["stat", "--admin", &up.field("admin")], None);
     let text = String::from_utf8_lossy(&stat.stdout);
     assert!(stat.status.success() && text.contains("keys 1"), "{text}");
 

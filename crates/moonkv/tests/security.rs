@@ -8,61 +8,24 @@ use moonkv_dataplane::DataConnection;
 use moonkv_proto::auth::Secret;
 use moonkv_proto::grant::{unix_now_ms, Grant, READ};
 use moonkv_proto::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use moonkv_testkit::{http_get, output_of, Moonkv, Proc};
+use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::time::Duration;
 
 const SECRET: &str = "security-test-shared-secret-0123";
 const LIMIT: Duration = Duration::from_secs(10);
 
-/// A `moonkv` child process with its stderr in a file; killed when dropped.
-struct Proc {
-    child: Child,
-    ready: serde_json::Value,
-    log: PathBuf,
-}
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Proc {
-    fn start(dir: &Path, name: &str, args: &[&str]) -> Proc {
-        let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-            .args(args)
-            .env("RUST_LOG", "debug")
-            .env_remove("MOONKV_AUTH_SECRET")
-            .env_remove("MOONKV_AUTH_SECRET_FILE")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| {
-            let logs = std::fs::read_to_string(&log).unwrap_or_default();
-            panic!("{name} did not start ({e}): {logs}")
-        });
-        Proc { child, ready, log }
-    }
-
-    fn addr(&self, field: &str) -> String {
-        self.ready[field].as_str().unwrap().to_string()
-    }
-
-    /// Stops the process and returns everything it logged.
-    fn stop_and_read_log(&mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        std::fs::read_to_string(&self.log).unwrap()
-    }
+/// A long-running `moonkv` with debug logs (the secret must not show in them) and no secret
+/// from this test's own environment.
+fn start(args: &[&str]) -> Proc {
+    let mut cmd = MOONKV.command(args);
+    cmd.env("RUST_LOG", "debug")
+        .env_remove("MOONKV_AUTH_SECRET")
+        .env_remove("MOONKV_AUTH_SECRET_FILE");
+    Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"))
 }
 
 struct TempDir(PathBuf);
@@ -107,8 +70,8 @@ fn cluster_with(dir: &TempDir, extra: &[&str]) -> (Proc, Proc) {
         secret,
     ];
     args.extend_from_slice(extra);
-    let master = Proc::start(&dir.0, "master", &args);
-    let rpc = master.addr("rpc");
+    let master = start(&args);
+    let rpc = master.field("rpc");
     let mut args = vec![
         "node",
         "--master",
@@ -119,27 +82,18 @@ fn cluster_with(dir: &TempDir, extra: &[&str]) -> (Proc, Proc) {
         secret,
     ];
     args.extend_from_slice(extra);
-    let node = Proc::start(&dir.0, "node", &args);
+    let node = start(&args);
     (master, node)
 }
 
 fn cli(master: &str, secret: Option<&str>, args: &[&str], stdin: &[u8]) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moonkv"));
-    cmd.args(args)
-        .env("MOONKV_MASTER", master)
-        .env_remove("MOONKV_AUTH_SECRET")
+    let mut cmd = MOONKV.client(master, args);
+    cmd.env_remove("MOONKV_AUTH_SECRET")
         .env_remove("MOONKV_AUTH_SECRET_FILE");
     if let Some(s) = secret {
         cmd.env("MOONKV_AUTH_SECRET", s);
     }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    output_of(cmd, stdin)
 }
 
 fn secret() -> Secret {
@@ -178,7 +132,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn cli_put_get_work_with_a_secret_everywhere_and_fail_clearly_without() {
     let dir = TempDir::new("cli");
     let (master, _node) = cluster(&dir);
-    let rpc = master.addr("rpc");
+    let rpc = master.field("rpc");
     let value = payload(1, 3 << 20);
     let put = cli(&rpc, Some(SECRET), &["put", "doc", "-"], &value);
     assert!(
@@ -204,8 +158,8 @@ fn cli_put_get_work_with_a_secret_everywhere_and_fail_clearly_without() {
 fn tenants_cannot_reach_each_others_ranges_on_the_data_plane() {
     let dir = TempDir::new("tenants");
     let (mut master, mut node) = cluster(&dir);
-    let rpc = master.addr("rpc");
-    let endpoint = node.addr("data");
+    let rpc = master.field("rpc");
+    let endpoint = node.field("data");
     runtime().block_on(async {
         let alice = store(&rpc, "alice").await;
         let bob = store(&rpc, "bob").await;
@@ -274,7 +228,7 @@ fn tenants_cannot_reach_each_others_ranges_on_the_data_plane() {
     });
 
     // The secret shows in no log and not in /metrics.
-    let metrics = http_get(&master.addr("admin"), "/metrics");
+    let metrics = http_get(&master.field("admin"), "/metrics").expect("metrics");
     assert!(metrics.contains("master_"), "{metrics}");
     assert!(!metrics.contains(SECRET));
     let node_log = node.stop_and_read_log();
@@ -294,9 +248,9 @@ fn with_a_separate_grant_secret_clients_cannot_mint_grants() {
     std::fs::write(&grant_file, GRANT_SECRET).unwrap();
     let (mut master, mut node) =
         cluster_with(&dir, &["--grant-secret-file", grant_file.to_str().unwrap()]);
-    let endpoint = node.addr("data");
+    let endpoint = node.field("data");
     runtime().block_on(async {
-        let alice = store(&master.addr("rpc"), "alice").await;
+        let alice = store(&master.field("rpc"), "alice").await;
         let value = payload(6, 70_000);
         alice
             .put("a", &value, &ReplicateConfig::default())
@@ -328,7 +282,7 @@ fn with_a_separate_grant_secret_clients_cannot_mint_grants() {
         .unwrap();
         assert_eq!(buf, value);
     });
-    let metrics = http_get(&master.addr("admin"), "/metrics");
+    let metrics = http_get(&master.field("admin"), "/metrics").expect("metrics");
     assert!(!metrics.contains(GRANT_SECRET) && !metrics.contains(SECRET));
     for log in [node.stop_and_read_log(), master.stop_and_read_log()] {
         assert!(!log.contains(GRANT_SECRET) && !log.contains(SECRET));
@@ -339,9 +293,9 @@ fn with_a_separate_grant_secret_clients_cannot_mint_grants() {
 fn data_plane_connections_without_the_proof_are_refused() {
     let dir = TempDir::new("raw");
     let (master, node) = cluster(&dir);
-    let endpoint = node.addr("data");
+    let endpoint = node.field("data");
     runtime().block_on(async {
-        let alice = store(&master.addr("rpc"), "alice").await;
+        let alice = store(&master.field("rpc"), "alice").await;
         let value = payload(4, 5000);
         alice
             .put("a", &value, &ReplicateConfig::default())
@@ -387,24 +341,20 @@ fn data_plane_connections_without_the_proof_are_refused() {
 fn up_with_a_secret_shares_it_with_its_node() {
     let dir = TempDir::new("up");
     let secret = dir.secret_file();
-    let up = Proc::start(
-        &dir.0,
+    let up = start(&[
         "up",
-        &[
-            "up",
-            "--rpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--kv-events-bind-endpoint",
-            "tcp://127.0.0.1:0",
-            "--segment-size",
-            "32MiB",
-            "--auth-secret-file",
-            secret.to_str().unwrap(),
-        ],
-    );
-    let rpc = up.addr("rpc");
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--kv-events-bind-endpoint",
+        "tcp://127.0.0.1:0",
+        "--segment-size",
+        "32MiB",
+        "--auth-secret-file",
+        secret.to_str().unwrap(),
+    ]);
+    let rpc = up.field("rpc");
     let value = payload(5, 200_000);
     let put = cli(&rpc, Some(SECRET), &["put", "k", "-"], &value);
     assert!(
@@ -421,7 +371,7 @@ fn up_with_a_secret_shares_it_with_its_node() {
     assert!(get.stdout == value, "bytes differ");
 
     // The embedded node requires the handshake too.
-    let mut raw = std::net::TcpStream::connect(up.addr("data")).unwrap();
+    let mut raw = std::net::TcpStream::connect(up.field("data")).unwrap();
     raw.set_read_timeout(Some(LIMIT)).unwrap();
     let header = RequestHeader::new(DataOp::Read, 5, moonkv_proto::SegmentId::new(1, 1), 0, 1);
     raw.write_all(&header.encode()).unwrap();
@@ -431,17 +381,4 @@ fn up_with_a_secret_shares_it_with_its_node() {
         ResponseHeader::decode(&answer).unwrap().status,
         DataStatus::Unauthenticated
     );
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(LIMIT)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).unwrap();
-    body
 }

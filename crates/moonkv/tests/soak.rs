@@ -5,14 +5,16 @@
 //!
 //! `MOONKV_SOAK_SECS` sets the duration (default 15 s); `MOONKV_SOAK_TASKS` the client count.
 
-mod support;
-
 use moonkv_client::{Error, ErrorCode, ReplicateConfig, Store, StoreConfig};
+use moonkv_testkit::admin::*;
+use moonkv_testkit::payload::*;
+use moonkv_testkit::{Moonkv, Proc};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::*;
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 const KEYS: u32 = 32;
 const SEGMENT_MIB: u64 = 256;
@@ -238,7 +240,7 @@ fn env_or(name: &str, default: u64) -> u64 {
 async fn soak_mixed_workload_reads_back_every_byte_and_stays_flat() {
     let secs = env_or("MOONKV_SOAK_SECS", 15);
     let tasks = env_or("MOONKV_SOAK_TASKS", 16);
-    let m = master(&[
+    let m = MOONKV.master(&[
         "--default-kv-lease-ttl",
         "500ms",
         "--put-start-discard-timeout-sec",
@@ -251,8 +253,8 @@ async fn soak_mixed_workload_reads_back_every_byte_and_stays_flat() {
     let admin = m.field("admin");
     let size = format!("{SEGMENT_MIB}MiB");
     let nodes = [
-        node(&m.field("rpc"), "soak-a", &size),
-        node(&m.field("rpc"), "soak-b", &size),
+        MOONKV.node(&m.field("rpc"), "soak-a", &size),
+        MOONKV.node(&m.field("rpc"), "soak-b", &size),
     ];
     let shared = Arc::new(Shared {
         next_version: (0..KEYS).map(|_| AtomicU64::new(1)).collect(),

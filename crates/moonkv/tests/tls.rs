@@ -2,14 +2,13 @@
 //! Certificates are generated per run: a throwaway CA, a server certificate for 127.0.0.1 and
 //! localhost, and a client certificate for mutual TLS.
 
-mod common;
-
-use common::Proc;
+use moonkv_testkit::{output_of, Moonkv, Proc};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 
 const SECRET: &str = "correct-horse-battery-staple-42";
 /// A refused connection must be reported well within this (no hang until a long timeout).
@@ -73,8 +72,7 @@ fn pki(test: &str) -> Pki {
 
 /// A `moonkv` command with the TLS and secret variables cleared, then set from `env`.
 fn command(args: &[&str], env: &[(&str, &Path)]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moonkv"));
-    cmd.args(args);
+    let mut cmd = MOONKV.command(args);
     for var in [
         "MOONKV_TLS_CA_FILE",
         "MOONKV_TLS_CERT_FILE",
@@ -95,39 +93,14 @@ fn command(args: &[&str], env: &[(&str, &Path)]) -> Command {
 
 /// Starts a long-running `moonkv` process and waits for its ready line.
 fn spawn(args: &[&str], env: &[(&str, &Path)]) -> Proc {
-    let mut child = command(args, env)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ready: serde_json::Value = match serde_json::from_str(&line) {
-        Ok(ready) => ready,
-        Err(_) => {
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{args:?} did not start: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    };
-    Proc { child, ready }
+    Proc::start(command(args, env)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs a client command to completion.
 fn cli(master: &str, args: &[&str], stdin: &[u8], env: &[(&str, &Path)]) -> Output {
-    let mut child = command(args, env)
-        .env("MOONKV_MASTER", master)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    let mut cmd = command(args, env);
+    cmd.env("MOONKV_MASTER", master);
+    output_of(cmd, stdin)
 }
 
 fn stderr(out: &Output) -> String {
@@ -155,7 +128,7 @@ fn tls_cluster(pki: &Pki, extra_master_args: &[&str], node_env: &[(&str, &Path)]
     ];
     args.extend_from_slice(extra_master_args);
     let master = spawn(&args, &[]);
-    let rpc = master.addr("rpc");
+    let rpc = master.field("rpc");
     let mut env = vec![("MOONKV_AUTH_SECRET_FILE", secret.as_path())];
     env.extend_from_slice(node_env);
     let node = spawn(
@@ -181,7 +154,7 @@ fn put_and_get_over_tls_and_clear_refusals() {
     let ca = pki.path("ca.pem");
     let secret = pki.path("secret");
     let (master, _node) = tls_cluster(&pki, &[], &[("MOONKV_TLS_CA_FILE", &ca)]);
-    let rpc = master.addr("rpc");
+    let rpc = master.field("rpc");
     let trusted = [
         ("MOONKV_TLS_CA_FILE", ca.as_path()),
         ("MOONKV_AUTH_SECRET_FILE", secret.as_path()),
@@ -272,7 +245,7 @@ fn a_tls_client_against_a_plaintext_master_is_told_so() {
     let master = spawn(&["master", "--rpc-port", "0", "--metrics-port", "0"], &[]);
     let started = Instant::now();
     let out = cli(
-        &master.addr("rpc"),
+        &master.field("rpc"),
         &["ls"],
         b"",
         &[("MOONKV_TLS_CA_FILE", &pki.path("ca.pem"))],
@@ -304,7 +277,7 @@ fn mutual_tls_requires_a_client_certificate() {
         &["--tls-client-ca-file", ca.to_str().unwrap()],
         &mtls_env,
     );
-    let rpc = master.addr("rpc");
+    let rpc = master.field("rpc");
 
     let mut with_cert = mtls_env.to_vec();
     with_cert.push(("MOONKV_AUTH_SECRET_FILE", &secret));
@@ -428,7 +401,7 @@ fn up_applies_tls_to_master_and_node() {
         ],
         &[("MOONKV_TLS_CA_FILE", &ca)],
     );
-    let rpc = up.addr("rpc");
+    let rpc = up.field("rpc");
     let env = [("MOONKV_TLS_CA_FILE", ca.as_path())];
     let put = cli(&rpc, &["put", "k", "-"], b"up over tls", &env);
     assert!(put.status.success(), "{}", stderr(&put));

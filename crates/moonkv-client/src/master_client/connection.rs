@@ -1,10 +1,12 @@
 //! One multiplexed TCP (optionally TLS) connection to the master: a writer task, a reader task
 //! and the map of requests waiting for their response.
 
+use super::handshake::{Handshake, Step};
+use super::MAX_RESPONSE_BYTES;
 use moonkv_dataplane::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::frame::{self, FrameKind};
-use moonkv_proto::msg::{Hello, HelloAck, HelloAuth};
-use moonkv_proto::{Error, ErrorCode, Result, PROTOCOL_MAGIC, PROTOCOL_VERSION};
+use moonkv_proto::msg::{Hello, HelloAck};
+use moonkv_proto::{Error, ErrorCode, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,42 +66,10 @@ impl Connection {
         let (mut reader, mut writer) = split(stream);
 
         let mut buf = Vec::with_capacity(4096);
-        let hello = Hello {
-            magic: PROTOCOL_MAGIC.to_string(),
-            protocol_version: PROTOCOL_VERSION,
-            client_name: client_name.to_string(),
-            auth: None,
-        };
-        let mut ack = hello_round(
-            &mut reader,
-            &mut writer,
-            &mut buf,
-            &hello,
-            addr,
-            connect_timeout,
-        )
-        .await?;
-        if let Some(challenge) = ack.challenge.take() {
-            let Some(secret) = secret else {
-                return Err(Error::new(
-                    ErrorCode::ILLEGAL_CLIENT,
-                    format!(
-                        "the master at {addr} requires authentication: set {} or {}",
-                        moonkv_proto::auth::SECRET_ENV,
-                        moonkv_proto::auth::SECRET_FILE_ENV
-                    ),
-                ));
-            };
-            let client_nonce: [u8; moonkv_proto::auth::NONCE_LEN] = rand::random();
-            let proof = secret.client_proof(&challenge, &client_nonce);
-            let hello = Hello {
-                auth: Some(HelloAuth {
-                    client_nonce: client_nonce.to_vec(),
-                    proof,
-                }),
-                ..hello
-            };
-            ack = hello_round(
+        let mut handshake = Handshake::new(client_name, secret);
+        let mut hello = handshake.first_hello();
+        let ack = loop {
+            let ack = hello_round(
                 &mut reader,
                 &mut writer,
                 &mut buf,
@@ -108,17 +78,11 @@ impl Connection {
                 connect_timeout,
             )
             .await?;
-            let proven = ack
-                .server_proof
-                .as_deref()
-                .is_some_and(|p| secret.verify_server(&challenge, &client_nonce, p));
-            if !proven {
-                return Err(Error::new(
-                    ErrorCode::ILLEGAL_CLIENT,
-                    format!("the master at {addr} could not prove it holds the shared secret"),
-                ));
+            match handshake.answer(ack, addr)? {
+                Step::Send(next) => hello = next,
+                Step::Done(ack) => break ack,
             }
-        }
+        };
         tracing::debug!(%addr, server_version = %ack.server_version, "connected to master");
 
         let pending: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
@@ -231,9 +195,6 @@ async fn hello_round(
             )
         })?
 }
-
-/// Largest response frame accepted from the master.
-const MAX_RESPONSE_BYTES: u32 = 1 << 30;
 
 async fn read_hello_ack(reader: &mut Reader, buf: &mut Vec<u8>, addr: &str) -> Result<HelloAck> {
     loop {

@@ -8,8 +8,13 @@
 //! Segments mounted through [`MasterClient::mount`] are remembered; a background heartbeat pings
 //! the master every second and, when the master answers `NEED_REMOUNT` (it restarted or expired
 //! this client), re-registers them with `ReMountSegment`.
+//!
+//! [`blocking`] is the same protocol over `std::net` for threads that have no runtime (the
+//! benchmarks, tests); both clients run the one hello exchange of [`handshake`].
 
+pub mod blocking;
 mod connection;
+pub mod handshake;
 mod heartbeat;
 
 use connection::Connection;
@@ -21,6 +26,10 @@ use serde::de::DeserializeOwned;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Largest response frame accepted from the master (batch and regex answers may exceed its
+/// request limit).
+const MAX_RESPONSE_BYTES: u32 = 1 << 30;
 
 /// How a [`MasterClient`] talks to the master.
 #[derive(Clone, Debug)]

@@ -1,7 +1,7 @@
 //! Master client against a scripted fake master on loopback.
 
 use super::*;
-use crate::test_support::{fake_master, ok, Handler, Reply};
+use moonkv_testkit::fake_master::{fake_master, ok, Handler, Reply};
 use std::sync::atomic::AtomicUsize;
 use tokio::net::TcpListener;
 

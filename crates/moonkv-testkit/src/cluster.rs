@@ -1,8 +1,6 @@
 //! A real cluster inside the test process: the master server on loopback ephemeral ports, real
 //! nodes and real stores.
 
-#![allow(dead_code)]
-
 use moonkv_client::{LocalSegments, Store, StoreConfig};
 use moonkv_master::server::{self, MasterConfig, MasterHandle};
 use moonkv_node::{Node, NodeConfig, NodeHandle};
@@ -78,6 +76,25 @@ impl Cluster {
         self.nodes[i].take().expect("node still running")
     }
 
+    /// Body of a 200 answer to `GET path` on the master's admin port; panics on any other.
+    pub async fn admin_get(&self, path: &str) -> String {
+        let addr = self
+            .master
+            .as_ref()
+            .expect("master running")
+            .admin_addr()
+            .to_string();
+        let what = format!("GET {path} on the admin port");
+        let path = path.to_string();
+        // The master runs on this test's runtime; the blocking request must not hold its thread.
+        let answer =
+            tokio::task::spawn_blocking(move || crate::admin::http(&addr, "GET", &path, ""))
+                .await
+                .expect("admin request");
+        assert_eq!(answer.0, 200, "{what}: {}", answer.1);
+        answer.1
+    }
+
     /// Stops everything.
     pub async fn shutdown(mut self) {
         for node in self.nodes.drain(..).flatten() {
@@ -87,47 +104,4 @@ impl Cluster {
             master.shutdown().await;
         }
     }
-}
-
-/// Deterministic, position-dependent bytes (a shifted or torn copy never matches).
-pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .rotate_left(seed as u32 % 32) as u8
-                ^ seed
-        })
-        .collect()
-}
-
-/// Body of `GET path` on the master's admin HTTP port.
-pub async fn admin_get(cluster: &Cluster, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = cluster
-        .master
-        .as_ref()
-        .expect("master running")
-        .admin_addr();
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("admin port answers");
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    text.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
-}
-
-/// Value of an unlabelled Prometheus sample.
-pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let (metric, value) = line.split_once(' ')?;
-        (metric == name)
-            .then(|| value.trim().parse().ok())
-            .flatten()
-    })
 }

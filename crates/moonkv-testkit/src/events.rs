@@ -1,18 +1,20 @@
-//! Helpers for `events_stream.rs`: a master with the event stream on, a model of what it
-//! should hold, placements in one comparable shape, and `moonkv events` child processes.
+//! The event stream end to end: a real master with events on, a model of what it should hold,
+//! placements in one comparable shape, and `moonkv events` child processes.
 
-use crate::common::{fake_segment, http, put_meta, Proc, RawClient};
+use crate::admin::http;
+use crate::proc::{Moonkv, Proc};
+use crate::wire::{self, fake_segment, put_meta, Connection};
 use moonkv_events::{PlacementIndex, PublisherStatus, Snapshot, Subscriber};
 use moonkv_proto::msg::*;
 use moonkv_proto::types::{ItemResult, ReplicaDescriptor, ReplicaType, ReplicateConfig};
 use moonkv_proto::ClientId;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// Backend id the masters publish under.
 pub const BACKEND: &str = "b0";
 /// Tenant of the throw-away probe keys.
 pub const PROBE_TENANT: &str = "probe";
@@ -25,6 +27,7 @@ pub fn deadline() -> Instant {
 /// (tenant, key, media) for every readable object, the shape all placements are compared in.
 pub type Placement = BTreeSet<(String, String, Vec<String>)>;
 
+/// The placement a master's snapshot describes.
 pub fn placement_of_snapshot(snapshot: &Snapshot) -> Placement {
     snapshot
         .objects
@@ -37,6 +40,7 @@ pub fn placement_of_snapshot(snapshot: &Snapshot) -> Placement {
         .collect()
 }
 
+/// The placement a subscriber's index holds (all of it under [`BACKEND`]).
 pub fn placement_of_index(index: &PlacementIndex) -> Placement {
     index
         .entries()
@@ -50,6 +54,7 @@ pub fn placement_of_index(index: &PlacementIndex) -> Placement {
         .collect()
 }
 
+/// The placement in a `moonkv events follow` dump (all of it under [`BACKEND`]).
 pub fn placement_of_dump(dump: &serde_json::Value) -> Placement {
     dump["entries"]
         .as_array()
@@ -70,19 +75,9 @@ pub fn placement_of_dump(dump: &serde_json::Value) -> Placement {
         .collect()
 }
 
-/// Three distinct free loopback ports (rpc, admin, events) for a master that must come back
-/// on the same addresses.
-pub fn free_ports() -> [u16; 3] {
-    let listeners: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
-        .collect();
-    let port = |i: usize| listeners[i].local_addr().unwrap().port();
-    [port(0), port(1), port(2)]
-}
-
 /// Starts a master with events on; `ports` pins rpc/admin/events, else all are ephemeral.
 /// Returns `None` if it did not come up (for example a port still held by a dying process).
-pub fn try_start_master(ports: Option<[u16; 3]>, extra: &[&str]) -> Option<Proc> {
+pub fn try_start_master(moonkv: Moonkv, ports: Option<[u16; 3]>, extra: &[&str]) -> Option<Proc> {
     let (rpc, admin, events) = match ports {
         Some([r, a, e]) => (r.to_string(), a.to_string(), format!("tcp://127.0.0.1:{e}")),
         None => ("0".into(), "0".into(), "tcp://127.0.0.1:0".into()),
@@ -105,69 +100,54 @@ pub fn try_start_master(ports: Option<[u16; 3]>, extra: &[&str]) -> Option<Proc>
         "86400",
     ];
     args.extend_from_slice(extra);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn moonkv master");
-    let mut line = String::new();
-    let stdout = child.stdout.take().expect("stdout");
-    let _ = BufReader::new(stdout).read_line(&mut line);
-    match serde_json::from_str::<serde_json::Value>(&line) {
-        Ok(ready) if ready["event"] == "ready" => Some(Proc { child, ready }),
-        _ => {
-            let _ = child.kill();
-            let _ = child.wait();
-            None
-        }
-    }
+    Proc::start(moonkv.command(&args)).ok()
 }
 
 /// A master with events on plus a connection that writes through it, and a model of which
 /// keys should be readable.
-pub struct Cluster {
+pub struct EventsMaster {
     master: Proc,
-    client: RawClient,
+    client: Connection,
     me: ClientId,
     probes: u64,
     model: BTreeSet<(String, String)>,
 }
 
-impl Cluster {
-    pub fn start(extra: &[&str]) -> Cluster {
-        let master = try_start_master(None, extra).expect("master starts");
-        Cluster::attach(master)
+impl EventsMaster {
+    /// A master on ephemeral ports with `extra` flags.
+    pub fn start(moonkv: Moonkv, extra: &[&str]) -> EventsMaster {
+        let master = try_start_master(moonkv, None, extra).expect("master starts");
+        EventsMaster::attach(master)
     }
 
     /// Starts on fixed ports, retrying while a previous master's ports are released.
-    pub fn start_on(ports: [u16; 3]) -> Cluster {
+    pub fn start_on(moonkv: Moonkv, ports: [u16; 3]) -> EventsMaster {
         let until = deadline();
         loop {
-            if let Some(master) = try_start_master(Some(ports), &[]) {
-                return Cluster::attach(master);
+            if let Some(master) = try_start_master(moonkv, Some(ports), &[]) {
+                return EventsMaster::attach(master);
             }
             assert!(Instant::now() < until, "master never came up on {ports:?}");
             std::thread::sleep(Duration::from_millis(200));
         }
     }
 
-    fn attach(master: Proc) -> Cluster {
-        let endpoint = master.addr("kv_events");
+    fn attach(master: Proc) -> EventsMaster {
+        let endpoint = master.field("kv_events");
         assert!(
             endpoint.starts_with("tcp://127.0.0.1:") && !endpoint.ends_with(":0"),
             "ready line must carry the bound endpoint: {}",
             master.ready
         );
-        let mut client = RawClient::connect(&master.addr("rpc"));
+        let client = wire::connect(&master.field("rpc"));
         let me = ClientId::new(7, 7);
         client
-            .call::<()>(Request::MountSegment(MountSegmentRequest {
+            .request::<()>(&Request::MountSegment(MountSegmentRequest {
                 segment: fake_segment(1),
                 client_id: me,
             }))
             .expect("mount");
-        Cluster {
+        EventsMaster {
             master,
             client,
             me,
@@ -176,16 +156,19 @@ impl Cluster {
         }
     }
 
+    /// The bound event endpoint, `tcp://127.0.0.1:<port>`.
     pub fn endpoint(&self) -> String {
-        self.master.addr("kv_events")
+        self.master.field("kv_events")
     }
 
+    /// The admin HTTP address.
     pub fn admin(&self) -> String {
-        self.master.addr("admin")
+        self.master.field("admin")
     }
 
+    /// Puts `key` (metadata only) and records it in the model.
     pub fn put(&mut self, tenant: &str, key: &str) {
-        put_meta(&mut self.client, self.me, tenant, key, 1024);
+        put_meta(&self.client, self.me, tenant, key, 1024);
         self.model.insert((tenant.into(), key.into()));
     }
 
@@ -197,9 +180,10 @@ impl Cluster {
         self.put(PROBE_TENANT, &key);
     }
 
+    /// Removes `key` (forced) and forgets it in the model.
     pub fn remove(&mut self, tenant: &str, key: &str) {
         self.client
-            .call::<()>(Request::Remove(RemoveRequest {
+            .request::<()>(&Request::Remove(RemoveRequest {
                 tenant: tenant.into(),
                 key: key.into(),
                 force: true,
@@ -219,7 +203,7 @@ impl Cluster {
         };
         let started: Vec<ItemResult<Vec<ReplicaDescriptor>>> = self
             .client
-            .call(Request::BatchPutStart(start))
+            .request(&Request::BatchPutStart(start))
             .expect("batch put start");
         let items = keys
             .iter()
@@ -238,7 +222,7 @@ impl Cluster {
         };
         let ended: Vec<ItemResult<()>> = self
             .client
-            .call(Request::BatchPutEnd(end))
+            .request(&Request::BatchPutEnd(end))
             .expect("batch put end");
         assert!(ended.iter().all(|r| r.0.is_ok()), "batch put end failed");
         for key in keys {
@@ -250,7 +234,7 @@ impl Cluster {
     pub fn batch_remove(&mut self, tenant: &str, keys: &[String]) {
         let removed: Vec<ItemResult<()>> = self
             .client
-            .call(Request::BatchRemove(BatchRemoveRequest {
+            .request(&Request::BatchRemove(BatchRemoveRequest {
                 tenant: tenant.into(),
                 keys: keys.to_vec(),
                 force: true,
@@ -270,12 +254,14 @@ impl Cluster {
         self.model.retain(|(t, _)| t != tenant);
     }
 
+    /// `/kv_events/status`.
     pub fn status(&self) -> PublisherStatus {
         let (code, body) = http(&self.admin(), "GET", "/kv_events/status", "");
         assert_eq!(code, 200, "{body}");
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("bad status {body}: {e}"))
     }
 
+    /// `/kv_events/snapshot`, of one tenant or all.
     pub fn snapshot(&self, tenant: Option<&str>) -> Snapshot {
         let path = match tenant {
             Some(t) => format!("/kv_events/snapshot?tenant_id={t}"),
@@ -297,7 +283,11 @@ impl Cluster {
 
 /// Polls `sub` until it has received every message the master sent and the publisher's
 /// queue is empty, probing whenever it stalls. Returns the master's status at that point.
-pub fn catch_up(sub: &mut Subscriber, cluster: &mut Cluster, until: Instant) -> PublisherStatus {
+pub fn catch_up(
+    sub: &mut Subscriber,
+    cluster: &mut EventsMaster,
+    until: Instant,
+) -> PublisherStatus {
     loop {
         assert!(
             Instant::now() < until,
@@ -323,7 +313,7 @@ pub fn catch_up(sub: &mut Subscriber, cluster: &mut Cluster, until: Instant) -> 
 
 /// Polls an index-keeping subscriber, probing, until it is live and equals the master's
 /// placement (which must also equal the test's model).
-pub fn converge(sub: &mut Subscriber, cluster: &mut Cluster, until: Instant) {
+pub fn converge(sub: &mut Subscriber, cluster: &mut EventsMaster, until: Instant) {
     loop {
         catch_up(sub, cluster, until);
         let snapshot = cluster.snapshot(None);
@@ -342,8 +332,11 @@ pub fn converge(sub: &mut Subscriber, cluster: &mut Cluster, until: Instant) {
 
 /// A `moonkv events ...` process with its output read line by line on helper threads.
 pub struct Cli {
+    /// The process.
     pub child: Child,
+    /// Its stdout, line by line.
     pub stdout: mpsc::Receiver<String>,
+    /// Its stderr, line by line.
     pub stderr: mpsc::Receiver<String>,
 }
 
@@ -361,9 +354,10 @@ fn lines_of(reader: impl Read + Send + 'static) -> mpsc::Receiver<String> {
 }
 
 impl Cli {
-    pub fn spawn(args: &[&str]) -> Cli {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moonkv"))
-            .arg("events")
+    /// Starts `moonkv events <args>`.
+    pub fn spawn(moonkv: Moonkv, args: &[&str]) -> Cli {
+        let mut child = moonkv
+            .command(&["events"])
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())

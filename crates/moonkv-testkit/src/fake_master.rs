@@ -1,5 +1,6 @@
-//! A scripted fake master for unit tests: speaks the real frame protocol on loopback and
-//! answers each request as a closure decides.
+//! A scripted fake master: speaks the real frame protocol on loopback and answers each request
+//! as a closure decides, for the cases a real master cannot be steered into on demand. It uses
+//! only `moonkv-proto` types, so `moonkv-client`'s own unit tests can run against it.
 
 use moonkv_proto::frame::{self, FrameKind};
 use moonkv_proto::msg::{HelloAck, Request};
@@ -11,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// What the fake master does with one request.
-pub(crate) enum Reply {
+pub enum Reply {
     /// Answer with this encoded success body after `delay`.
     Ok(Vec<u8>, Duration),
     /// Answer with an error.
@@ -22,14 +23,16 @@ pub(crate) enum Reply {
     Hangup,
 }
 
-pub(crate) fn ok<T: serde::Serialize>(value: &T) -> Reply {
+/// A success answer carrying `value`, sent at once.
+pub fn ok<T: serde::Serialize>(value: &T) -> Reply {
     Reply::Ok(rmp_serde::to_vec(value).unwrap(), Duration::ZERO)
 }
 
-pub(crate) type Handler = Arc<dyn Fn(Request) -> Reply + Send + Sync>;
+/// Decides the fake master's answer to each request.
+pub type Handler = Arc<dyn Fn(Request) -> Reply + Send + Sync>;
 
 /// Starts a fake master; returns its address and the number of connections it accepted.
-pub(crate) async fn fake_master(handler: Handler) -> (String, Arc<AtomicUsize>) {
+pub async fn fake_master(handler: Handler) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let accepted = Arc::new(AtomicUsize::new(0));
