@@ -7,7 +7,7 @@ import ctypes
 import hashlib
 
 import moonkv
-from conftest import Pool, pattern
+from conftest import Pool, needs_multi_buffer, pattern
 
 
 def page_hashes(tokens: list[int], page: int) -> list[str]:
@@ -78,6 +78,7 @@ def test_sglang_hicache_sequence(tenant_store):
 
 
 def test_vllm_per_layer_scatter_gather(store, key):
+    needs_multi_buffer(store)
     layers, blocks, block_bytes = 4, 6, 16 << 10
     # One registered tensor per layer (K and V interleaved per block).
     kv_caches = [Pool(store, blocks * 2 * block_bytes) for _ in range(layers)]
@@ -128,6 +129,7 @@ def test_vllm_per_layer_scatter_gather(store, key):
 
 
 def test_lmcache_put_parts_with_metadata(store, key):
+    needs_multi_buffer(store)
     # LMCache keys: fmt@model@world_size@worker_id@chunk_hash.
     keys = [f"vllm@/models/opt-125m@1@0@{key}{i:02x}" for i in range(4)]
     chunk = 256 << 10
@@ -159,6 +161,7 @@ def test_lmcache_put_parts_with_metadata(store, key):
 
 
 def test_get_into_ranges_buffer_major(store, key):
+    needs_multi_buffer(store)
     a, b = f"{key}-a", f"{key}-b"
     assert store.put(a, pattern(a, 10_000)) == 0
     assert store.put(b, pattern(b, 5_000)) == 0
@@ -166,18 +169,24 @@ def test_get_into_ranges_buffer_major(store, key):
     result = store.get_into_ranges(
         [pool.ptr, pool.ptr + 32_768],
         [[a, b], [b]],
-        [[[0, 100], [1000]], [[0, 4000]]],
+        [[[0, 100], [2000]], [[0, 4000]]],
         [[[0, 9000], [10]], [[4990, 0]]],
         [[[100, 1000], [50]], [[10, 20]]],
     )
     assert result == [[[100, 1000], [50]], [[10, 20]]]
     assert pool.read(0, 100) == pattern(a, 10_000)[:100]
     assert pool.read(100, 1000) == pattern(a, 10_000)[9000:10_000]
-    assert pool.read(1000, 50) == pattern(b, 5_000)[10:60]
+    assert pool.read(2000, 50) == pattern(b, 5_000)[10:60]
     assert pool.read(32_768, 10) == pattern(b, 5_000)[4990:]
     assert pool.read(32_768 + 4000, 20) == pattern(b, 5_000)[:20]
     # Past the object's end, a miss, an unregistered buffer, shapes that do not line up.
     result = store.get_into_ranges([pool.ptr, 0x10], [[a, f"{key}-absent"], [a]], [[[0], [0]], [[0]]], [[[9990], [0]], [[0]]], [[[20], [5]], [[5]]])
     assert result[0][0][0] < 0 and result[0][1][0] == -704 and result[1][0][0] == -600
     assert store.get_into_ranges([pool.ptr], [[a], [b]], [[[0]]], [[[0]]], [[[1]]]) == [[[-600]]]
+    # Overlapping destinations are refused; overlapping sources are fine.
+    result = store.get_into_ranges([pool.ptr], [[a, b]], [[[0], [5]]], [[[0], [0]]], [[[10], [10]]])
+    assert result == [[[-600], [-600]]]
+    result = store.get_into_ranges([pool.ptr], [[a]], [[[0, 100]]], [[[0, 5]]], [[[10, 10]]])
+    assert result == [[[10, 10]]]
+    assert pool.read(0, 10) == pattern(a, 10_000)[:10] and pool.read(100, 10) == pattern(a, 10_000)[5:15]
     pool.close()

@@ -140,6 +140,9 @@ impl DropIn {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),
         };
+        if parts.iter().all(|p| p.len() == 0) {
+            return Ok(Err(invalid("put_parts needs at least one non-empty part")));
+        }
         let slices: Vec<&[u8]> = parts.iter().map(|p| p.bytes()).collect();
         let mut results = zero_copy::put_parts(
             py,

@@ -11,6 +11,8 @@
 //! `moonkv/__init__.py`, each raising `NotImplementedError` naming itself.
 
 mod copying;
+#[cfg(feature = "store-parts")]
+mod ranges;
 mod zero_copy;
 
 use crate::args::{self, Split};
@@ -659,6 +661,9 @@ impl DropIn {
             Ok(e) => e,
             Err(e) => return Ok(zero_copy::shaped_failure(&request, &e)),
         };
+        #[cfg(feature = "store-parts")]
+        return ranges::get_into_ranges(py, &engine, request);
+        #[cfg(not(feature = "store-parts"))]
         zero_copy::get_into_ranges(py, &engine, request)
     }
 

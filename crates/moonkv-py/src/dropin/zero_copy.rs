@@ -15,7 +15,11 @@ use pyo3::prelude::*;
 
 /// Leases `ranges` and reports, per range, why it cannot be used (outside every registered
 /// buffer, or, when `writable`, overlapping another range of the same call).
-fn check(engine: &Engine, ranges: &[Range], writable: bool) -> (Lease, Vec<Option<Error>>) {
+pub(super) fn check(
+    engine: &Engine,
+    ranges: &[Range],
+    writable: bool,
+) -> (Lease, Vec<Option<Error>>) {
     let (lease, mut errors) = engine.registry.lease(ranges);
     if writable {
         for (i, overlaps) in overlapping(ranges).into_iter().enumerate() {
@@ -136,22 +140,17 @@ pub(super) fn batch_get_into(
     split.merge(results)
 }
 
-/// Objects made of several parts (`put_parts`, the multi-buffer forms): one result per key.
+/// Objects made of several parts (`put_parts`): one result per key.
+#[cfg(feature = "store-parts")]
 pub(super) fn put_parts(
-    _py: Python<'_>,
-    _engine: &Engine,
-    method: &str,
-    _keys: &[&str],
-    _parts: &[Vec<&[u8]>],
-    _config: &ReplicateConfig,
+    py: Python<'_>,
+    engine: &Engine,
+    _method: &str,
+    keys: &[&str],
+    parts: &[Vec<&[u8]>],
+    config: &ReplicateConfig,
 ) -> PyResult<Vec<Result<(), Error>>> {
-    Err(parts_missing(method))
-}
-
-fn parts_missing(method: &str) -> PyErr {
-    pyo3::exceptions::PyNotImplementedError::new_err(format!(
-        "MooncakeDistributedStore.{method} is not implemented yet: it needs multi-buffer writes and reads in the store (Store::batch_put_parts / batch_get_into_parts)"
-    ))
+    Ok(engine.wait(py, engine.store.batch_put_parts(keys, parts, config)))
 }
 
 /// Turns `(ptrs, sizes)` lists into ranges; `None` when the two lengths differ.
@@ -164,28 +163,85 @@ pub(super) fn ranges(ptrs: &[usize], sizes: &[usize]) -> Option<Vec<Range>> {
     })
 }
 
-/// `batch_put_from_multi_buffers`: object i is the concatenation of its ranges.
+/// Per item, the first error among its ranges (`errors` lists them all in item order).
+#[cfg(feature = "store-parts")]
+fn item_errors(ranges: &[Vec<Range>], errors: Vec<Option<Error>>) -> Vec<Option<Error>> {
+    let mut errors = errors.into_iter();
+    ranges
+        .iter()
+        .map(|rs| errors.by_ref().take(rs.len()).flatten().next())
+        .collect()
+}
+
+/// `batch_put_from_multi_buffers` / `put_from_with_metadata`: object i is the concatenation
+/// of its ranges.
+#[cfg(feature = "store-parts")]
 pub(super) fn batch_put_multi(
     py: Python<'_>,
     engine: &Engine,
-    method: &str,
+    _method: &str,
     keys: Vec<Result<String, Error>>,
     ranges: &[Vec<Range>],
-    config: ReplicateConfig,
+    mut config: ReplicateConfig,
 ) -> PyResult<Vec<Result<(), Error>>> {
-    let _ = (py, engine, keys, ranges, config);
-    Err(parts_missing(method))
+    let n = keys.len();
+    let flat: Vec<Range> = ranges.iter().flatten().copied().collect();
+    let (lease, errors) = check(engine, &flat, false);
+    let checked = keys
+        .into_iter()
+        .zip(ranges.iter().zip(item_errors(ranges, errors)))
+        .map(|(key, (rs, error))| {
+            if let Some(e) = error {
+                return Err(e);
+            }
+            let key = key?;
+            // SAFETY: no error means `check` found every range inside a leased registration.
+            let parts: Vec<&[u8]> = rs
+                .iter()
+                .map(|r| unsafe { registry::slice(*r, &lease) })
+                .collect();
+            Ok((key, parts))
+        })
+        .collect();
+    let split = Split::new(checked);
+    keep_groups_of(&mut config, &split.valid_positions(), n);
+    let keys: Vec<&str> = split.valid.iter().map(|(k, _)| k.as_str()).collect();
+    let parts: Vec<Vec<&[u8]>> = split.valid.iter().map(|(_, p)| p.clone()).collect();
+    let results = engine.wait(py, engine.store.batch_put_parts(&keys, &parts, &config));
+    Ok(split.merge(results))
 }
 
 /// `batch_get_into_multi_buffers`: object i spread in order over its ranges.
+#[cfg(feature = "store-parts")]
 pub(super) fn batch_get_multi(
     py: Python<'_>,
     engine: &Engine,
     keys: Vec<Result<String, Error>>,
     ranges: &[Vec<Range>],
 ) -> PyResult<Vec<Result<usize, Error>>> {
-    let _ = (py, engine, keys, ranges);
-    Err(parts_missing("batch_get_into_multi_buffers"))
+    let flat: Vec<Range> = ranges.iter().flatten().copied().collect();
+    let (lease, errors) = check(engine, &flat, true);
+    let checked = keys
+        .into_iter()
+        .zip(ranges.iter().zip(item_errors(ranges, errors)))
+        .map(|(key, (rs, error))| {
+            if let Some(e) = error {
+                return Err(e);
+            }
+            let key = key?;
+            // SAFETY: checked, leased, and no other destination of this call overlaps them.
+            let bufs: Vec<&mut [u8]> = rs
+                .iter()
+                .map(|r| unsafe { registry::slice_mut(*r, &lease) })
+                .collect();
+            Ok((key, bufs))
+        })
+        .collect();
+    let mut split = Split::new(checked);
+    let (keys, mut bufs): (Vec<String>, Vec<Vec<&mut [u8]>>) = split.valid.drain(..).unzip();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let results = engine.wait(py, engine.store.batch_get_into_parts(&key_refs, &mut bufs));
+    Ok(split.merge(results))
 }
 
 /// One `get_into_ranges` request: per buffer, per key, the (dst offset, src offset, size)
@@ -196,23 +252,6 @@ pub(super) struct RangeRequest {
     pub dst: Vec<Vec<Vec<usize>>>,
     pub src: Vec<Vec<Vec<usize>>>,
     pub sizes: Vec<Vec<Vec<usize>>>,
-}
-
-/// `get_into_ranges`: per buffer, per key, per range, the bytes copied or a negative code.
-pub(super) fn get_into_ranges(
-    py: Python<'_>,
-    engine: &Engine,
-    request: RangeRequest,
-) -> PyResult<Vec<Vec<Vec<i64>>>> {
-    let RangeRequest {
-        buffer_ptrs,
-        keys,
-        dst,
-        src,
-        sizes,
-    } = request;
-    let _ = (py, engine, buffer_ptrs, keys, dst, src, sizes);
-    Err(parts_missing("get_into_ranges"))
 }
 
 /// The answer to a `get_into_ranges` that fails as a whole: the error for every range.
@@ -228,4 +267,66 @@ pub(super) fn shaped_failure(request: &RangeRequest, error: &Error) -> Vec<Vec<V
                 .collect()
         })
         .collect()
+}
+
+// Until the store has multi-buffer calls (`Store::batch_put_parts`, `batch_get_into_parts`),
+// the calls built on them say so instead of pretending; the implementations above are
+// compiled with the `store-parts` feature.
+
+#[cfg(not(feature = "store-parts"))]
+fn parts_missing(method: &str) -> PyErr {
+    pyo3::exceptions::PyNotImplementedError::new_err(format!(
+        "MooncakeDistributedStore.{method} is not implemented yet: it needs the store's multi-buffer writes and reads (Store::batch_put_parts / batch_get_into_parts)"
+    ))
+}
+
+#[cfg(not(feature = "store-parts"))]
+pub(super) fn put_parts(
+    _py: Python<'_>,
+    _engine: &Engine,
+    method: &str,
+    _keys: &[&str],
+    _parts: &[Vec<&[u8]>],
+    _config: &ReplicateConfig,
+) -> PyResult<Vec<Result<(), Error>>> {
+    Err(parts_missing(method))
+}
+
+#[cfg(not(feature = "store-parts"))]
+pub(super) fn batch_put_multi(
+    _py: Python<'_>,
+    _engine: &Engine,
+    method: &str,
+    _keys: Vec<Result<String, Error>>,
+    _ranges: &[Vec<Range>],
+    _config: ReplicateConfig,
+) -> PyResult<Vec<Result<(), Error>>> {
+    Err(parts_missing(method))
+}
+
+#[cfg(not(feature = "store-parts"))]
+pub(super) fn batch_get_multi(
+    _py: Python<'_>,
+    _engine: &Engine,
+    _keys: Vec<Result<String, Error>>,
+    _ranges: &[Vec<Range>],
+) -> PyResult<Vec<Result<usize, Error>>> {
+    Err(parts_missing("batch_get_into_multi_buffers"))
+}
+
+#[cfg(not(feature = "store-parts"))]
+pub(super) fn get_into_ranges(
+    _py: Python<'_>,
+    _engine: &Engine,
+    request: RangeRequest,
+) -> PyResult<Vec<Vec<Vec<i64>>>> {
+    let RangeRequest {
+        buffer_ptrs,
+        keys,
+        dst,
+        src,
+        sizes,
+    } = request;
+    let _ = (buffer_ptrs, keys, dst, src, sizes);
+    Err(parts_missing("get_into_ranges"))
 }
