@@ -8,11 +8,13 @@
 //!   tenant, with replica failover, read-lease revalidation and in-process copies from the
 //!   segments of an embedded node (`StoreConfig::local_segments`).
 //! - [`util`]: id helpers and secrets from the environment.
+//! - [`failpoints`]: named fault points for tests (feature `failpoints`).
 //!
 //! The bytes travel over `moonkv-dataplane`; the node that serves them is `moonkv-node`.
 
 #![forbid(unsafe_code)]
 
+pub mod failpoints;
 pub mod master_client;
 pub mod store;
 pub mod util;

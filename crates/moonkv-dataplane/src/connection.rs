@@ -1,7 +1,7 @@
-//! The caller side of the data plane: one request at a time per connection, and a pool of idle
-//! connections per node endpoint so parallel transfers reuse sockets. With a shared secret a
-//! connection opens with the authentication handshake; every request carries the grant of the
-//! replica it touches (empty when the master issued none).
+//! The caller side of one data-plane connection: single requests here, pipelined bursts in
+//! [`crate::pipeline`]. With a shared secret a connection opens with the authentication
+//! handshake; every request carries the grant of the replica it touches (empty when the master
+//! issued none). Connections come from, and go back to, a [`crate::pool::ConnectionPool`].
 
 use crate::handshake::{self, Answer, Mode, ANSWER_LEN};
 use crate::header::{
@@ -11,8 +11,6 @@ use crate::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::auth::{Secret, NONCE_LEN, SECRET_ENV, SECRET_FILE_ENV};
 use moonkv_proto::grant::GRANT_LEN;
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
-use parking_lot::{Mutex, MutexGuard};
-use std::collections::HashMap;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -22,7 +20,11 @@ pub struct DataConnection {
     endpoint: String,
     next_request_id: u64,
     /// False once the stream may be out of step (I/O error); such a connection is not pooled.
-    healthy: bool,
+    pub(crate) healthy: bool,
+    /// The pool's slot this connection occupies while checked out (none while idle or fenced).
+    pub(crate) permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Keeps the pool's count of open connections right when this one is dropped.
+    pub(crate) _open: Option<crate::pool::OpenGuard>,
 }
 
 impl DataConnection {
@@ -67,7 +69,13 @@ impl DataConnection {
             endpoint: endpoint.to_string(),
             next_request_id: 1,
             healthy: true,
+            permit: None,
+            _open: None,
         })
+    }
+
+    pub(crate) fn stream_mut(&mut self) -> &mut Stream {
+        &mut self.stream
     }
 
     /// Endpoint this connection talks to.
@@ -101,17 +109,19 @@ impl DataConnection {
             .await
     }
 
-    /// Writes disk file `file_id` of disk `disk`; returns once the node synced it.
+    /// Writes disk file `file_id` of disk `disk` holding the concatenation of `parts`; returns
+    /// once the node synced it.
     pub async fn write_file(
         &mut self,
         disk: SegmentId,
         file_id: u64,
         meta: &FileMeta,
-        data: &[u8],
+        parts: &[&[u8]],
         grant: &[u8],
     ) -> Result<()> {
         let prefix = meta.encode();
-        let length = (prefix.len() + data.len()) as u64;
+        let data_len: usize = parts.iter().map(|p| p.len()).sum();
+        let length = (prefix.len() + data_len) as u64;
         let id = self.take_id();
         let header = RequestHeader::new(DataOp::FileWrite, id, disk, file_id, length);
         let head = head(header, grant)?;
@@ -120,7 +130,10 @@ impl DataConnection {
             let mut head = head.to_vec();
             head.extend_from_slice(&prefix);
             self.stream.write_all(&head).await?;
-            self.stream.write_all(data).await
+            for part in parts {
+                self.stream.write_all(part).await?;
+            }
+            Ok(())
         }
         .await;
         if let Err(e) = sent {
@@ -222,6 +235,8 @@ impl DataConnection {
     /// sent can still land in segment memory. True once settled; false if the node stayed
     /// silent for `limit` (it may still apply the write later).
     pub async fn fence(mut self, limit: Duration) -> bool {
+        // A dying connection no longer counts against its pool's cap.
+        self.permit = None;
         let _ = self.stream.shutdown().await;
         let drain = async {
             let mut scratch = [0u8; 4096];
@@ -231,13 +246,13 @@ impl DataConnection {
         tokio::time::timeout(limit, drain).await.is_ok()
     }
 
-    fn take_id(&mut self) -> u64 {
+    pub(crate) fn take_id(&mut self) -> u64 {
         let id = self.next_request_id;
         self.next_request_id = self.next_request_id.wrapping_add(1);
         id
     }
 
-    async fn read_response(&mut self, request_id: u64) -> Result<ResponseHeader> {
+    pub(crate) async fn read_response(&mut self, request_id: u64) -> Result<ResponseHeader> {
         let mut raw = [0u8; RESPONSE_LEN];
         self.stream
             .read_exact(&mut raw)
@@ -252,13 +267,13 @@ impl DataConnection {
         Ok(response)
     }
 
-    fn io_fail(&self, what: &str, e: std::io::Error) -> Error {
+    pub(crate) fn io_fail(&self, what: &str, e: std::io::Error) -> Error {
         let why = crate::stream::explain(&e, "node", &self.endpoint);
         let hint = plaintext_hint(matches!(self.stream, Stream::Plain(_)), &e);
         transfer_fail(&self.endpoint, &format!("{what}: {why}{hint}"))
     }
 
-    fn refused(
+    pub(crate) fn refused(
         &self,
         what: &str,
         segment: SegmentId,
@@ -266,29 +281,40 @@ impl DataConnection {
         len: u64,
         status: DataStatus,
     ) -> Error {
-        let code = match status {
-            DataStatus::UnknownSegment => ErrorCode::SEGMENT_NOT_FOUND,
-            DataStatus::OutOfRange | DataStatus::AddressOverflow => ErrorCode::INVALID_PARAMS,
-            DataStatus::FileNotFound => ErrorCode::FILE_NOT_FOUND,
-            DataStatus::FileCorrupt => ErrorCode::CHECKSUM_MISMATCH,
-            DataStatus::FileWriteFail | DataStatus::DiskFull => ErrorCode::FILE_WRITE_FAIL,
-            DataStatus::FileReadFail => ErrorCode::FILE_READ_FAIL,
-            DataStatus::Unauthenticated | DataStatus::Forbidden => ErrorCode::ILLEGAL_CLIENT,
-            _ => ErrorCode::TRANSFER_FAIL,
-        };
-        Error::new(
-            code,
-            format!(
-                "node {} refused a {what} of {len} bytes at {address:#x} in segment {segment}: {}",
-                self.endpoint,
-                status.describe()
-            ),
-        )
+        refusal(&self.endpoint, what, segment, address, len, status)
     }
 }
 
+/// The caller's error for a request the node at `endpoint` refused with `status`.
+pub(crate) fn refusal(
+    endpoint: &str,
+    what: &str,
+    segment: SegmentId,
+    address: u64,
+    len: u64,
+    status: DataStatus,
+) -> Error {
+    let code = match status {
+        DataStatus::UnknownSegment => ErrorCode::SEGMENT_NOT_FOUND,
+        DataStatus::OutOfRange | DataStatus::AddressOverflow => ErrorCode::INVALID_PARAMS,
+        DataStatus::FileNotFound => ErrorCode::FILE_NOT_FOUND,
+        DataStatus::FileCorrupt => ErrorCode::CHECKSUM_MISMATCH,
+        DataStatus::FileWriteFail | DataStatus::DiskFull => ErrorCode::FILE_WRITE_FAIL,
+        DataStatus::FileReadFail => ErrorCode::FILE_READ_FAIL,
+        DataStatus::Unauthenticated | DataStatus::Forbidden => ErrorCode::ILLEGAL_CLIENT,
+        _ => ErrorCode::TRANSFER_FAIL,
+    };
+    Error::new(
+        code,
+        format!(
+            "node {endpoint} refused a {what} of {len} bytes at {address:#x} in segment {segment}: {}",
+            status.describe()
+        ),
+    )
+}
+
 /// Whether the node keeps the connection after answering `status`.
-fn stays_in_step(status: DataStatus) -> bool {
+pub(crate) fn stays_in_step(status: DataStatus) -> bool {
     !matches!(
         status,
         DataStatus::TooLarge | DataStatus::BadHeader | DataStatus::Unauthenticated
@@ -296,7 +322,7 @@ fn stays_in_step(status: DataStatus) -> bool {
 }
 
 /// The request header followed by the grant, ready to send.
-fn head(mut header: RequestHeader, grant: &[u8]) -> Result<HeadBytes> {
+pub(crate) fn head(mut header: RequestHeader, grant: &[u8]) -> Result<HeadBytes> {
     if grant.len() > GRANT_LEN {
         return Err(Error::new(
             ErrorCode::INVALID_PARAMS,
@@ -314,7 +340,7 @@ fn head(mut header: RequestHeader, grant: &[u8]) -> Result<HeadBytes> {
 }
 
 /// A request header and its grant, on the stack.
-struct HeadBytes {
+pub(crate) struct HeadBytes {
     bytes: [u8; REQUEST_LEN + GRANT_LEN],
     len: usize,
 }
@@ -373,83 +399,9 @@ fn plaintext_hint(plain: bool, e: &std::io::Error) -> String {
     }
 }
 
-fn transfer_fail(endpoint: &str, why: &str) -> Error {
+pub(crate) fn transfer_fail(endpoint: &str, why: &str) -> Error {
     Error::new(
         ErrorCode::TRANSFER_FAIL,
         format!("data transfer with node {endpoint} failed: {why}"),
     )
-}
-
-/// Idle connections per endpoint.
-pub struct ConnectionPool {
-    idle: Mutex<HashMap<String, Vec<DataConnection>>>,
-    max_idle_per_endpoint: usize,
-    connect_timeout: Duration,
-    secret: Option<Secret>,
-    tls: Option<TlsConnector>,
-}
-
-impl ConnectionPool {
-    /// A pool keeping at most `max_idle_per_endpoint` idle connections per node; new
-    /// connections authenticate with `secret` when one is given.
-    pub fn new(
-        max_idle_per_endpoint: usize,
-        connect_timeout: Duration,
-        secret: Option<Secret>,
-    ) -> Self {
-        Self {
-            idle: Mutex::default(),
-            max_idle_per_endpoint,
-            connect_timeout,
-            secret,
-            tls: None,
-        }
-    }
-
-    /// New connections use TLS with these settings.
-    pub fn with_tls(mut self, tls: Option<TlsConnector>) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    /// An idle connection to `endpoint` (`true`: reused from the pool), or a new one.
-    pub async fn checkout(&self, endpoint: &str) -> Result<(DataConnection, bool)> {
-        let idle = self.lock().get_mut(endpoint).and_then(Vec::pop);
-        match idle {
-            Some(conn) => Ok((conn, true)),
-            None => Ok((self.fresh(endpoint).await?, false)),
-        }
-    }
-
-    /// A new connection to `endpoint`, bypassing the idle list.
-    pub async fn fresh(&self, endpoint: &str) -> Result<DataConnection> {
-        DataConnection::connect_with_tls(
-            endpoint,
-            self.connect_timeout,
-            self.secret.as_ref(),
-            self.tls.as_ref(),
-        )
-        .await
-    }
-
-    /// Returns a connection for reuse if it is still in step.
-    pub fn checkin(&self, conn: DataConnection) {
-        if !conn.healthy {
-            return;
-        }
-        let mut idle = self.lock();
-        let list = idle.entry(conn.endpoint.clone()).or_default();
-        if list.len() < self.max_idle_per_endpoint {
-            list.push(conn);
-        }
-    }
-
-    /// Drops every idle connection to `endpoint` (after a failure there).
-    pub fn forget(&self, endpoint: &str) {
-        self.lock().remove(endpoint);
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<DataConnection>>> {
-        self.idle.lock()
-    }
 }

@@ -1,10 +1,12 @@
 //! The data plane between callers and nodes (`docs/data-plane.md`): fixed binary headers, raw
-//! payload bytes, one request at a time per TCP connection. Both sides depend on this crate:
+//! payload bytes; requests on one connection are answered in order, so a caller may pipeline them. Both sides depend on this crate:
 //! the node serves it (`moonkv-node`), the store calls it (`moonkv-client`).
 //!
 //! - [`header`]: request/response header codec and the bounds check every request passes.
 //! - [`handshake`]: the authentication hello that opens a connection when a secret is set.
-//! - [`connection`]: one caller-side connection and the per-endpoint connection pool.
+//! - [`connection`]: one caller-side connection, one request at a time.
+//! - [`pipeline`]: bursts of many requests in flight on one connection.
+//! - [`pool`]: at most a few connections per node, reused across calls and batches.
 //! - [`stream`]: plain TCP or TLS behind one type, connect/accept helpers (also used for the
 //!   master connection).
 //! - [`local`]: the handle through which an embedded node lends its segments to a store in the
@@ -16,9 +18,13 @@ pub mod connection;
 pub mod handshake;
 pub mod header;
 pub mod local;
+pub mod pipeline;
+pub mod pool;
 pub mod stream;
 
-pub use connection::{ConnectionPool, DataConnection};
+pub use connection::DataConnection;
 pub use header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader};
 pub use local::{LocalSegment, LocalSegments};
+pub use pipeline::{Burst, BurstBreak, Piece};
+pub use pool::{ConnectionPool, PoolStats, DEFAULT_CONNECTIONS_PER_NODE};
 pub use stream::{Stream, TlsAcceptor, TlsClientConfig, TlsConnector, TlsError, TlsServerConfig};

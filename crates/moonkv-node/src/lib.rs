@@ -8,11 +8,13 @@
 //! - [`server`]: the data-plane listener and per-connection request loop (bounds, grants, auth).
 //! - [`disk`]: the disk tier — replica files, their format and checksums, capacity accounting.
 //! - `offload`: the agent that copies evicted memory replicas to disk when the master asks.
+//! - [`failpoints`]: named fault points for tests (feature `failpoints`).
 //!
 //! The wire it speaks is `moonkv-dataplane`; the master connection is `moonkv-client`'s
 //! `MasterClient`.
 
 pub mod disk;
+pub mod failpoints;
 pub mod node;
 mod offload;
 mod range_lock;

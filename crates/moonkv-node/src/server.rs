@@ -19,6 +19,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -27,8 +28,12 @@ use tokio::task::JoinSet;
 /// usable; a longer one is answered and the connection closed.
 pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
 
-/// Reads smaller than this are sent with their header in one write.
-const COALESCE_BYTES: usize = 16 << 10;
+/// A connection as the request loop sees it: buffered both ways.
+pub(crate) type Conn = BufReader<BufWriter<Stream>>;
+
+/// Buffer of each direction of a connection: pipelined small requests and answers coalesce up
+/// to this size; larger payloads go straight between the socket and segment memory.
+const CONNECTION_BUFFER: usize = 64 << 10;
 
 /// Segments a node serves, by id.
 pub type SegmentTable = Arc<RwLock<HashMap<SegmentId, Arc<SegmentMemory>>>>;
@@ -166,31 +171,48 @@ async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()
 }
 
 /// Serves one connection until the peer closes it or sends something unrecoverable.
-pub(crate) async fn serve_connection(mut stream: Stream, served: Arc<Served>) -> io::Result<()> {
+pub(crate) async fn serve_connection(stream: Stream, served: Arc<Served>) -> io::Result<()> {
+    let mut conn = BufReader::with_capacity(
+        CONNECTION_BUFFER,
+        BufWriter::with_capacity(CONNECTION_BUFFER, stream),
+    );
+    let served_until = serve_requests(&mut conn, &served).await;
+    // Answers still buffered (the last one before a close, say) go out before the socket does.
+    let _ = conn.flush().await;
+    served_until
+}
+
+/// The request loop of one connection. Answers are buffered while more requests are already
+/// waiting, so a pipelined burst is answered with few writes, and flushed before the loop waits
+/// for the caller.
+async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
     let mut raw = [0u8; REQUEST_LEN];
-    if !read_header(&mut stream, &mut raw[..HELLO_MAGIC.len()], 0).await? {
+    if !read_header(stream, &mut raw[..HELLO_MAGIC.len()], 0).await? {
         return Ok(());
     }
     let mut filled = HELLO_MAGIC.len();
     if raw[..HELLO_MAGIC.len()] == HELLO_MAGIC {
-        greet(&mut stream, served.access.secret.as_ref()).await?;
+        greet(stream, served.access.secret.as_ref()).await?;
         filled = 0;
     } else if served.access.secret.is_some() {
         // A request without the handshake: answer it by its id, then close.
-        read_header(&mut stream, &mut raw, filled).await?;
+        read_header(stream, &mut raw, filled).await?;
         let request_id = RequestHeader::decode(&raw).map_or_else(|id| id, |h| h.request_id);
-        return refuse_connection(&mut stream, request_id, "request without the handshake").await;
+        return refuse_connection(stream, request_id, "request without the handshake").await;
     }
     let mut grant = [0u8; GRANT_LEN];
     loop {
-        if !read_header(&mut stream, &mut raw, filled).await? {
+        if stream.buffer().is_empty() {
+            stream.flush().await?;
+        }
+        if !read_header(stream, &mut raw, filled).await? {
             return Ok(());
         }
         filled = 0;
         let header = match RequestHeader::decode(&raw) {
             Ok(h) => h,
             Err(request_id) => {
-                respond(&mut stream, DataStatus::BadHeader, request_id).await?;
+                respond(stream, DataStatus::BadHeader, request_id).await?;
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "bad data-plane header",
@@ -199,7 +221,7 @@ pub(crate) async fn serve_connection(mut stream: Stream, served: Arc<Served>) ->
         };
         let grant_len = usize::from(header.grant_len);
         if grant_len != 0 && grant_len != GRANT_LEN {
-            respond(&mut stream, DataStatus::BadHeader, header.request_id).await?;
+            respond(stream, DataStatus::BadHeader, header.request_id).await?;
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "bad data-plane grant length",
@@ -219,7 +241,7 @@ pub(crate) async fn serve_connection(mut stream: Stream, served: Arc<Served>) ->
                         reason = refusal.describe(),
                         "data-plane request refused"
                     );
-                    refuse(&mut stream, &header, DataStatus::Forbidden).await?;
+                    refuse(stream, &header, DataStatus::Forbidden).await?;
                     continue;
                 }
             }
@@ -227,26 +249,26 @@ pub(crate) async fn serve_connection(mut stream: Stream, served: Arc<Served>) ->
         let id = header.segment_id;
         match header.op {
             op if op == DataOp::Read as u8 => {
-                serve_read(&mut stream, &header, served.segment(id)).await?
+                serve_read(stream, &header, served.segment(id)).await?
             }
             op if op == DataOp::Write as u8 => {
-                serve_write(&mut stream, &header, served.segment(id)).await?
+                serve_write(stream, &header, served.segment(id)).await?
             }
             op if op == DataOp::FileRead as u8 => {
-                serve_file_read(&mut stream, &header, served.disk(id)).await?
+                serve_file_read(stream, &header, served.disk(id)).await?
             }
             op if op == DataOp::FileWrite as u8 => {
-                serve_file_write(&mut stream, &header, served.disk(id), granted_file_size).await?
+                serve_file_write(stream, &header, served.disk(id), granted_file_size).await?
             }
             // An unknown op carries no payload by definition, so the stream is still in step.
-            _ => respond(&mut stream, DataStatus::BadOp, header.request_id).await?,
+            _ => respond(stream, DataStatus::BadOp, header.request_id).await?,
         }
     }
 }
 
 /// Fills `raw` from byte `filled` on; `Ok(false)` on a clean end of stream before the first
 /// byte.
-async fn read_header(stream: &mut Stream, raw: &mut [u8], mut filled: usize) -> io::Result<bool> {
+async fn read_header(stream: &mut Conn, raw: &mut [u8], mut filled: usize) -> io::Result<bool> {
     while filled < raw.len() {
         let n = stream.read(&mut raw[filled..]).await?;
         if n == 0 {
@@ -266,7 +288,7 @@ async fn read_header(stream: &mut Stream, raw: &mut [u8], mut filled: usize) -> 
 /// Answers a hello (its magic already read): open without a secret; with one, sends the
 /// challenge and the node's proof, then checks the caller's proof. A failed handshake is
 /// answered `UNAUTHENTICATED` and ends the connection (`Err`).
-async fn greet(stream: &mut Stream, secret: Option<&Secret>) -> io::Result<()> {
+async fn greet(stream: &mut Conn, secret: Option<&Secret>) -> io::Result<()> {
     let mut hello = [0u8; HELLO_LEN];
     hello[..HELLO_MAGIC.len()].copy_from_slice(&HELLO_MAGIC);
     stream.read_exact(&mut hello[HELLO_MAGIC.len()..]).await?;
@@ -289,6 +311,8 @@ async fn greet(stream: &mut Stream, secret: Option<&Secret>) -> io::Result<()> {
         server_proof,
     };
     stream.write_all(&answer.encode()).await?;
+    // The caller waits for the answer before it sends its proof.
+    stream.flush().await?;
     let mut proof = [0u8; PROOF_LEN];
     stream.read_exact(&mut proof).await?;
     if !secret.verify_client(&challenge, &client_nonce, &proof) {
@@ -299,7 +323,7 @@ async fn greet(stream: &mut Stream, secret: Option<&Secret>) -> io::Result<()> {
 
 /// Answers `UNAUTHENTICATED` and ends the connection. What the caller already sent is read
 /// (bounded) first, so the answer is not lost to a connection reset.
-async fn refuse_connection(stream: &mut Stream, request_id: u64, why: &str) -> io::Result<()> {
+async fn refuse_connection(stream: &mut Conn, request_id: u64, why: &str) -> io::Result<()> {
     respond(stream, DataStatus::Unauthenticated, request_id).await?;
     let _ = stream.shutdown().await;
     let drain = async {
@@ -351,7 +375,7 @@ fn check_grant(secret: &Secret, h: &RequestHeader, token: &[u8]) -> Result<Optio
 }
 
 /// Refuses a request with `status`, consuming a write's payload (see [`refuse_write`]).
-async fn refuse(stream: &mut Stream, h: &RequestHeader, status: DataStatus) -> io::Result<()> {
+async fn refuse(stream: &mut Conn, h: &RequestHeader, status: DataStatus) -> io::Result<()> {
     if h.op == DataOp::Write as u8 || h.op == DataOp::FileWrite as u8 {
         refuse_write(stream, h, status).await
     } else {
@@ -359,7 +383,7 @@ async fn refuse(stream: &mut Stream, h: &RequestHeader, status: DataStatus) -> i
     }
 }
 
-async fn respond(stream: &mut Stream, status: DataStatus, request_id: u64) -> io::Result<()> {
+async fn respond(stream: &mut Conn, status: DataStatus, request_id: u64) -> io::Result<()> {
     stream
         .write_all(
             &ResponseHeader {
@@ -373,7 +397,7 @@ async fn respond(stream: &mut Stream, status: DataStatus, request_id: u64) -> io
 }
 
 async fn serve_read(
-    stream: &mut Stream,
+    stream: &mut Conn,
     h: &RequestHeader,
     segment: Option<Arc<SegmentMemory>>,
 ) -> io::Result<()> {
@@ -390,20 +414,21 @@ async fn serve_read(
         length: h.length,
     }
     .encode();
-    if view.len() <= COALESCE_BYTES {
-        let mut out = Vec::with_capacity(ok.len() + view.len());
-        out.extend_from_slice(&ok);
-        out.extend_from_slice(&view);
-        stream.write_all(&out).await
-    } else {
-        stream.write_all(&ok).await?;
-        // Straight from segment memory to the socket.
-        stream.write_all(&view).await
+    // Small answers coalesce in the connection's buffer; large ones go straight from segment
+    // memory to the socket.
+    stream.write_all(&ok).await?;
+    let half = view.len() / 2;
+    stream.write_all(&view[..half]).await?;
+    if cfg!(feature = "failpoints") {
+        // The caller has really received half of the bytes when the point is passed.
+        stream.flush().await?;
+        crate::failpoints::hit(crate::failpoints::READ_MID_PAYLOAD);
     }
+    stream.write_all(&view[half..]).await
 }
 
 async fn serve_write(
-    stream: &mut Stream,
+    stream: &mut Conn,
     h: &RequestHeader,
     segment: Option<Arc<SegmentMemory>>,
 ) -> io::Result<()> {
@@ -422,18 +447,17 @@ async fn serve_write(
         Err(status) => return refuse_write(stream, h, status).await,
     };
     // Straight from the socket into segment memory; acknowledged only once all bytes landed.
-    stream.read_exact(&mut view).await?;
+    let half = view.len() / 2;
+    stream.read_exact(&mut view[..half]).await?;
+    crate::failpoints::hit(crate::failpoints::WRITE_MID_PAYLOAD);
+    stream.read_exact(&mut view[half..]).await?;
     drop(view);
     respond(stream, DataStatus::Ok, h.request_id).await
 }
 
 /// Answers a refused write, keeping the stream in step by discarding its payload when that is
 /// cheap enough; otherwise answers and closes.
-async fn refuse_write(
-    stream: &mut Stream,
-    h: &RequestHeader,
-    status: DataStatus,
-) -> io::Result<()> {
+async fn refuse_write(stream: &mut Conn, h: &RequestHeader, status: DataStatus) -> io::Result<()> {
     if h.length > MAX_DRAIN_BYTES {
         respond(stream, DataStatus::TooLarge, h.request_id).await?;
         return Err(io::Error::new(
@@ -464,7 +488,7 @@ fn fault_status(fault: DiskFault) -> DataStatus {
 
 /// Sends a verified disk file, or refuses with nothing sent.
 async fn serve_file_read(
-    stream: &mut Stream,
+    stream: &mut Conn,
     h: &RequestHeader,
     disk: Option<&Arc<DiskStore>>,
 ) -> io::Result<()> {
@@ -491,7 +515,7 @@ async fn serve_file_read(
 /// Writes a disk file from the payload; acknowledged once the file is synced under its name.
 /// With a grant, `granted_size` is the object size it allows.
 async fn serve_file_write(
-    stream: &mut Stream,
+    stream: &mut Conn,
     h: &RequestHeader,
     disk: Option<&Arc<DiskStore>>,
     granted_size: Option<u64>,

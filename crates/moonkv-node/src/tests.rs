@@ -296,7 +296,7 @@ async fn disk_files_round_trip_and_refusals_keep_the_connection_usable() {
             key: "k".into(),
         };
         let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13) as u8).collect();
-        conn.write_file(store.id(), 11, &meta, &data, &[])
+        conn.write_file(store.id(), 11, &meta, &[&data], &[])
             .await
             .unwrap();
         let mut back = vec![0u8; data.len()];
@@ -324,19 +324,19 @@ async fn disk_files_round_trip_and_refusals_keep_the_connection_usable() {
             ErrorCode::SEGMENT_NOT_FOUND
         );
         assert_eq!(
-            code(conn.write_file(store.id(), 13, &meta, &data, &[]).await),
+            code(conn.write_file(store.id(), 13, &meta, &[&data], &[]).await),
             ErrorCode::FILE_WRITE_FAIL,
             "over the disk budget"
         );
         assert_eq!(
             code(
-                conn.write_file(SegmentId::new(9, 9), 13, &meta, b"x", &[])
+                conn.write_file(SegmentId::new(9, 9), 13, &meta, &[b"x"], &[])
                     .await
             ),
             ErrorCode::SEGMENT_NOT_FOUND
         );
         assert_eq!(
-            code(conn.write_file(store.id(), 0, &meta, b"x", &[]).await),
+            code(conn.write_file(store.id(), 0, &meta, &[b"x"], &[]).await),
             ErrorCode::FILE_WRITE_FAIL,
             "file id 0 is never valid"
         );

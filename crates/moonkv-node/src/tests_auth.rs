@@ -150,11 +150,16 @@ async fn disk_files_need_a_file_grant_for_that_file() {
             Grant::new(rights | FILE, later(), id, size, "alice").seal(&secret(), disk)
         };
         let rw = file(READ | WRITE, 11, 5000);
-        refused(conn.write_file(disk, 12, &meta, &data, &rw).await);
-        refused(conn.write_file(disk, 11, &meta, &data[..4000], &rw).await);
+        refused(conn.write_file(disk, 12, &meta, &[&data], &rw).await);
+        refused(
+            conn.write_file(disk, 11, &meta, &[&data[..4000]], &rw)
+                .await,
+        );
         let range = Grant::new(READ | WRITE, later(), 11, 5000, "alice").seal(&secret(), disk);
-        refused(conn.write_file(disk, 11, &meta, &data, &range).await);
-        conn.write_file(disk, 11, &meta, &data, &rw).await.unwrap();
+        refused(conn.write_file(disk, 11, &meta, &[&data], &range).await);
+        conn.write_file(disk, 11, &meta, &[&data], &rw)
+            .await
+            .unwrap();
         let mut back = vec![0u8; 5000];
         refused(conn.read_file(disk, 11, &mut back, &[]).await);
         conn.read_file(disk, 11, &mut back, &file(READ, 11, 5000))

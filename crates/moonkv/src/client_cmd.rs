@@ -458,41 +458,37 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
         })
 }
 
-/// A minimal HTTP/1.0 GET (no chunked encoding to undo); returns the body of a 200 answer.
+/// GET of an admin endpoint; returns the body of a 200 answer. Blocking (ureq) on the
+/// blocking pool: these are one-off CLI queries.
 async fn http_get(addr: &str, path: &str, timeout: Duration) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(raw)
-    };
+    let url = format!("http://{addr}{path}");
+    let fetch = tokio::task::spawn_blocking(move || {
+        let config = ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            .proxy(None)
+            .http_status_as_error(false)
+            .build();
+        let mut answer = ureq::Agent::new_with_config(config).get(&url).call()?;
+        let status = answer.status();
+        let body = answer.body_mut().read_to_string()?;
+        Ok::<_, ureq::Error>((status, body))
+    });
     let unreachable = |why: String| {
         Error::new(
             ErrorCode::RPC_FAIL,
             format!("cannot query the master admin port {addr}{path}: {why}"),
         )
     };
-    let raw = tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| {
-            Error::new(
-                ErrorCode::RPC_TIMEOUT,
-                format!("the master admin port {addr} did not answer {path}"),
-            )
-        })?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| unreachable("malformed HTTP answer".into()))?;
-    let status = head.lines().next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
-        return Err(unreachable(format!("answered '{status}'")).into());
+    match fetch.await? {
+        Ok((status, body)) if status == ureq::http::StatusCode::OK => Ok(body),
+        Ok((status, _)) => Err(unreachable(format!("answered '{status}'")).into()),
+        Err(ureq::Error::Timeout(_)) => Err(Error::new(
+            ErrorCode::RPC_TIMEOUT,
+            format!("the master admin port {addr} did not answer {path}"),
+        )
+        .into()),
+        Err(e) => Err(unreachable(e.to_string()).into()),
     }
-    Ok(body.to_string())
 }
 
 #[cfg(test)]

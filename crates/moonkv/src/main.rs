@@ -116,6 +116,10 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Err(e) = moonkv_node::failpoints::configure_from_env() {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -1,9 +1,13 @@
-//! Batch forms: one master round trip per phase for all keys, transfers of all keys in
-//! parallel, and one result per key (a failing key never fails the others).
+//! Batch forms: one master round trip per phase for all keys, the bytes of all keys in one
+//! pipelined burst per connection (a few connections per node), and one result per key (a
+//! failing key never fails the others).
 
-use super::{buffer_for, check_value, lease_expired, object_size, zeroed, Store, WriteKind};
+use super::transfer::{ReadObject, WriteObject};
+use super::{
+    check_size, combine_failures, first, fit_parts, lease_expired, no_complete_replica,
+    object_size, zeroed, Store, WriteKind,
+};
 use crate::util::check_key;
-use futures_util::future::join_all;
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
@@ -93,24 +97,54 @@ impl Store {
         merge(checked, answer)
     }
 
-    /// Stores `values[i]` under `keys[i]` for every i: one BatchPutStart, all transfers in
-    /// parallel, then one BatchPutEnd for the keys written and one BatchPutRevoke for the rest.
-    /// `config.group_ids`, when set, holds one group per key.
+    /// Stores `values[i]` under `keys[i]` for every i: one BatchPutStart, the bytes of every key
+    /// in one pipelined burst per connection (a few connections per node), then one BatchPutEnd
+    /// for the keys written and one BatchPutRevoke for the rest. `config.group_ids`, when set,
+    /// holds one group per key.
     pub async fn batch_put_from(
         &self,
         keys: &[&str],
         values: &[&[u8]],
         config: &ReplicateConfig,
     ) -> Vec<Result<()>> {
-        if keys.len() != values.len() {
-            let why = format!("{} keys but {} values", keys.len(), values.len());
+        let objects: Vec<&[&[u8]]> = values.iter().map(std::slice::from_ref).collect();
+        self.batch_write(WriteKind::Put, keys, &objects, config)
+            .await
+    }
+
+    /// Like [`Store::batch_put_from`], replacing existing values (BatchUpsertStart/End).
+    pub async fn batch_upsert_from(
+        &self,
+        keys: &[&str],
+        values: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<()>> {
+        let objects: Vec<&[&[u8]]> = values.iter().map(std::slice::from_ref).collect();
+        self.batch_write(WriteKind::Upsert, keys, &objects, config)
+            .await
+    }
+
+    /// The batch write: object i is the concatenation of `objects[i]`.
+    pub(crate) async fn batch_write(
+        &self,
+        kind: WriteKind,
+        keys: &[&str],
+        objects: &[&[&[u8]]],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<()>> {
+        if keys.len() != objects.len() {
+            let why = format!("{} keys but {} values", keys.len(), objects.len());
             return keys
                 .iter()
                 .map(|_| Err(Error::new(ErrorCode::INVALID_PARAMS, why.clone())))
                 .collect();
         }
+        let sizes: Vec<u64> = objects
+            .iter()
+            .map(|parts| parts.iter().map(|p| p.len() as u64).sum())
+            .collect();
         let mut checked = check_keys(keys);
-        checked.valid.retain(|&i| match check_value(values[i]) {
+        checked.valid.retain(|&i| match check_size(sizes[i]) {
             Ok(()) => true,
             Err(e) => {
                 checked.results[i] = Some(e);
@@ -127,24 +161,33 @@ impl Store {
             client_id: self.master.client_id(),
             tenant: self.tenant.clone(),
             keys: self.valid_keys(keys, &checked),
-            sizes: checked
-                .valid
-                .iter()
-                .map(|&i| values[i].len() as u64)
-                .collect(),
+            sizes: checked.valid.iter().map(|&i| sizes[i]).collect(),
             config,
         };
         let valid = checked.valid.clone();
-        let started = merge(checked, self.master.batch_put_start(request).await);
+        let answer = self
+            .master
+            .call::<Vec<ItemResult<Vec<ReplicaDescriptor>>>>(kind.batch_start(request))
+            .await;
+        let started = merge(checked, answer);
+        crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
 
-        // Write every allocated key in parallel.
-        let writes = valid.iter().filter_map(|&i| match &started[i] {
-            Ok(replicas) => {
-                Some(async move { (i, self.write_replicas(keys[i], replicas, values[i]).await) })
-            }
-            Err(_) => None,
-        });
-        let written = join_all(writes).await;
+        // Every allocated key's bytes, all at once.
+        let allocated: Vec<usize> = valid
+            .iter()
+            .copied()
+            .filter(|&i| started[i].is_ok())
+            .collect();
+        let writes: Vec<WriteObject<'_>> = allocated
+            .iter()
+            .map(|&i| WriteObject {
+                replicas: started[i].as_deref().unwrap_or_default(),
+                meta: self.file_meta(keys[i]),
+                parts: objects[i],
+            })
+            .collect();
+        let written = self.transfer.write_objects(&writes).await;
+        drop(writes);
 
         let mut results: Vec<Result<()>> = started
             .iter()
@@ -159,7 +202,15 @@ impl Store {
         let mut end_items = Vec::new();
         let mut revoke_items = Vec::new();
         let mut end_index = Vec::new();
-        for (i, outcome) in written {
+        for (&i, outcome) in allocated.iter().zip(written) {
+            let outcome = if ids(i).is_empty() {
+                Err(Error::new(
+                    ErrorCode::NO_AVAILABLE_HANDLE,
+                    format!("the master allocated no replica for '{}'", keys[i]),
+                ))
+            } else {
+                outcome
+            };
             match outcome {
                 Ok(()) => {
                     end_items.push(EndItem {
@@ -185,7 +236,7 @@ impl Store {
                 replica_type: ReplicaType::All,
                 items: end_items.clone(),
             };
-            let answers = self.master.batch_put_end(end).await;
+            let answers = self.master.call(kind.batch_end(end)).await;
             for (slot, item) in end_index
                 .iter()
                 .zip(spread_answer(answers, end_items.len()))
@@ -199,8 +250,7 @@ impl Store {
                 }
             }
         }
-        revoke_items
-            .retain(|item| !self.defer_revoke(WriteKind::Put, &item.key, &item.replica_ids));
+        revoke_items.retain(|item| !self.defer_revoke(kind, &item.key, &item.replica_ids));
         if !revoke_items.is_empty() {
             let revoke = BatchRevokeRequest {
                 client_id: self.master.client_id(),
@@ -208,29 +258,29 @@ impl Store {
                 replica_type: ReplicaType::All,
                 items: revoke_items,
             };
-            if let Err(e) = self.master.batch_put_revoke(revoke).await {
+            let answer: Result<Vec<ItemResult<()>>> =
+                self.master.call(kind.batch_revoke(revoke)).await;
+            if let Err(e) = answer {
                 tracing::warn!(error = %e, "batch revoke did not go through; the master reclaims the space later");
             }
         }
         results
     }
 
-    /// Reads each key into its buffer and returns its size: one BatchGetReplicaList, all
-    /// transfers in parallel, one RevalidateReplicas for the keys whose lease ran out.
+    /// Reads each key into its buffer and returns its size: one BatchGetReplicaList, the bytes
+    /// of every key in one pipelined burst per connection, one RevalidateReplicas for the keys
+    /// whose lease ran out.
     pub async fn batch_get_into(
         &self,
         keys: &[&str],
         bufs: &mut [&mut [u8]],
     ) -> Vec<Result<usize>> {
         if keys.len() != bufs.len() {
-            let why = format!("{} keys but {} buffers", keys.len(), bufs.len());
-            return keys
-                .iter()
-                .map(|_| Err(Error::new(ErrorCode::INVALID_PARAMS, why.clone())))
-                .collect();
+            return mismatch(keys, bufs.len(), "buffers");
         }
         let (started, lists) = self.batch_lists(keys).await;
-        let targets: Vec<Option<&mut [u8]>> = bufs.iter_mut().map(|b| Some(&mut **b)).collect();
+        let targets: Vec<Option<Vec<&mut [u8]>>> =
+            bufs.iter_mut().map(|b| Some(vec![&mut **b])).collect();
         self.read_batch(keys, lists, started, targets).await
     }
 
@@ -246,9 +296,9 @@ impl Store {
                     .and_then(|l| zeroed(object_size(key, l)?))
             })
             .collect();
-        let targets: Vec<Option<&mut [u8]>> = bufs
+        let targets: Vec<Option<Vec<&mut [u8]>>> = bufs
             .iter_mut()
-            .map(|b| b.as_mut().ok().map(|v| v.as_mut_slice()))
+            .map(|b| b.as_mut().ok().map(|v| vec![v.as_mut_slice()]))
             .collect();
         let sizes = self.read_batch(keys, lists, started, targets).await;
         bufs.into_iter()
@@ -257,7 +307,10 @@ impl Store {
             .collect()
     }
 
-    async fn batch_lists(&self, keys: &[&str]) -> (Instant, Vec<Result<GetReplicaListResponse>>) {
+    pub(crate) async fn batch_lists(
+        &self,
+        keys: &[&str],
+    ) -> (Instant, Vec<Result<GetReplicaListResponse>>) {
         let checked = check_keys(keys);
         let request = KeysRequest {
             tenant: self.tenant.clone(),
@@ -268,34 +321,80 @@ impl Store {
         (started, merge(checked, answer))
     }
 
-    async fn read_batch(
+    /// Reads every listed key into its parts: first all keys at once from their preferred
+    /// replica, then, for keys whose preferred replica failed, the other replicas one by one.
+    pub(crate) async fn read_batch(
         &self,
         keys: &[&str],
         lists: Vec<Result<GetReplicaListResponse>>,
         started: Instant,
-        targets: Vec<Option<&mut [u8]>>,
+        targets: Vec<Option<Vec<&mut [u8]>>>,
     ) -> Vec<Result<usize>> {
-        let reads = lists
-            .iter()
-            .zip(targets)
-            .zip(keys)
-            .map(|((list, target), key)| async move {
-                let list = list.as_ref().map_err(Clone::clone)?;
-                let size = object_size(key, list)?;
+        let mut results: Vec<Result<usize>> = Vec::with_capacity(keys.len());
+        let mut reads = Vec::new();
+        let mut read_index = Vec::new();
+        let mut plans = Vec::with_capacity(keys.len());
+        for (i, (list, target)) in lists.iter().zip(targets).enumerate() {
+            let planned = list.as_ref().map_err(Clone::clone).and_then(|list| {
+                let size = object_size(keys[i], list)?;
                 let target = target.ok_or_else(|| {
                     Error::new(ErrorCode::INTERNAL_ERROR, "no buffer for this key")
                 })?;
-                let buf = buffer_for(key, target, size)?;
-                let replica = self.read_any_replica(key, &list.replicas, buf).await?;
-                Ok::<_, Error>((size, replica))
+                let parts = fit_parts(keys[i], target, size)?;
+                let order = self.read_order(&list.replicas);
+                Ok((size, order, parts))
             });
-        let read = join_all(reads).await;
+            match planned {
+                Ok((size, order, parts)) if !order.is_empty() => {
+                    results.push(Ok(size));
+                    read_index.push(i);
+                    reads.push(ReadObject {
+                        replica: order[0],
+                        parts,
+                    });
+                    plans.push(order);
+                }
+                Ok(_) => {
+                    results.push(Err(no_complete_replica(keys[i])));
+                    plans.push(Vec::new());
+                }
+                Err(e) => {
+                    results.push(Err(e));
+                    plans.push(Vec::new());
+                }
+            }
+        }
+        let outcomes = self.transfer.read_objects(&mut reads).await;
+        let mut used = vec![None; keys.len()];
+        for ((k, &i), outcome) in read_index.iter().enumerate().zip(outcomes) {
+            let mut failures = Vec::new();
+            let mut outcome = outcome;
+            // Fall over to the other replicas of this key, one at a time.
+            for replica in plans[i].iter().skip(1) {
+                match outcome {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::debug!(key = keys[i], error = %e, "replica read failed");
+                        failures.push(e);
+                    }
+                }
+                reads[k].replica = replica;
+                outcome = first(self.transfer.read_objects(&mut reads[k..=k]).await);
+            }
+            match outcome {
+                Ok(()) => used[i] = Some(reads[k].replica.id),
+                Err(e) => {
+                    failures.push(e);
+                    results[i] = Err(combine_failures(keys[i], failures));
+                }
+            }
+        }
 
         // Keys whose lease ran out: confirm with the master in one call.
         let mut expired = Vec::new();
         let mut items = Vec::new();
-        for (i, outcome) in read.iter().enumerate() {
-            if let (Ok((_, replica)), Ok(list)) = (outcome, &lists[i]) {
+        for (i, replica) in used.iter().enumerate() {
+            if let (Some(replica), Ok(list)) = (replica, &lists[i]) {
                 if lease_expired(started, list.lease_ttl_ms) {
                     expired.push(i);
                     items.push(RevalidateItem {
@@ -305,8 +404,6 @@ impl Store {
                 }
             }
         }
-        let mut results: Vec<Result<usize>> =
-            read.into_iter().map(|r| r.map(|(size, _)| size)).collect();
         if !items.is_empty() {
             for (i, verdict) in expired.into_iter().zip(self.revalidate(items).await) {
                 if let Err(e) = verdict {
@@ -333,4 +430,12 @@ fn spread_answer(answer: Result<Vec<ItemResult<()>>>, expected: usize) -> Vec<Re
         }
         Err(e) => (0..expected).map(|_| Err(e.clone())).collect(),
     }
+}
+
+/// One error per key when the argument lists do not line up.
+pub(crate) fn mismatch<T>(keys: &[&str], other: usize, what: &str) -> Vec<Result<T>> {
+    let why = format!("{} keys but {other} {what}", keys.len());
+    keys.iter()
+        .map(|_| Err(Error::new(ErrorCode::INVALID_PARAMS, why.clone())))
+        .collect()
 }

@@ -10,6 +10,8 @@
 //! `LEASE_EXPIRED`. Bytes from a replaced replica are never returned.
 
 mod batch;
+mod lanes;
+mod parts;
 pub(crate) mod transfer;
 
 use crate::master_client::{MasterClient, MasterClientConfig};
@@ -21,7 +23,7 @@ use moonkv_proto::{ClientId, Error, ErrorCode, ReplicaId, Result, TenantId};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use transfer::Transfer;
+use transfer::{Transfer, TransferConfig};
 
 /// How a [`Store`] connects and moves bytes.
 #[derive(Clone, Debug)]
@@ -36,8 +38,12 @@ pub struct StoreConfig {
     pub connect_timeout: Duration,
     /// Deadline of one data-plane chunk.
     pub transfer_timeout: Duration,
-    /// Parallel data-plane connections per replica transfer.
+    /// Data-plane connections one transfer spreads its ranges over, per node (at most
+    /// `connections_per_node`).
     pub transfer_connections: usize,
+    /// Most data-plane connections this store holds to one node; transfers beyond it wait for a
+    /// connection instead of opening another.
+    pub connections_per_node: usize,
     /// Bytes per data-plane request; larger objects are split.
     pub chunk_size: usize,
     /// Segments of nodes embedded in this process: replicas in them are copied directly, not
@@ -68,6 +74,7 @@ impl StoreConfig {
             connect_timeout: Duration::from_secs(3),
             transfer_timeout: Duration::from_secs(10),
             transfer_connections: 4,
+            connections_per_node: moonkv_dataplane::DEFAULT_CONNECTIONS_PER_NODE,
             chunk_size: 512 << 10,
             local_segments: None,
             client_id: None,
@@ -131,15 +138,16 @@ impl Store {
         let tls = moonkv_dataplane::stream::TlsConnector::load_if_set(config.tls.as_ref())
             .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, format!("TLS settings: {e}")))?;
         let master = MasterClient::connect(master_config).await?;
-        let transfer = Transfer::new(
-            config.chunk_size,
-            config.transfer_connections,
-            config.transfer_timeout,
-            config.connect_timeout,
-            config.local_segments.clone(),
-            config.progress.clone(),
-            config.auth_secret.clone(),
-        )
+        let transfer = Transfer::new(TransferConfig {
+            chunk_size: config.chunk_size,
+            lanes: config.transfer_connections,
+            connections_per_node: config.connections_per_node,
+            timeout: config.transfer_timeout,
+            connect_timeout: config.connect_timeout,
+            local: config.local_segments.clone(),
+            progress: config.progress.clone(),
+            secret: config.auth_secret.clone(),
+        })
         .with_tls(tls);
         Ok(Store {
             master,
@@ -164,6 +172,11 @@ impl Store {
     /// The underlying master client.
     pub fn master(&self) -> &MasterClient {
         &self.master
+    }
+
+    /// Data-plane connections this store (and its clones) opened, and holds now.
+    pub fn data_plane_stats(&self) -> moonkv_dataplane::PoolStats {
+        self.transfer.pool_stats()
     }
 
     /// Stores `value` under `key`. An existing key is left untouched and reported as
@@ -330,6 +343,7 @@ impl Store {
             .await
             .map_err(|e| self.about(key, e))?;
         let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
+        crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
         let written = self.write_replicas(key, &replicas, value).await;
         let result = match written {
             Ok(()) => {
@@ -409,17 +423,17 @@ impl Store {
                 format!("the master allocated no replica for '{key}'"),
             ));
         }
-        let meta = FileMeta {
+        self.transfer
+            .write_replicas(replicas, self.file_meta(key), value)
+            .await
+    }
+
+    /// What a disk file records about the object it holds.
+    pub(crate) fn file_meta(&self, key: &str) -> FileMeta {
+        FileMeta {
             tenant: TenantId::normalized(&self.tenant).0,
             key: key.to_string(),
-        };
-        let writes = replicas
-            .iter()
-            .map(|r| self.transfer.write_replica(r, &meta, value));
-        futures_util::future::join_all(writes)
-            .await
-            .into_iter()
-            .collect()
+        }
     }
 
     async fn read_object(
@@ -444,21 +458,33 @@ impl Store {
             .unwrap_or_else(|| Err(lease_error(key, "no answer")))
     }
 
-    /// Reads from the first replica that works: in-process ones first, then memory, then disk.
+    /// Complete replicas in the order reads try them: in-process ones first, then memory
+    /// before disk, otherwise in master order.
+    pub(crate) fn read_order<'r>(
+        &self,
+        replicas: &'r [ReplicaDescriptor],
+    ) -> Vec<&'r ReplicaDescriptor> {
+        let mut order: Vec<&ReplicaDescriptor> = replicas
+            .iter()
+            .filter(|r| r.status == ReplicaStatus::Complete)
+            .collect();
+        order.sort_by_key(|r| (!self.transfer.is_local(r), r.kind == ReplicaKind::LocalDisk));
+        order
+    }
+
+    /// Reads from the first replica that works, in [`Store::read_order`].
     pub(crate) async fn read_any_replica(
         &self,
         key: &str,
         replicas: &[ReplicaDescriptor],
         buf: &mut [u8],
     ) -> Result<ReplicaId> {
-        let mut order: Vec<&ReplicaDescriptor> = replicas
-            .iter()
-            .filter(|r| r.status == ReplicaStatus::Complete)
-            .collect();
-        // In-process copies first, then memory before disk, otherwise in master order.
-        order.sort_by_key(|r| (!self.transfer.is_local(r), r.kind == ReplicaKind::LocalDisk));
+        let order = self.read_order(replicas);
+        if order.is_empty() {
+            return Err(no_complete_replica(key));
+        }
         let mut failures = Vec::new();
-        for replica in &order {
+        for replica in order {
             match self.transfer.read(replica, buf).await {
                 Ok(()) => return Ok(replica.id),
                 Err(e) => {
@@ -467,20 +493,7 @@ impl Store {
                 }
             }
         }
-        Err(match failures.len() {
-            0 => Error::new(
-                ErrorCode::REPLICA_IS_NOT_READY,
-                format!("'{key}' has no complete replica"),
-            ),
-            1 => failures.remove(0),
-            n => {
-                let why: Vec<String> = failures.iter().map(|e| e.to_string()).collect();
-                Error::new(
-                    ErrorCode::TRANSFER_FAIL,
-                    format!("all {n} replicas of '{key}' failed: {}", why.join("; ")),
-                )
-            }
-        })
+        Err(combine_failures(key, failures))
     }
 
     /// Asks the master whether the replicas read are still current; one result per item.
@@ -514,6 +527,27 @@ impl Store {
 }
 
 impl WriteKind {
+    fn batch_start(self, r: BatchPutStartRequest) -> Request {
+        match self {
+            WriteKind::Put => Request::BatchPutStart(r),
+            WriteKind::Upsert => Request::BatchUpsertStart(r),
+        }
+    }
+
+    fn batch_end(self, r: BatchEndRequest) -> Request {
+        match self {
+            WriteKind::Put => Request::BatchPutEnd(r),
+            WriteKind::Upsert => Request::BatchUpsertEnd(r),
+        }
+    }
+
+    fn batch_revoke(self, r: BatchRevokeRequest) -> Request {
+        match self {
+            WriteKind::Put => Request::BatchPutRevoke(r),
+            WriteKind::Upsert => Request::BatchUpsertRevoke(r),
+        }
+    }
+
     fn start(self, r: PutStartRequest) -> Request {
         match self {
             WriteKind::Put => Request::PutStart(r),
@@ -550,7 +584,11 @@ fn checked_tenant(tenant: &str) -> Result<String> {
 }
 
 pub(crate) fn check_value(value: &[u8]) -> Result<()> {
-    if value.is_empty() {
+    check_size(value.len() as u64)
+}
+
+pub(crate) fn check_size(size: u64) -> Result<()> {
+    if size == 0 {
         return Err(Error::new(
             ErrorCode::INVALID_PARAMS,
             "the value is empty; objects hold at least one byte",
@@ -597,6 +635,67 @@ pub(crate) fn zeroed(size: usize) -> Result<Vec<u8>> {
     })?;
     buf.resize(size, 0);
     Ok(buf)
+}
+
+pub(crate) use transfer::first;
+
+/// The only result of a one-key batch call.
+pub(crate) fn first_of<T>(results: Vec<Result<T>>) -> Result<T> {
+    results.into_iter().next().unwrap_or_else(|| {
+        Err(Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            "no result for the key",
+        ))
+    })
+}
+
+pub(crate) fn no_complete_replica(key: &str) -> Error {
+    Error::new(
+        ErrorCode::REPLICA_IS_NOT_READY,
+        format!("'{key}' has no complete replica"),
+    )
+}
+
+/// The error of a read whose every replica failed.
+pub(crate) fn combine_failures(key: &str, mut failures: Vec<Error>) -> Error {
+    match failures.len() {
+        0 => no_complete_replica(key),
+        1 => failures.remove(0),
+        n => {
+            let why: Vec<String> = failures.iter().map(|e| e.to_string()).collect();
+            Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("all {n} replicas of '{key}' failed: {}", why.join("; ")),
+            )
+        }
+    }
+}
+
+/// The leading buffers of `parts` holding exactly `size` bytes (the last one cut to fit), or
+/// `INVALID_PARAMS` when together they are too small.
+pub(crate) fn fit_parts<'a>(
+    key: &str,
+    parts: Vec<&'a mut [u8]>,
+    size: usize,
+) -> Result<Vec<&'a mut [u8]>> {
+    let have: usize = parts.iter().map(|p| p.len()).sum();
+    if have < size {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("buffers of {have} bytes are too small for '{key}' ({size} bytes)"),
+        ));
+    }
+    let mut left = size;
+    let mut fitted = Vec::with_capacity(parts.len());
+    for part in parts {
+        if left == 0 {
+            break;
+        }
+        let take = part.len().min(left);
+        left -= take;
+        fitted.push(&mut part[..take]);
+    }
+    Ok(fitted)
 }
 
 /// The first `size` bytes of `buf`, or `INVALID_PARAMS` when `buf` is too small.

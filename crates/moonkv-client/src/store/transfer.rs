@@ -1,9 +1,13 @@
-//! Moving one replica's bytes: split into chunks spread over several connections, or copied
-//! directly when the replica's segment lives in this process. A disk replica moves as one
-//! whole-file request to the node that owns the disk.
+//! Moving objects' bytes. A call hands over every object it moves at once: memory replicas on
+//! other nodes become ranges moved in pipelined bursts over a few pooled connections per node
+//! (`lanes`), replicas whose segment lives in this process are copied directly, and a disk
+//! replica moves as one whole-file request to the node that owns the disk. Objects may come
+//! from, or go to, several caller buffers ("parts") without a staging copy, except that a disk
+//! file read into several parts is gathered through one buffer.
 
-use futures_util::future::join_all;
-use moonkv_dataplane::{ConnectionPool, DataConnection, FileMeta};
+use super::lanes::{Job, JobIo};
+use futures_util::future::{join_all, BoxFuture, FutureExt, Shared};
+use moonkv_dataplane::{ConnectionPool, DataConnection, FileMeta, PoolStats};
 use moonkv_dataplane::{LocalSegment, LocalSegments};
 use moonkv_proto::auth::Secret;
 use moonkv_proto::types::{ReplicaDescriptor, ReplicaKind};
@@ -14,11 +18,33 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinHandle;
 
 /// How long a timed-out write is waited for before its space is left to the master's
 /// stalled-write sweep (the default `put_start_release_timeout_sec`).
 const FENCE_LIMIT: Duration = Duration::from_secs(600);
+
+/// Settles once an abandoned connection can no longer apply bytes (true), or gave up (false).
+type Fence = Shared<BoxFuture<'static, bool>>;
+
+/// One object to write: its bytes are the concatenation of `parts`.
+pub(crate) struct WriteObject<'a> {
+    pub replicas: &'a [ReplicaDescriptor],
+    pub meta: FileMeta,
+    pub parts: &'a [&'a [u8]],
+}
+
+/// One object to read from `replica` into `parts`, in order (their lengths add up to the
+/// object size).
+pub(crate) struct ReadObject<'a> {
+    pub replica: &'a ReplicaDescriptor,
+    pub parts: Vec<&'a mut [u8]>,
+}
+
+/// A transfer that is not a network range: a local copy or a disk file.
+type Side<'a> = (
+    usize,
+    std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>,
+);
 
 /// Transfer settings and the connection pool shared by a store's clones.
 pub(crate) struct Transfer {
@@ -29,29 +55,35 @@ pub(crate) struct Transfer {
     local: Option<LocalSegments>,
     /// Bytes moved so far, for progress displays.
     progress: Option<Arc<AtomicU64>>,
-    /// Writes whose deadline passed while the node may still be applying them, by replica:
-    /// each task settles once the node has closed the abandoned connection.
-    fences: Mutex<HashMap<ReplicaId, Vec<JoinHandle<bool>>>>,
+    /// Writes whose deadline passed while the node may still be applying them, by replica.
+    fences: Mutex<HashMap<ReplicaId, Vec<Fence>>>,
+}
+
+/// How a store moves bytes (from `StoreConfig`).
+pub(crate) struct TransferConfig {
+    pub chunk_size: usize,
+    pub lanes: usize,
+    pub connections_per_node: usize,
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    pub local: Option<LocalSegments>,
+    pub progress: Option<Arc<AtomicU64>>,
+    pub secret: Option<Secret>,
 }
 
 impl Transfer {
-    pub fn new(
-        chunk_size: usize,
-        lanes: usize,
-        timeout: Duration,
-        connect_timeout: Duration,
-        local: Option<LocalSegments>,
-        progress: Option<Arc<AtomicU64>>,
-        secret: Option<Secret>,
-    ) -> Self {
-        let lanes = lanes.max(1);
+    pub fn new(config: TransferConfig) -> Self {
         Self {
-            pool: ConnectionPool::new(lanes * 2, connect_timeout, secret),
-            chunk_size: chunk_size.max(4096),
-            lanes,
-            timeout,
-            local,
-            progress,
+            pool: ConnectionPool::new(
+                config.connections_per_node,
+                config.connect_timeout,
+                config.secret,
+            ),
+            chunk_size: config.chunk_size.max(4096),
+            lanes: config.lanes.max(1),
+            timeout: config.timeout,
+            local: config.local,
+            progress: config.progress,
             fences: Mutex::default(),
         }
     }
@@ -62,7 +94,25 @@ impl Transfer {
         self
     }
 
-    fn advance(&self, bytes: usize) {
+    pub(crate) fn pool(&self) -> &ConnectionPool {
+        &self.pool
+    }
+
+    pub(crate) fn pool_cap(&self) -> usize {
+        self.pool.cap()
+    }
+
+    /// Data-plane connections opened and open now.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Deadline for the node to make progress on a burst (one chunk's worth).
+    pub(crate) fn step_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn advance(&self, bytes: usize) {
         if let Some(progress) = &self.progress {
             progress.fetch_add(bytes as u64, Ordering::Relaxed);
         }
@@ -76,28 +126,27 @@ impl Transfer {
         &self,
         ids: &[ReplicaId],
     ) -> Option<impl Future<Output = bool> + Send + 'static> {
-        let tasks: Vec<JoinHandle<bool>> = {
-            let mut fences = self.fences.lock();
+        let fences: Vec<Fence> = {
+            let mut all = self.fences.lock();
             ids.iter()
-                .filter_map(|id| fences.remove(id))
+                .filter_map(|id| all.remove(id))
                 .flatten()
                 .collect()
         };
-        if tasks.is_empty() {
+        if fences.is_empty() {
             return None;
         }
-        Some(async move {
-            let mut settled = true;
-            for task in tasks {
-                settled &= task.await.unwrap_or(false);
-            }
-            settled
-        })
+        Some(async move { join_all(fences).await.into_iter().all(|settled| settled) })
     }
 
-    fn fence(&self, replica: ReplicaId, conn: DataConnection) {
+    /// Settles `conn` in the background; writes into `replicas` count as unsettled until then.
+    pub(crate) fn fence(&self, replicas: Vec<ReplicaId>, conn: DataConnection) {
         let task = tokio::spawn(conn.fence(FENCE_LIMIT));
-        self.fences.lock().entry(replica).or_default().push(task);
+        let fence: Fence = async move { task.await.unwrap_or(false) }.boxed().shared();
+        let mut all = self.fences.lock();
+        for id in replicas {
+            all.entry(id).or_default().push(fence.clone());
+        }
     }
 
     /// Whether reading `replica` needs no network (its segment is served by this process).
@@ -114,56 +163,162 @@ impl Transfer {
 
     /// Reads a whole replica into `buf` (exactly the object size).
     pub async fn read(&self, replica: &ReplicaDescriptor, buf: &mut [u8]) -> Result<()> {
-        if replica.kind == ReplicaKind::LocalDisk {
-            return self.read_file(replica, buf).await;
-        }
-        check_memory(replica, buf.len())?;
-        if let Some(memory) = self.local(replica) {
-            memory
-                .read_into(replica.address, buf)
-                .await
-                .map_err(|s| local_refusal(replica, s))?;
-            self.advance(buf.len());
-            return Ok(());
-        }
-        let lanes = spread(buf.chunks_mut(self.chunk_size), self.lanes, self.chunk_size);
-        // Lanes borrow the caller's buffer, so they run concurrently on this task rather than
-        // as spawned tasks; for socket I/O that is as fast.
-        let work = lanes
-            .into_iter()
-            .map(|items| self.read_lane(replica, items));
-        join_all(work).await.into_iter().collect()
+        let object = ReadObject {
+            replica,
+            parts: vec![buf],
+        };
+        first(self.read_objects(&mut [object]).await)
     }
 
-    /// Writes `data` (the whole object) into a replica; `meta` names the object for disk files.
-    pub async fn write_replica(
+    /// Writes `data` (the whole object) into every replica of `replicas`.
+    pub async fn write_replicas(
         &self,
-        replica: &ReplicaDescriptor,
-        meta: &FileMeta,
+        replicas: &[ReplicaDescriptor],
+        meta: FileMeta,
         data: &[u8],
     ) -> Result<()> {
-        if replica.kind == ReplicaKind::LocalDisk {
-            return self.write_file(replica, meta, data).await;
-        }
-        self.write(replica, data).await
+        let parts = [data];
+        let object = WriteObject {
+            replicas,
+            meta,
+            parts: &parts,
+        };
+        first(self.write_objects(&[object]).await)
     }
 
-    /// Writes `data` (the whole object) into a memory replica.
-    pub async fn write(&self, replica: &ReplicaDescriptor, data: &[u8]) -> Result<()> {
-        check_memory(replica, data.len())?;
-        if let Some(memory) = self.local(replica) {
+    /// Writes every object into each of its replicas; one result per object (the first failure
+    /// among its replicas).
+    pub async fn write_objects(&self, objects: &[WriteObject<'_>]) -> Vec<Result<()>> {
+        let mut results: Vec<Result<()>> = (0..objects.len()).map(|_| Ok(())).collect();
+        let mut jobs = Vec::new();
+        let mut side: Vec<Side<'_>> = Vec::new();
+        for (i, object) in objects.iter().enumerate() {
+            let len: usize = object.parts.iter().map(|p| p.len()).sum();
+            for replica in object.replicas {
+                if replica.kind == ReplicaKind::LocalDisk {
+                    side.push((
+                        i,
+                        Box::pin(self.write_file(replica, &object.meta, object.parts)),
+                    ));
+                    continue;
+                }
+                if let Err(e) = check_memory(replica, len) {
+                    results[i] = Err(e);
+                    continue;
+                }
+                if let Some(memory) = self.local(replica) {
+                    side.push((i, Box::pin(self.copy_in(memory, replica, object.parts))));
+                    continue;
+                }
+                let mut offset = 0;
+                for part in object.parts {
+                    let io = JobIo::Write(part);
+                    Job::ranges(i, replica, offset, io, self.chunk_size, &mut jobs);
+                    offset += part.len() as u64;
+                }
+            }
+        }
+        self.finish(results, jobs, side).await
+    }
+
+    /// Reads every object from its replica; one result per object.
+    pub async fn read_objects(&self, objects: &mut [ReadObject<'_>]) -> Vec<Result<()>> {
+        let mut results: Vec<Result<()>> = (0..objects.len()).map(|_| Ok(())).collect();
+        let mut jobs = Vec::new();
+        let mut side: Vec<Side<'_>> = Vec::new();
+        for (i, object) in objects.iter_mut().enumerate() {
+            let replica = object.replica;
+            let parts: Vec<&mut [u8]> = object.parts.iter_mut().map(|p| &mut **p).collect();
+            if replica.kind == ReplicaKind::LocalDisk {
+                side.push((i, Box::pin(self.read_file(replica, parts))));
+                continue;
+            }
+            let len: usize = parts.iter().map(|p| p.len()).sum();
+            if let Err(e) = check_memory(replica, len) {
+                results[i] = Err(e);
+                continue;
+            }
+            if let Some(memory) = self.local(replica) {
+                side.push((i, Box::pin(self.copy_out(memory, replica, parts))));
+                continue;
+            }
+            let mut offset = 0;
+            for part in parts {
+                let part_len = part.len() as u64;
+                Job::ranges(
+                    i,
+                    replica,
+                    offset,
+                    JobIo::Read(part),
+                    self.chunk_size,
+                    &mut jobs,
+                );
+                offset += part_len;
+            }
+        }
+        self.finish(results, jobs, side).await
+    }
+
+    /// Runs network ranges and side transfers together and folds them into `results`.
+    async fn finish(
+        &self,
+        mut results: Vec<Result<()>>,
+        jobs: Vec<Job<'_>>,
+        side: Vec<Side<'_>>,
+    ) -> Vec<Result<()>> {
+        let (indices, futures): (Vec<usize>, Vec<_>) = side.into_iter().unzip();
+        // Everything borrows the caller's buffers, so it runs concurrently on this task rather
+        // than as spawned tasks; for socket I/O that is as fast.
+        let (network, side) = tokio::join!(
+            self.run_jobs(jobs, results.len(), self.lanes),
+            join_all(futures)
+        );
+        let outcomes = network
+            .into_iter()
+            .enumerate()
+            .chain(indices.into_iter().zip(side));
+        for (i, outcome) in outcomes {
+            if let (Err(e), Ok(())) = (outcome, &results[i]) {
+                results[i] = Err(e);
+            }
+        }
+        results
+    }
+
+    async fn copy_in(
+        &self,
+        memory: Arc<dyn LocalSegment>,
+        replica: &ReplicaDescriptor,
+        parts: &[&[u8]],
+    ) -> Result<()> {
+        let mut address = replica.address;
+        for part in parts {
             memory
-                .write_from(replica.address, data)
+                .write_from(address, part)
                 .await
                 .map_err(|s| local_refusal(replica, s))?;
-            self.advance(data.len());
-            return Ok(());
+            address += part.len() as u64;
+            self.advance(part.len());
         }
-        let lanes = spread(data.chunks(self.chunk_size), self.lanes, self.chunk_size);
-        let work = lanes
-            .into_iter()
-            .map(|items| self.write_lane(replica, items));
-        join_all(work).await.into_iter().collect()
+        Ok(())
+    }
+
+    async fn copy_out(
+        &self,
+        memory: Arc<dyn LocalSegment>,
+        replica: &ReplicaDescriptor,
+        parts: Vec<&mut [u8]>,
+    ) -> Result<()> {
+        let mut address = replica.address;
+        for part in parts {
+            memory
+                .read_into(address, part)
+                .await
+                .map_err(|s| local_refusal(replica, s))?;
+            address += part.len() as u64;
+            self.advance(part.len());
+        }
+        Ok(())
     }
 
     /// Deadline of a whole-file request: the chunk deadline per chunk-sized share.
@@ -172,26 +327,26 @@ impl Transfer {
         self.timeout.saturating_mul(chunks)
     }
 
-    async fn read_file(&self, replica: &ReplicaDescriptor, buf: &mut [u8]) -> Result<()> {
-        let timeout = self.file_timeout(buf.len());
-        let mut lane = Lane::open(self, &replica.endpoint).await?;
-        loop {
-            let attempt = tokio::time::timeout(
-                timeout,
-                lane.conn.read_file(
-                    replica.segment_id,
-                    replica.address,
-                    &mut *buf,
-                    grant_of(replica),
-                ),
-            )
-            .await;
-            if lane.settle(self, attempt).await? {
-                break;
-            }
+    async fn read_file(
+        &self,
+        replica: &ReplicaDescriptor,
+        mut parts: Vec<&mut [u8]>,
+    ) -> Result<()> {
+        if parts.len() == 1 {
+            return self
+                .file_request(replica, FileOp::Read(&mut *parts[0]))
+                .await;
         }
-        self.pool.checkin(lane.conn);
-        self.advance(buf.len());
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut gathered = vec![0u8; len];
+        self.file_request(replica, FileOp::Read(&mut gathered))
+            .await?;
+        let mut rest = &gathered[..];
+        for part in parts {
+            let (head, tail) = rest.split_at(part.len());
+            part.copy_from_slice(head);
+            rest = tail;
+        }
         Ok(())
     }
 
@@ -199,132 +354,73 @@ impl Transfer {
         &self,
         replica: &ReplicaDescriptor,
         meta: &FileMeta,
-        data: &[u8],
+        parts: &[&[u8]],
     ) -> Result<()> {
-        let timeout = self.file_timeout(data.len());
-        let mut lane = Lane::open(self, &replica.endpoint).await?;
+        self.file_request(replica, FileOp::Write(meta, parts)).await
+    }
+
+    /// One whole-file request, retried once on a new connection when a connection from the idle
+    /// list fails (the node may have closed it).
+    async fn file_request(&self, replica: &ReplicaDescriptor, mut op: FileOp<'_>) -> Result<()> {
+        let len = op.len();
+        let timeout = self.file_timeout(len);
+        let (mut conn, mut reused) = self.pool.checkout(&replica.endpoint).await?;
+        let (disk, file, grant) = (replica.segment_id, replica.address, grant_of(replica));
         loop {
-            let attempt = tokio::time::timeout(
-                timeout,
-                lane.conn.write_file(
-                    replica.segment_id,
-                    replica.address,
-                    meta,
-                    data,
-                    grant_of(replica),
-                ),
-            )
-            .await;
-            if lane.settle(self, attempt).await? {
-                break;
-            }
-        }
-        self.pool.checkin(lane.conn);
-        self.advance(data.len());
-        Ok(())
-    }
-
-    async fn read_lane(
-        &self,
-        replica: &ReplicaDescriptor,
-        items: Vec<(u64, &mut [u8])>,
-    ) -> Result<()> {
-        let mut lane = Lane::open(self, &replica.endpoint).await?;
-        for (offset, chunk) in items {
-            let address = replica.address + offset;
-            loop {
-                let attempt = tokio::time::timeout(
-                    self.timeout,
-                    lane.conn
-                        .read(replica.segment_id, address, &mut *chunk, grant_of(replica)),
-                )
-                .await;
-                if lane.settle(self, attempt).await? {
-                    break;
+            let attempt = match &mut op {
+                FileOp::Read(buf) => {
+                    tokio::time::timeout(timeout, conn.read_file(disk, file, buf, grant)).await
+                }
+                FileOp::Write(meta, parts) => {
+                    tokio::time::timeout(timeout, conn.write_file(disk, file, meta, parts, grant))
+                        .await
+                }
+            };
+            match attempt {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) if reused && e.code == ErrorCode::TRANSFER_FAIL => {
+                    reused = false;
+                    self.pool.redial(&mut conn).await?;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorCode::TRANSFER_FAIL,
+                        format!(
+                            "data transfer with node {} took longer than {timeout:?}",
+                            replica.endpoint
+                        ),
+                    ))
                 }
             }
-            self.advance(chunk.len());
         }
-        self.pool.checkin(lane.conn);
-        Ok(())
-    }
-
-    async fn write_lane(
-        &self,
-        replica: &ReplicaDescriptor,
-        items: Vec<(u64, &[u8])>,
-    ) -> Result<()> {
-        let mut lane = Lane::open(self, &replica.endpoint).await?;
-        for (offset, chunk) in items {
-            let address = replica.address + offset;
-            loop {
-                let attempt = tokio::time::timeout(
-                    self.timeout,
-                    lane.conn
-                        .write(replica.segment_id, address, chunk, grant_of(replica)),
-                )
-                .await;
-                if attempt.is_err() {
-                    // Bytes already sent may still be applied by a stalled node.
-                    let error = lane.timed_out(self);
-                    self.fence(replica.id, lane.conn);
-                    return Err(error);
-                }
-                if lane.settle(self, attempt).await? {
-                    break;
-                }
-            }
-            self.advance(chunk.len());
-        }
-        self.pool.checkin(lane.conn);
+        self.pool.checkin(conn);
+        self.advance(len);
         Ok(())
     }
 }
 
-/// One connection working through its share of chunks.
-struct Lane {
-    conn: DataConnection,
-    /// Taken from the idle pool: the node may have closed it meanwhile, so one transport
-    /// failure on it is retried on a fresh connection.
-    reused: bool,
+/// A whole-file request.
+enum FileOp<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a FileMeta, &'a [&'a [u8]]),
 }
 
-impl Lane {
-    async fn open(transfer: &Transfer, endpoint: &str) -> Result<Lane> {
-        let (conn, reused) = transfer.pool.checkout(endpoint).await?;
-        Ok(Lane { conn, reused })
-    }
-
-    /// `Ok(true)`: chunk done; `Ok(false)`: retry it on the fresh connection now in place.
-    async fn settle(
-        &mut self,
-        transfer: &Transfer,
-        attempt: std::result::Result<Result<()>, tokio::time::error::Elapsed>,
-    ) -> Result<bool> {
-        match attempt {
-            Ok(Ok(())) => Ok(true),
-            Ok(Err(e)) if self.reused && e.code == ErrorCode::TRANSFER_FAIL => {
-                let endpoint = self.conn.endpoint().to_string();
-                transfer.pool.forget(&endpoint);
-                self.conn = transfer.pool.fresh(&endpoint).await?;
-                self.reused = false;
-                Ok(false)
-            }
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(self.timed_out(transfer)),
+impl FileOp<'_> {
+    fn len(&self) -> usize {
+        match self {
+            FileOp::Read(buf) => buf.len(),
+            FileOp::Write(_, parts) => parts.iter().map(|p| p.len()).sum(),
         }
     }
+}
 
-    fn timed_out(&self, transfer: &Transfer) -> Error {
-        Error::new(
-            ErrorCode::TRANSFER_FAIL,
-            format!(
-                "data transfer with node {} took longer than {:?}",
-                self.conn.endpoint(),
-                transfer.timeout
-            ),
-        )
-    }
+/// The only result of a one-object call.
+pub(crate) fn first(results: Vec<Result<()>>) -> Result<()> {
+    results
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Err(Error::new(ErrorCode::INTERNAL_ERROR, "no transfer result")))
 }
 
 /// A memory replica, moved whole: the transfer touches exactly the descriptor's range (the
@@ -369,36 +465,8 @@ fn local_refusal(replica: &ReplicaDescriptor, status: moonkv_dataplane::DataStat
     )
 }
 
-/// Deals chunks round-robin into at most `lanes` lanes, each chunk tagged with its offset.
-fn spread<T>(
-    chunks: impl Iterator<Item = T>,
-    lanes: usize,
-    chunk_size: usize,
-) -> Vec<Vec<(u64, T)>> {
-    let mut out: Vec<Vec<(u64, T)>> = (0..lanes).map(|_| Vec::new()).collect();
-    for (i, chunk) in chunks.enumerate() {
-        out[i % lanes].push(((i * chunk_size) as u64, chunk));
-    }
-    out.retain(|lane| !lane.is_empty());
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn chunks_spread_round_robin_with_offsets() {
-        let data = [0u8; 10];
-        let lanes = spread(data.chunks(4), 2, 4);
-        let offsets: Vec<Vec<u64>> = lanes
-            .iter()
-            .map(|l| l.iter().map(|(o, _)| *o).collect())
-            .collect();
-        assert_eq!(offsets, vec![vec![0, 8], vec![4]]);
-        assert_eq!(spread(data.chunks(16), 4, 16).len(), 1);
-    }
-
     #[tokio::test]
     async fn join_all_answers_in_input_order_whatever_finishes_first() {
         // Lanes and batch items are matched to their results by position. The library takes a
@@ -410,7 +478,10 @@ mod tests {
                 }
                 i
             });
-            assert_eq!(join_all(futures).await, (0..n).collect::<Vec<_>>());
+            assert_eq!(
+                futures_util::future::join_all(futures).await,
+                (0..n).collect::<Vec<_>>()
+            );
         }
     }
 }

@@ -265,6 +265,7 @@ impl DiskStore {
     /// Renames the synced temporary file to its final name.
     async fn publish(&self, tmp: &Path, file_id: u64) -> Result<(), FileError> {
         let path = self.path_of(file_id);
+        crate::failpoints::hit(crate::failpoints::DISK_BEFORE_RENAME);
         if let Ok(old) = tokio::fs::metadata(&path).await {
             self.release(old.len());
         }

@@ -1,0 +1,46 @@
+//! Named fault points of the client (see `moonkv_node::failpoints`, which lists them all and
+//! adds the node's). Compiled in only with the `failpoints` feature.
+
+/// A store has its replicas from PutStart (or BatchPutStart), before writing any byte.
+pub const AFTER_PUT_START: &str = "store::after_put_start";
+
+/// Exit code of a process ended at a fault point by a `return` action.
+pub const EXIT_CODE: i32 = 86;
+
+/// Passes the point `name`: no-op unless configured; `return` ends the process here.
+#[inline]
+pub fn hit(name: &str) {
+    #[cfg(feature = "failpoints")]
+    if fail::eval(name, |_| ()).is_some() {
+        eprintln!("failpoint {name}: exiting");
+        std::process::exit(EXIT_CODE);
+    }
+    let _ = name;
+}
+
+/// Configures the points named in `FAILPOINTS` (`name=actions;...`); an error names the entry
+/// at fault. Without the `failpoints` feature a set `FAILPOINTS` is an error, so a test never
+/// passes by accident against a build that ignores it.
+pub fn configure_from_env() -> Result<(), String> {
+    let Ok(spec) = std::env::var("FAILPOINTS") else {
+        return Ok(());
+    };
+    for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, actions) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("FAILPOINTS entry '{entry}' is not name=actions"))?;
+        configure(name.trim(), actions.trim())
+            .map_err(|e| format!("FAILPOINTS entry '{entry}': {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "failpoints")]
+fn configure(name: &str, actions: &str) -> Result<(), String> {
+    fail::cfg(name, actions)
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn configure(_: &str, _: &str) -> Result<(), String> {
+    Err("this moonkv was built without fault points (cargo feature `failpoints`)".into())
+}

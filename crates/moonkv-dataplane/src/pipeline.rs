@@ -1,0 +1,322 @@
+//! Pipelined bursts: many requests in flight on one connection.
+//!
+//! The caller writes every request of a burst back to back (headers, grants and write payloads
+//! through one buffered writer, so small requests share syscalls) while it reads the answers,
+//! which the node sends in request order. Read payloads go straight from the socket into the
+//! caller's buffers and write payloads straight from the caller's buffers onto the socket; there
+//! is no staging copy. Each answer is awaited with the step deadline, so a burst fails only when
+//! the node makes no progress for that long.
+//!
+//! Results are per request. A refusal that keeps the connection in step (a forged grant, a range
+//! outside the segment) fails only its request; an I/O error, a timeout or a refusal after which
+//! the node closes the connection fails that request and every later one of the burst.
+
+use crate::connection::{head, refusal, stays_in_step, transfer_fail, DataConnection, HeadBytes};
+use crate::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
+use std::pin::pin;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+
+/// Buffer of the burst writer and reader: small requests and answers coalesce up to this size,
+/// larger payloads bypass it.
+const BURST_BUFFER: usize = 64 << 10;
+
+/// One request of a burst.
+pub enum Piece<'a> {
+    /// Read `buf.len()` bytes at `address` of `segment` into `buf`.
+    Read {
+        /// Segment holding the bytes.
+        segment: SegmentId,
+        /// Absolute address of the first byte.
+        address: u64,
+        /// Where the bytes go.
+        buf: &'a mut [u8],
+        /// The replica's grant (empty: none).
+        grant: &'a [u8],
+    },
+    /// Write `data` at `address` of `segment`.
+    Write {
+        /// Segment receiving the bytes.
+        segment: SegmentId,
+        /// Absolute address of the first byte.
+        address: u64,
+        /// The bytes.
+        data: &'a [u8],
+        /// The replica's grant (empty: none).
+        grant: &'a [u8],
+    },
+}
+
+impl Piece<'_> {
+    /// Bytes this piece moves.
+    pub fn len(&self) -> usize {
+        match self {
+            Piece::Read { buf, .. } => buf.len(),
+            Piece::Write { data, .. } => data.len(),
+        }
+    }
+
+    /// Whether the piece moves no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Why a burst stopped before its last answer.
+#[derive(Debug, Clone)]
+pub struct BurstBreak {
+    /// The error every unanswered request of the burst gets.
+    pub error: Error,
+    /// The node made no progress within the step deadline: bytes already sent may still land.
+    pub timed_out: bool,
+}
+
+/// The outcome of a burst: one result per answered request, in order, and why it stopped early.
+#[derive(Debug)]
+pub struct Burst {
+    /// Results of the first `results.len()` requests.
+    pub results: Vec<Result<()>>,
+    /// Set when later requests got no answer; they failed with `error`.
+    pub broken: Option<BurstBreak>,
+}
+
+impl Burst {
+    /// One result per request of a burst of `n`, unanswered ones failing with the break error.
+    pub fn into_results(self, n: usize) -> Vec<Result<()>> {
+        let mut results = self.results;
+        let missing = self.broken.map(|b| b.error).unwrap_or_else(|| {
+            Error::new(ErrorCode::INTERNAL_ERROR, "a data-plane answer is missing")
+        });
+        results.resize_with(n, || Err(missing.clone()));
+        results
+    }
+}
+
+/// What the writer sends for one piece.
+struct Send<'a> {
+    head: HeadBytes,
+    payload: Option<&'a [u8]>,
+}
+
+/// What the reader expects for one piece.
+struct Expect<'a> {
+    request_id: u64,
+    op: DataOp,
+    segment: SegmentId,
+    address: u64,
+    len: u64,
+    sink: Option<&'a mut [u8]>,
+}
+
+impl DataConnection {
+    /// Sends every piece back to back and collects the answers (see the module doc). The
+    /// connection stays usable only if the burst completed.
+    pub async fn burst(&mut self, pieces: Vec<Piece<'_>>, step: Duration) -> Burst {
+        let mut sends = Vec::with_capacity(pieces.len());
+        let mut expects = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let id = self.take_id();
+            let (op, segment, address, len, grant, payload, sink) = match piece {
+                Piece::Read {
+                    segment,
+                    address,
+                    buf,
+                    grant,
+                } => (
+                    DataOp::Read,
+                    segment,
+                    address,
+                    buf.len(),
+                    grant,
+                    None,
+                    Some(buf),
+                ),
+                Piece::Write {
+                    segment,
+                    address,
+                    data,
+                    grant,
+                } => (
+                    DataOp::Write,
+                    segment,
+                    address,
+                    data.len(),
+                    grant,
+                    Some(data),
+                    None,
+                ),
+            };
+            let head = match head(
+                RequestHeader::new(op, id, segment, address, len as u64),
+                grant,
+            ) {
+                Ok(head) => head,
+                // Only an oversized grant fails here; nothing was sent yet.
+                Err(error) => {
+                    return Burst {
+                        results: Vec::new(),
+                        broken: Some(BurstBreak {
+                            error,
+                            timed_out: false,
+                        }),
+                    }
+                }
+            };
+            sends.push(Send { head, payload });
+            expects.push(Expect {
+                request_id: id,
+                op,
+                segment,
+                address,
+                len: len as u64,
+                sink,
+            });
+        }
+        let endpoint = self.endpoint().to_string();
+        self.healthy = false;
+        let burst = {
+            let (reader, writer) = tokio::io::split(self.stream_mut());
+            let mut send_all = pin!(send_all(writer, &sends, step));
+            let mut receive = pin!(receive_all(reader, expects, step, &endpoint));
+            // The answers decide when the burst is over: once they stop, a send still blocked on a
+            // node that no longer reads is abandoned.
+            let mut send_end = None;
+            let mut burst = loop {
+                tokio::select! {
+                    sent = &mut send_all, if send_end.is_none() => {
+                        send_end = Some(sent.err().unwrap_or(SendEnd::Done));
+                    }
+                    burst = &mut receive => break burst,
+                }
+            };
+            if let (Some(brk), Some(SendEnd::Failed(why))) = (&mut burst.broken, &send_end) {
+                if !brk.timed_out {
+                    // The answer side only saw the connection end; the send side knows why.
+                    brk.error = transfer_fail(&endpoint, why);
+                }
+            }
+            burst
+        };
+        self.healthy = burst.broken.is_none();
+        burst
+    }
+}
+
+/// How the send side of a burst ended.
+enum SendEnd {
+    Done,
+    Failed(String),
+}
+
+async fn send_all<W: tokio::io::AsyncWrite + Unpin>(
+    writer: W,
+    sends: &[Send<'_>],
+    step: Duration,
+) -> std::result::Result<(), SendEnd> {
+    let mut out = BufWriter::with_capacity(BURST_BUFFER, writer);
+    let failed = |what: &str| SendEnd::Failed(what.to_string());
+    for send in sends {
+        let wrote = async {
+            out.write_all(&send.head).await?;
+            if let Some(payload) = send.payload {
+                out.write_all(payload).await?;
+            }
+            std::io::Result::Ok(())
+        };
+        match tokio::time::timeout(step, wrote).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(failed(&format!("send request: {e}"))),
+            Err(_) => return Err(failed("send request: timed out")),
+        }
+    }
+    match tokio::time::timeout(step, out.flush()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(failed(&format!("send request: {e}"))),
+        Err(_) => Err(failed("send request: timed out")),
+    }
+}
+
+async fn receive_all<R: tokio::io::AsyncRead + Unpin>(
+    reader: R,
+    expects: Vec<Expect<'_>>,
+    step: Duration,
+    endpoint: &str,
+) -> Burst {
+    let mut input = BufReader::with_capacity(BURST_BUFFER, reader);
+    let mut results = Vec::with_capacity(expects.len());
+    let stop = |results, error, timed_out| Burst {
+        results,
+        broken: Some(BurstBreak { error, timed_out }),
+    };
+    let timed_out = || {
+        transfer_fail(
+            endpoint,
+            &format!("no answer within {step:?} (the node may be stalled)"),
+        )
+    };
+    for expect in expects {
+        let mut raw = [0u8; RESPONSE_LEN];
+        match tokio::time::timeout(step, input.read_exact(&mut raw)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                let error = transfer_fail(endpoint, &format!("receive answer: {e}"));
+                return stop(results, error, false);
+            }
+            Err(_) => return stop(results, timed_out(), true),
+        }
+        let Some(answer) = ResponseHeader::decode(&raw) else {
+            return stop(
+                results,
+                transfer_fail(endpoint, "malformed answer header"),
+                false,
+            );
+        };
+        if answer.request_id != expect.request_id && answer.status != DataStatus::Unauthenticated {
+            return stop(
+                results,
+                transfer_fail(endpoint, "answer for another request"),
+                false,
+            );
+        }
+        if answer.status != DataStatus::Ok {
+            let what = if expect.op == DataOp::Read {
+                "read"
+            } else {
+                "write"
+            };
+            let error = refusal(
+                endpoint,
+                what,
+                expect.segment,
+                expect.address,
+                expect.len,
+                answer.status,
+            );
+            if !stays_in_step(answer.status) {
+                return stop(results, error, false);
+            }
+            results.push(Err(error));
+            continue;
+        }
+        if let Some(sink) = expect.sink {
+            if answer.length != sink.len() as u64 {
+                let error = transfer_fail(endpoint, "read answered with a different length");
+                return stop(results, error, false);
+            }
+            match tokio::time::timeout(step, input.read_exact(sink)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    let error = transfer_fail(endpoint, &format!("receive read bytes: {e}"));
+                    return stop(results, error, false);
+                }
+                Err(_) => return stop(results, timed_out(), true),
+            }
+        }
+        results.push(Ok(()));
+    }
+    Burst {
+        results,
+        broken: None,
+    }
+}

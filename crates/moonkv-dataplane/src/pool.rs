@@ -1,0 +1,185 @@
+//! A bounded pool of data-plane connections per node endpoint.
+//!
+//! At most `cap` connections to one endpoint exist at a time, checked out or idle: a caller
+//! beyond the cap waits for a connection to come back instead of dialling another, so a batch of
+//! a thousand keys costs a handful of sockets, not a thousand. Connections are reused across
+//! calls and batches until one fails. A connection whose write timed out is fenced (see
+//! [`DataConnection::fence`]) and stops counting against the cap while it settles.
+
+use crate::connection::DataConnection;
+use crate::stream::TlsConnector;
+use moonkv_proto::auth::Secret;
+use moonkv_proto::Result;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Connections per node endpoint when nothing else is configured.
+pub const DEFAULT_CONNECTIONS_PER_NODE: usize = 4;
+
+/// Counters of one pool (exported by the store as metrics).
+#[derive(Debug, Default)]
+pub struct PoolCounters {
+    opened: AtomicU64,
+    open: AtomicU64,
+    waited: AtomicU64,
+}
+
+/// A point-in-time copy of [`PoolCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Connections dialled since the pool was made.
+    pub opened: u64,
+    /// Connections open now (checked out, idle or settling).
+    pub open: u64,
+    /// Checkouts that had to wait because an endpoint was at its cap.
+    pub waited: u64,
+}
+
+impl PoolCounters {
+    fn snapshot(&self) -> PoolStats {
+        PoolStats {
+            opened: self.opened.load(Ordering::Relaxed),
+            open: self.open.load(Ordering::Relaxed),
+            waited: self.waited.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Decrements the open count when its connection is dropped.
+#[derive(Debug)]
+pub(crate) struct OpenGuard(Arc<PoolCounters>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The connections of one endpoint.
+struct Endpoint {
+    idle: Mutex<Vec<DataConnection>>,
+    slots: Arc<Semaphore>,
+}
+
+/// Connections to every node a store talks to, at most `cap` per node.
+pub struct ConnectionPool {
+    endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
+    cap: usize,
+    connect_timeout: Duration,
+    secret: Option<Secret>,
+    tls: Option<TlsConnector>,
+    counters: Arc<PoolCounters>,
+}
+
+impl ConnectionPool {
+    /// A pool of at most `cap` connections per node (at least 1); new connections authenticate
+    /// with `secret` when one is given.
+    pub fn new(cap: usize, connect_timeout: Duration, secret: Option<Secret>) -> Self {
+        Self {
+            endpoints: Mutex::default(),
+            cap: cap.max(1),
+            connect_timeout,
+            secret,
+            tls: None,
+            counters: Arc::default(),
+        }
+    }
+
+    /// New connections use TLS with these settings.
+    pub fn with_tls(mut self, tls: Option<TlsConnector>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Connections allowed per node.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Connections opened, open now, and checkouts that waited.
+    pub fn stats(&self) -> PoolStats {
+        self.counters.snapshot()
+    }
+
+    fn endpoint(&self, endpoint: &str) -> Arc<Endpoint> {
+        self.endpoints
+            .lock()
+            .entry(endpoint.to_string())
+            .or_insert_with(|| {
+                Arc::new(Endpoint {
+                    idle: Mutex::default(),
+                    slots: Arc::new(Semaphore::new(self.cap)),
+                })
+            })
+            .clone()
+    }
+
+    /// A connection to `endpoint` (`true`: reused from the idle list), waiting while the
+    /// endpoint is at its cap.
+    pub async fn checkout(&self, endpoint: &str) -> Result<(DataConnection, bool)> {
+        let entry = self.endpoint(endpoint);
+        let slot = match entry.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                self.counters.waited.fetch_add(1, Ordering::Relaxed);
+                entry
+                    .slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("pool semaphores are never closed")
+            }
+        };
+        let idle = entry.idle.lock().pop();
+        let (mut conn, reused) = match idle {
+            Some(conn) => (conn, true),
+            None => (self.dial(endpoint).await?, false),
+        };
+        conn.permit = Some(slot);
+        Ok((conn, reused))
+    }
+
+    /// Replaces `conn` (which failed) by a new connection to the same endpoint in the same slot.
+    pub async fn redial(&self, conn: &mut DataConnection) -> Result<()> {
+        self.forget(conn.endpoint());
+        let mut fresh = self.dial(conn.endpoint()).await?;
+        fresh.permit = conn.permit.take();
+        *conn = fresh;
+        Ok(())
+    }
+
+    async fn dial(&self, endpoint: &str) -> Result<DataConnection> {
+        let mut conn = DataConnection::connect_with_tls(
+            endpoint,
+            self.connect_timeout,
+            self.secret.as_ref(),
+            self.tls.as_ref(),
+        )
+        .await?;
+        self.counters.opened.fetch_add(1, Ordering::Relaxed);
+        self.counters.open.fetch_add(1, Ordering::Relaxed);
+        conn._open = Some(OpenGuard(self.counters.clone()));
+        Ok(conn)
+    }
+
+    /// Returns a connection for reuse if it is still in step; frees its slot either way.
+    pub fn checkin(&self, mut conn: DataConnection) {
+        let slot = conn.permit.take();
+        if conn.healthy {
+            self.endpoint(conn.endpoint()).idle.lock().push(conn);
+        }
+        // The slot is freed only after the connection is idle, so a waiter finds it there.
+        drop(slot);
+    }
+
+    /// Drops every idle connection to `endpoint` (after a failure there).
+    pub fn forget(&self, endpoint: &str) {
+        if let Some(entry) = self.endpoints.lock().get(endpoint) {
+            entry.idle.lock().clear();
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! Named fault points, so a test can stop a node at an exact moment instead of killing it
+//! "probably" mid-transfer after a sleep.
+//!
+//! Compiled in only with the `failpoints` feature (the `fail` crate); without it every point is
+//! a no-op. A process configures them at start from `FAILPOINTS=name=actions;...`
+//! ([`configure_from_env`]), with `fail`'s actions: `sleep(ms)` stalls the thread at the point,
+//! `return` ends the process there with exit code [`EXIT_CODE`], as a kill would, and counts
+//! such as `3*off->return` pick the occurrence.
+
+/// A node has read half of a write's payload into segment memory.
+pub const WRITE_MID_PAYLOAD: &str = "node::write_mid_payload";
+/// A node has sent the answer header and half of a read's bytes.
+pub const READ_MID_PAYLOAD: &str = "node::read_mid_payload";
+/// A node has written and synced a disk replica's temporary file, before renaming it.
+pub const DISK_BEFORE_RENAME: &str = "node::disk_before_rename";
+/// A store has its replicas from PutStart (or BatchPutStart), before writing any byte.
+pub const AFTER_PUT_START: &str = moonkv_client::failpoints::AFTER_PUT_START;
+
+/// Exit code of a process ended by a `return` action.
+pub const EXIT_CODE: i32 = moonkv_client::failpoints::EXIT_CODE;
+
+/// Passes the point `name`: no-op unless configured.
+#[inline]
+pub fn hit(name: &str) {
+    moonkv_client::failpoints::hit(name)
+}
+
+/// Configures the points named in `FAILPOINTS`; an error names the entry at fault.
+pub fn configure_from_env() -> Result<(), String> {
+    moonkv_client::failpoints::configure_from_env()
+}
