@@ -76,8 +76,8 @@ pub fn placement_of_dump(dump: &serde_json::Value) -> Placement {
 }
 
 /// Starts a master with events on; `ports` pins rpc/admin/events, else all are ephemeral.
-/// Returns `None` if it did not come up (for example a port still held by a dying process).
-pub fn try_start_master(moonkv: Moonkv, ports: Option<[u16; 3]>, extra: &[&str]) -> Option<Proc> {
+/// `Err` says why it did not come up (for example a port still held by a dying process).
+fn start_master(moonkv: Moonkv, ports: Option<[u16; 3]>, extra: &[&str]) -> Result<Proc, String> {
     let (rpc, admin, events) = match ports {
         Some([r, a, e]) => (r.to_string(), a.to_string(), format!("tcp://127.0.0.1:{e}")),
         None => ("0".into(), "0".into(), "tcp://127.0.0.1:0".into()),
@@ -100,7 +100,7 @@ pub fn try_start_master(moonkv: Moonkv, ports: Option<[u16; 3]>, extra: &[&str])
         "86400",
     ];
     args.extend_from_slice(extra);
-    Proc::start(moonkv.command(&args)).ok()
+    Proc::start(moonkv.command(&args))
 }
 
 /// A master with events on plus a connection that writes through it, and a model of which
@@ -116,7 +116,7 @@ pub struct EventsMaster {
 impl EventsMaster {
     /// A master on ephemeral ports with `extra` flags.
     pub fn start(moonkv: Moonkv, extra: &[&str]) -> EventsMaster {
-        let master = try_start_master(moonkv, None, extra).expect("master starts");
+        let master = start_master(moonkv, None, extra).unwrap_or_else(|e| panic!("{e}"));
         EventsMaster::attach(master)
     }
 
@@ -124,10 +124,13 @@ impl EventsMaster {
     pub fn start_on(moonkv: Moonkv, ports: [u16; 3]) -> EventsMaster {
         let until = deadline();
         loop {
-            if let Some(master) = try_start_master(moonkv, Some(ports), &[]) {
-                return EventsMaster::attach(master);
+            match start_master(moonkv, Some(ports), &[]) {
+                Ok(master) => return EventsMaster::attach(master),
+                Err(e) => assert!(
+                    Instant::now() < until,
+                    "master never came up on {ports:?}: {e}"
+                ),
             }
-            assert!(Instant::now() < until, "master never came up on {ports:?}");
             std::thread::sleep(Duration::from_millis(200));
         }
     }

@@ -8,6 +8,7 @@ use moonkv_events::{Delivery, Subscriber};
 use moonkv_master::server::{self, MasterConfig, MasterHandle};
 use moonkv_node::{DiskConfig, Node, NodeConfig};
 use moonkv_proto::ReplicaKind;
+use moonkv_testkit::payload::pattern;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -158,17 +159,6 @@ fn node_config(master: &MasterHandle, dir: &Path, disk_capacity: u64) -> NodeCon
 async fn store(master: &MasterHandle) -> Store {
     let config = StoreConfig::new(master.rpc_addr().to_string());
     Store::connect(config).await.expect("store connects")
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .rotate_left(seed as u32) as u8
-                ^ seed
-        })
-        .collect()
 }
 
 /// Puts throw-away keys until the subscriber sees one (ZMQ's slow joiner).
