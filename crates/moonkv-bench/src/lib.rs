@@ -14,6 +14,7 @@
 //! Over the wire the load runs through `moonkv_client::master_client::blocking`, the blocking
 //! protocol client (one connection shared by several threads); `connect` opens one.
 
+mod batch;
 mod echo;
 pub mod events;
 mod histogram;

@@ -73,6 +73,16 @@ pub struct StoreBenchArgs {
     /// Parallel data-plane connections per transfer (default: the library's).
     #[arg(long)]
     transfer_connections: Option<usize>,
+    /// Batch mode: calls of `batch_put_from` / `batch_get_into` / `batch_exists` with this
+    /// many keys each (one cell per value of --sizes), instead of the single-object cells.
+    #[arg(long, value_name = "KEYS")]
+    batch: Option<usize>,
+    /// Calls per batch cell.
+    #[arg(long, default_value_t = 40)]
+    calls: usize,
+    /// Most data-plane connections the store holds per node (default: the library's).
+    #[arg(long)]
+    connections_per_node: Option<usize>,
 }
 
 /// What a cell measures.
@@ -214,7 +224,9 @@ pub fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         cluster.stop();
     }
     let (rows, probe) = outcome?;
-    print!("{}", table(&rows, &probe));
+    if args.batch.is_none() {
+        print!("{}", table(&rows, &probe));
+    }
     Ok(())
 }
 
@@ -238,9 +250,37 @@ fn run_cells(
     if let Some(lanes) = args.transfer_connections {
         config.transfer_connections = lanes;
     }
+    if let Some(cap) = args.connections_per_node {
+        config.connections_per_node = cap;
+    }
     let runtime = crate::runtime(0)?;
     let store = runtime.block_on(Store::connect(config))?;
     let key_space = format!("mkbs{:08x}", super::nonce() as u32);
+    if let Some(batch) = args.batch {
+        anyhow::ensure!(
+            batch > 0 && args.calls > 0,
+            "--batch and --calls must be positive"
+        );
+        let mut rows = Vec::new();
+        for &size in &args.sizes {
+            let cell = super::batch::BatchCell {
+                runtime: &runtime,
+                store: &store,
+                batch,
+                size: size as usize,
+                calls: args.calls,
+                key_space: &key_space,
+            };
+            rows.extend(cell.run()?);
+        }
+        let stats = store.data_plane_stats();
+        print!("{}", super::batch::table(&rows));
+        println!(
+            "\ndata-plane connections: {} opened in all, {} open at the end, {} checkouts waited for a free connection",
+            stats.opened, stats.open, stats.waited
+        );
+        return Ok((Vec::new(), Vec::new()));
+    }
     let (mut rows, mut probes) = (Vec::new(), Vec::new());
     for &size in &args.sizes {
         for &clients in &args.concurrency {
@@ -460,7 +500,7 @@ fn run_probe(args: &StoreBenchArgs, size: usize) -> anyhow::Result<Vec<Probe>> {
 }
 
 /// `4 KiB`, `1 MiB`, or bytes.
-fn size_label(size: u64) -> String {
+pub(crate) fn size_label(size: u64) -> String {
     match size {
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
         s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
