@@ -186,26 +186,3 @@ def within(seconds: float, fn, *args):
     elapsed = time.monotonic() - started
     assert elapsed < seconds, f"{getattr(fn, '__name__', fn)} took {elapsed:.1f}s"
     return result, elapsed
-
-
-# The calls built on the store's multi-buffer reads and writes (crate feature `store-parts`).
-MULTI_BUFFER_CALLS = [
-    ("put_parts", ("k", b"a", b"b")),
-    ("batch_put_from_multi_buffers", ([], [], [])),
-    ("batch_get_into_multi_buffers", ([], [], [])),
-    ("put_from_with_metadata", ("k", 1, 1, 1, 1)),
-    ("get_into_ranges", ([], [], [], [], [])),
-]
-
-
-def multi_buffer_available(store) -> bool:
-    try:
-        store.batch_get_into_multi_buffers([], [], [])
-        return True
-    except NotImplementedError:
-        return False
-
-
-def needs_multi_buffer(store) -> None:
-    if not multi_buffer_available(store):
-        pytest.skip("this build has no multi-buffer calls (test_multi_buffer_calls_are_honest checks they refuse)")

@@ -7,7 +7,7 @@ import ctypes
 import hashlib
 
 import moonkv
-from conftest import Pool, needs_multi_buffer, pattern
+from conftest import Pool, pattern
 
 
 def page_hashes(tokens: list[int], page: int) -> list[str]:
@@ -78,7 +78,6 @@ def test_sglang_hicache_sequence(tenant_store):
 
 
 def test_vllm_per_layer_scatter_gather(store, key):
-    needs_multi_buffer(store)
     layers, blocks, block_bytes = 4, 6, 16 << 10
     # One registered tensor per layer (K and V interleaved per block).
     kv_caches = [Pool(store, blocks * 2 * block_bytes) for _ in range(layers)]
@@ -129,7 +128,6 @@ def test_vllm_per_layer_scatter_gather(store, key):
 
 
 def test_lmcache_put_parts_with_metadata(store, key):
-    needs_multi_buffer(store)
     # LMCache keys: fmt@model@world_size@worker_id@chunk_hash.
     keys = [f"vllm@/models/opt-125m@1@0@{key}{i:02x}" for i in range(4)]
     chunk = 256 << 10
@@ -161,7 +159,6 @@ def test_lmcache_put_parts_with_metadata(store, key):
 
 
 def test_get_into_ranges_buffer_major(store, key):
-    needs_multi_buffer(store)
     a, b = f"{key}-a", f"{key}-b"
     assert store.put(a, pattern(a, 10_000)) == 0
     assert store.put(b, pattern(b, 5_000)) == 0

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import moonkv
-from conftest import MULTI_BUFFER_CALLS, Pool, multi_buffer_available, needs_multi_buffer, pattern, setup_store, within
+from conftest import Pool, pattern, setup_store, within
 
 INVALID_KEY = -400
 INVALID_PARAMS = -600
@@ -259,17 +259,7 @@ def test_put_batch_and_get_batch(store, key):
     assert store.batch_get_buffer([]) == []
 
 
-def test_multi_buffer_calls_are_honest(store):
-    """Built without the store's multi-buffer calls, each says so; never a silent success."""
-    if multi_buffer_available(store):
-        return
-    for name, args in MULTI_BUFFER_CALLS:
-        with pytest.raises(NotImplementedError, match=name):
-            getattr(store, name)(*args)
-
-
 def test_put_parts_concatenates(store, key):
-    needs_multi_buffer(store)
     meta = b"M" * 28
     data = pattern(key, 10_000)
     assert store.put_parts(key, meta, memoryview(data)) == 0

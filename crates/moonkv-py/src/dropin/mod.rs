@@ -11,7 +11,6 @@
 //! `moonkv/__init__.py`, each raising `NotImplementedError` naming itself.
 
 mod copying;
-#[cfg(feature = "store-parts")]
 mod ranges;
 mod zero_copy;
 
@@ -661,10 +660,7 @@ impl DropIn {
             Ok(e) => e,
             Err(e) => return Ok(zero_copy::shaped_failure(&request, &e)),
         };
-        #[cfg(feature = "store-parts")]
-        return ranges::get_into_ranges(py, &engine, request);
-        #[cfg(not(feature = "store-parts"))]
-        zero_copy::get_into_ranges(py, &engine, request)
+        ranges::get_into_ranges(py, &engine, request)
     }
 
     // ---- metadata ------------------------------------------------------------------------

@@ -141,7 +141,6 @@ pub(super) fn batch_get_into(
 }
 
 /// Objects made of several parts (`put_parts`): one result per key.
-#[cfg(feature = "store-parts")]
 pub(super) fn put_parts(
     py: Python<'_>,
     engine: &Engine,
@@ -164,7 +163,6 @@ pub(super) fn ranges(ptrs: &[usize], sizes: &[usize]) -> Option<Vec<Range>> {
 }
 
 /// Per item, the first error among its ranges (`errors` lists them all in item order).
-#[cfg(feature = "store-parts")]
 fn item_errors(ranges: &[Vec<Range>], errors: Vec<Option<Error>>) -> Vec<Option<Error>> {
     let mut errors = errors.into_iter();
     ranges
@@ -175,7 +173,6 @@ fn item_errors(ranges: &[Vec<Range>], errors: Vec<Option<Error>>) -> Vec<Option<
 
 /// `batch_put_from_multi_buffers` / `put_from_with_metadata`: object i is the concatenation
 /// of its ranges.
-#[cfg(feature = "store-parts")]
 pub(super) fn batch_put_multi(
     py: Python<'_>,
     engine: &Engine,
@@ -212,7 +209,6 @@ pub(super) fn batch_put_multi(
 }
 
 /// `batch_get_into_multi_buffers`: object i spread in order over its ranges.
-#[cfg(feature = "store-parts")]
 pub(super) fn batch_get_multi(
     py: Python<'_>,
     engine: &Engine,
@@ -267,66 +263,4 @@ pub(super) fn shaped_failure(request: &RangeRequest, error: &Error) -> Vec<Vec<V
                 .collect()
         })
         .collect()
-}
-
-// Until the store has multi-buffer calls (`Store::batch_put_parts`, `batch_get_into_parts`),
-// the calls built on them say so instead of pretending; the implementations above are
-// compiled with the `store-parts` feature.
-
-#[cfg(not(feature = "store-parts"))]
-fn parts_missing(method: &str) -> PyErr {
-    pyo3::exceptions::PyNotImplementedError::new_err(format!(
-        "MooncakeDistributedStore.{method} is not implemented yet: it needs the store's multi-buffer writes and reads (Store::batch_put_parts / batch_get_into_parts)"
-    ))
-}
-
-#[cfg(not(feature = "store-parts"))]
-pub(super) fn put_parts(
-    _py: Python<'_>,
-    _engine: &Engine,
-    method: &str,
-    _keys: &[&str],
-    _parts: &[Vec<&[u8]>],
-    _config: &ReplicateConfig,
-) -> PyResult<Vec<Result<(), Error>>> {
-    Err(parts_missing(method))
-}
-
-#[cfg(not(feature = "store-parts"))]
-pub(super) fn batch_put_multi(
-    _py: Python<'_>,
-    _engine: &Engine,
-    method: &str,
-    _keys: Vec<Result<String, Error>>,
-    _ranges: &[Vec<Range>],
-    _config: ReplicateConfig,
-) -> PyResult<Vec<Result<(), Error>>> {
-    Err(parts_missing(method))
-}
-
-#[cfg(not(feature = "store-parts"))]
-pub(super) fn batch_get_multi(
-    _py: Python<'_>,
-    _engine: &Engine,
-    _keys: Vec<Result<String, Error>>,
-    _ranges: &[Vec<Range>],
-) -> PyResult<Vec<Result<usize, Error>>> {
-    Err(parts_missing("batch_get_into_multi_buffers"))
-}
-
-#[cfg(not(feature = "store-parts"))]
-pub(super) fn get_into_ranges(
-    _py: Python<'_>,
-    _engine: &Engine,
-    request: RangeRequest,
-) -> PyResult<Vec<Vec<Vec<i64>>>> {
-    let RangeRequest {
-        buffer_ptrs,
-        keys,
-        dst,
-        src,
-        sizes,
-    } = request;
-    let _ = (buffer_ptrs, keys, dst, src, sizes);
-    Err(parts_missing("get_into_ranges"))
 }
