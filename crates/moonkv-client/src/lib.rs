@@ -19,10 +19,6 @@ pub mod master_client;
 pub mod store;
 pub mod util;
 
-// store/tests.rs names the scripted fake master by this path.
-#[cfg(test)]
-use moonkv_testkit::fake_master as test_support;
-
 pub use master_client::{MasterClient, MasterClientConfig};
 pub use moonkv_dataplane::{LocalSegments, TlsClientConfig, TlsServerConfig};
 pub use moonkv_proto::{Error, ErrorCode, ReplicateConfig, Result};

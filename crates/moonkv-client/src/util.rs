@@ -17,7 +17,7 @@ pub fn grant_secret_from_env() -> Option<moonkv_proto::auth::Secret> {
 }
 
 fn logged(
-    found: std::result::Result<Option<moonkv_proto::auth::Secret>, String>,
+    found: std::result::Result<Option<moonkv_proto::auth::Secret>, moonkv_proto::auth::SecretError>,
 ) -> Option<moonkv_proto::auth::Secret> {
     match found {
         Ok(secret) => secret,

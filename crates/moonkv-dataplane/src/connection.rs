@@ -54,7 +54,9 @@ impl DataConnection {
                     ConnectFailure::Tcp(e) => {
                         transfer_fail(endpoint, &format!("connect failed: {e}"))
                     }
-                    ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why),
+                    ConnectFailure::Tls(why) => {
+                        Error::new(ErrorCode::ILLEGAL_CLIENT, why.to_string())
+                    }
                 })?;
             if let Some(secret) = secret {
                 authenticate(&mut stream, endpoint, secret).await?;

@@ -84,10 +84,9 @@ pub enum TlsError {
     #[error("this moonkv was built without TLS support (cargo feature `tls`)")]
     Unsupported,
     /// A certificate, key or CA file could not be used, or the address has no name a
-    /// certificate could be checked against. The loader reports it as text naming the file or
-    /// the setting at fault.
-    #[error("{0}")]
-    Settings(String),
+    /// certificate could be checked against; the error names the file or setting at fault.
+    #[error(transparent)]
+    Settings(#[from] moonkv_proto::tls::TlsConfigError),
     /// The TLS handshake with the peer failed.
     #[error("{explained}")]
     Handshake {
@@ -97,13 +96,6 @@ pub enum TlsError {
         #[source]
         source: io::Error,
     },
-}
-
-/// The error's text, so that `moonkv_proto::Error::new(code, tls_error)` reads as before.
-impl From<TlsError> for std::borrow::Cow<'static, str> {
-    fn from(e: TlsError) -> Self {
-        e.to_string().into()
-    }
 }
 
 /// Client-side TLS settings, loaded once and shared by every connection.
@@ -142,12 +134,6 @@ impl TlsConnector {
     /// Loads `config` when given; a bad file is an error for the caller to report.
     pub fn load_if_set(config: Option<&TlsClientConfig>) -> Result<Option<TlsConnector>, TlsError> {
         config.map(Self::load).transpose()
-    }
-
-    /// [`TlsConnector::load_if_set`] with the error as text, for callers that keep the reason
-    /// as a string (the master client stores it to repeat on every connect attempt).
-    pub fn load_optional(config: Option<&TlsClientConfig>) -> Result<Option<TlsConnector>, String> {
-        Self::load_if_set(config).map_err(|e| e.to_string())
     }
 }
 

@@ -23,6 +23,41 @@ pub const GRANT_SECRET_ENV: &str = "MOONKV_GRANT_SECRET";
 /// Environment variable naming a file that holds the grant secret.
 pub const GRANT_SECRET_FILE_ENV: &str = "MOONKV_GRANT_SECRET_FILE";
 
+/// Why a secret could not be had. The message never contains secret bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// Shorter than [`MIN_SECRET_LEN`].
+    #[error("the secret must be at least {MIN_SECRET_LEN} bytes long")]
+    TooShort,
+    /// The secret file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The secret in this file is unusable.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with its content.
+        #[source]
+        source: Box<SecretError>,
+    },
+    /// The secret in this environment variable is unusable.
+    #[error("{var}: {source}")]
+    InVar {
+        /// The variable.
+        var: String,
+        /// What is wrong with its value.
+        #[source]
+        source: Box<SecretError>,
+    },
+}
+
 /// A shared secret. Its `Debug` and `Display` never show the bytes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(Vec<u8>);
@@ -35,45 +70,51 @@ impl fmt::Debug for Secret {
 
 impl Secret {
     /// Wraps secret bytes, refusing ones too short to resist guessing.
-    pub fn new(bytes: Vec<u8>) -> Result<Self, String> {
+    pub fn new(bytes: Vec<u8>) -> Result<Self, SecretError> {
         if bytes.len() < MIN_SECRET_LEN {
-            return Err(format!(
-                "the secret must be at least {MIN_SECRET_LEN} bytes long"
-            ));
+            return Err(SecretError::TooShort);
         }
         Ok(Self(bytes))
     }
 
     /// Reads a secret from a file; one trailing newline is ignored.
-    pub fn from_file(path: &Path) -> Result<Self, String> {
-        let mut bytes =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    pub fn from_file(path: &Path) -> Result<Self, SecretError> {
+        let mut bytes = std::fs::read(path).map_err(|source| SecretError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if bytes.last() == Some(&b'\n') {
             bytes.pop();
             if bytes.last() == Some(&b'\r') {
                 bytes.pop();
             }
         }
-        Self::new(bytes).map_err(|e| format!("{}: {e}", path.display()))
+        Self::new(bytes).map_err(|e| SecretError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// The secret from `MOONKV_AUTH_SECRET` or the file named by `MOONKV_AUTH_SECRET_FILE`.
-    pub fn from_env() -> Result<Option<Self>, String> {
+    pub fn from_env() -> Result<Option<Self>, SecretError> {
         Self::from_env_vars(SECRET_ENV, SECRET_FILE_ENV)
     }
 
     /// The grant secret from `MOONKV_GRANT_SECRET` or the file named by
     /// `MOONKV_GRANT_SECRET_FILE`.
-    pub fn grant_secret_from_env() -> Result<Option<Self>, String> {
+    pub fn grant_secret_from_env() -> Result<Option<Self>, SecretError> {
         Self::from_env_vars(GRANT_SECRET_ENV, GRANT_SECRET_FILE_ENV)
     }
 
-    fn from_env_vars(value_var: &str, file_var: &str) -> Result<Option<Self>, String> {
+    fn from_env_vars(value_var: &str, file_var: &str) -> Result<Option<Self>, SecretError> {
         if let Ok(value) = std::env::var(value_var) {
             if !value.is_empty() {
                 return Self::new(value.into_bytes())
                     .map(Some)
-                    .map_err(|e| format!("{value_var}: {e}"));
+                    .map_err(|e| SecretError::InVar {
+                        var: value_var.to_string(),
+                        source: Box::new(e),
+                    });
             }
         }
         match std::env::var(file_var) {

@@ -73,24 +73,56 @@ pub fn looks_like_tls(first_byte: u8) -> bool {
     matches!(first_byte, 0x15 | 0x16)
 }
 
-#[cfg(not(feature = "tls"))]
-fn no_tls_support() -> String {
-    "this moonkv was built without TLS support (cargo feature `tls`)".to_string()
+/// Why TLS settings could not be loaded; every message names the file or setting at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    /// Built without the `tls` feature.
+    #[error("this moonkv was built without TLS support (cargo feature `tls`)")]
+    Unsupported,
+    /// A PEM file could not be read or parsed.
+    #[error("{}: {source}", path.display())]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What the PEM reader said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A PEM file holds nothing usable of what was asked for.
+    #[error("{}: {what}", path.display())]
+    Unusable {
+        /// The file.
+        path: PathBuf,
+        /// What is missing or wrong.
+        what: String,
+    },
+    /// The files are readable but rustls refused the combination.
+    #[error("{context}: {source}")]
+    Refused {
+        /// Which files or setting.
+        context: String,
+        /// The rustls error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A setting is missing or malformed.
+    #[error("{0}")]
+    Setting(String),
 }
 
 #[cfg(not(feature = "tls"))]
 impl TlsServerConfig {
     /// Without the `tls` feature every TLS setting is refused.
-    pub fn check(&self) -> Result<(), String> {
-        Err(no_tls_support())
+    pub fn check(&self) -> Result<(), TlsConfigError> {
+        Err(TlsConfigError::Unsupported)
     }
 }
 
 #[cfg(not(feature = "tls"))]
 impl TlsClientConfig {
     /// Without the `tls` feature every TLS setting is refused.
-    pub fn check(&self) -> Result<(), String> {
-        Err(no_tls_support())
+    pub fn check(&self) -> Result<(), TlsConfigError> {
+        Err(TlsConfigError::Unsupported)
     }
 }
 
@@ -112,42 +144,65 @@ mod with_rustls {
     }
 
     /// Every certificate in a PEM file; an empty or unreadable file is an error naming it.
-    pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-        let bad = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsConfigError> {
+        let bad = |e: rustls::pki_types::pem::Error| TlsConfigError::Pem {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        };
         let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| bad(&e))?
+            .map_err(bad)?
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad(&e))?;
+            .map_err(bad)?;
         if certs.is_empty() {
-            return Err(bad(&"no PEM certificate in the file"));
+            return Err(TlsConfigError::Unusable {
+                path: path.to_path_buf(),
+                what: "no PEM certificate in the file".into(),
+            });
         }
         Ok(certs)
     }
 
     /// The first private key in a PEM file.
-    pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-        PrivateKeyDer::from_pem_file(path)
-            .map_err(|e| format!("{}: no usable PEM private key ({e})", path.display()))
+    pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsConfigError> {
+        PrivateKeyDer::from_pem_file(path).map_err(|e| TlsConfigError::Unusable {
+            path: path.to_path_buf(),
+            what: format!("no usable PEM private key ({e})"),
+        })
     }
 
-    fn roots(path: &Path) -> Result<RootCertStore, String> {
+    fn roots(path: &Path) -> Result<RootCertStore, TlsConfigError> {
         let mut roots = RootCertStore::empty();
         for cert in load_certs(path)? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
+            roots.add(cert).map_err(|e| TlsConfigError::Unusable {
+                path: path.to_path_buf(),
+                what: format!("not a usable CA certificate: {e}"),
+            })?;
         }
         Ok(roots)
     }
 
+    fn refused(
+        context: String,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> TlsConfigError {
+        TlsConfigError::Refused {
+            context,
+            source: Box::new(e),
+        }
+    }
+
+    fn protocols(e: rustls::Error) -> TlsConfigError {
+        refused("TLS protocol versions".into(), e)
+    }
+
     impl TlsServerConfig {
         /// Loads the files into a rustls server configuration.
-        pub fn load(&self) -> Result<Arc<ServerConfig>, String> {
+        pub fn load(&self) -> Result<Arc<ServerConfig>, TlsConfigError> {
             let certs = load_certs(&self.cert_file)?;
             let key = load_key(&self.key_file)?;
             let builder = ServerConfig::builder_with_provider(provider())
                 .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?;
+                .map_err(protocols)?;
             let builder = match &self.client_ca_file {
                 None => builder.with_no_client_auth(),
                 Some(ca) => {
@@ -156,66 +211,70 @@ mod with_rustls {
                         provider(),
                     )
                     .build()
-                    .map_err(|e| format!("{}: {e}", ca.display()))?;
+                    .map_err(|e| refused(ca.display().to_string(), e))?;
                     builder.with_client_cert_verifier(verifier)
                 }
             };
             let config = builder.with_single_cert(certs, key).map_err(|e| {
-                format!(
-                    "{} / {}: certificate and key do not fit together: {e}",
+                let files = format!(
+                    "{} / {}: certificate and key do not fit together",
                     self.cert_file.display(),
                     self.key_file.display()
-                )
+                );
+                refused(files, e)
             })?;
             Ok(Arc::new(config))
         }
 
         /// Loads the files once, to stop a process at start when one is bad.
-        pub fn check(&self) -> Result<(), String> {
+        pub fn check(&self) -> Result<(), TlsConfigError> {
             self.load().map(drop)
         }
     }
 
     impl TlsClientConfig {
         /// Loads the files into a rustls client configuration.
-        pub fn load(&self) -> Result<Arc<ClientConfig>, String> {
+        pub fn load(&self) -> Result<Arc<ClientConfig>, TlsConfigError> {
             let builder = ClientConfig::builder_with_provider(provider())
                 .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?
+                .map_err(protocols)?
                 .with_root_certificates(roots(&self.ca_file)?);
             let config = match (&self.cert_file, &self.key_file) {
                 (None, None) => builder.with_no_client_auth(),
                 (Some(cert), Some(key)) => builder
                     .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
                     .map_err(|e| {
-                        format!(
-                            "{} / {}: certificate and key do not fit together: {e}",
+                        let files = format!(
+                            "{} / {}: certificate and key do not fit together",
                             cert.display(),
                             key.display()
-                        )
+                        );
+                        refused(files, e)
                     })?,
                 _ => {
-                    return Err(format!(
+                    return Err(TlsConfigError::Setting(format!(
                         "a client certificate needs both {CERT_FILE_ENV} and {KEY_FILE_ENV}"
-                    ))
+                    )))
                 }
             };
             Ok(Arc::new(config))
         }
 
         /// Loads the files once, to stop a process at start when one is bad.
-        pub fn check(&self) -> Result<(), String> {
+        pub fn check(&self) -> Result<(), TlsConfigError> {
             self.load().map(drop)
         }
 
         /// The name the server at `addr` (`host:port`) must prove: the override, or the host.
-        pub fn server_name(&self, addr: &str) -> Result<ServerName<'static>, String> {
+        pub fn server_name(&self, addr: &str) -> Result<ServerName<'static>, TlsConfigError> {
             let host = match &self.server_name {
                 Some(name) => name.as_str(),
                 None => host_of(addr),
             };
             ServerName::try_from(host.to_string()).map_err(|_| {
-                format!("{host:?} is not a valid TLS server name; set {SERVER_NAME_ENV}")
+                TlsConfigError::Setting(format!(
+                    "{host:?} is not a valid TLS server name; set {SERVER_NAME_ENV}"
+                ))
             })
         }
     }

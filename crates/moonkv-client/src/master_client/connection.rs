@@ -61,7 +61,7 @@ impl Connection {
         .map_err(|e| match e {
             ConnectFailure::Tcp(e) => fail("connect", &e),
             // A TLS mismatch does not get better by retrying.
-            ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why),
+            ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why.to_string()),
         })?;
         let (mut reader, mut writer) = split(stream);
 

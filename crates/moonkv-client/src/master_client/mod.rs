@@ -112,7 +112,8 @@ impl MasterClient {
     pub fn lazy(config: MasterClientConfig) -> MasterClient {
         MasterClient {
             inner: Arc::new(Inner {
-                tls: moonkv_dataplane::stream::TlsConnector::load_optional(config.tls.as_ref()),
+                tls: moonkv_dataplane::stream::TlsConnector::load_if_set(config.tls.as_ref())
+                    .map_err(|e| e.to_string()),
                 config,
                 conn: tokio::sync::Mutex::new(None),
                 next_request_id: AtomicU64::new(1),

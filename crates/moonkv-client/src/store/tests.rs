@@ -2,10 +2,10 @@
 //! revoke-with-ids, the cases a real master cannot be steered into on demand.
 
 use super::*;
-use crate::test_support::{fake_master, ok, Handler, Reply};
 use moonkv_node::segment::SegmentMemory;
 use moonkv_node::server::{DataServer, SegmentTable};
 use moonkv_proto::SegmentId;
+use moonkv_testkit::fake_master::{fake_master, ok, Handler, Reply};
 use parking_lot::Mutex;
 
 const LIMIT: Duration = Duration::from_secs(10);

@@ -211,12 +211,12 @@ impl MasterConfig {
     /// and the grant secret from `MOONKV_GRANT_SECRET[_FILE]` when no `grant_secret_file` was.
     pub fn secret_from_env(&mut self) -> Result<(), ConfigError> {
         if self.auth_secret.is_none() {
-            self.auth_secret =
-                moonkv_proto::auth::Secret::from_env().map_err(|e| bad("auth_secret_file", e))?;
+            self.auth_secret = moonkv_proto::auth::Secret::from_env()
+                .map_err(|e| bad("auth_secret_file", e.to_string()))?;
         }
         if self.grant_secret.is_none() {
             self.grant_secret = moonkv_proto::auth::Secret::grant_secret_from_env()
-                .map_err(|e| bad("grant_secret_file", e))?;
+                .map_err(|e| bad("grant_secret_file", e.to_string()))?;
         }
         Ok(())
     }
@@ -272,13 +272,13 @@ impl MasterConfig {
         #[cfg(feature = "tls")]
         {
             use moonkv_proto::tls::{load_certs, load_key};
-            load_certs(&tls.cert_file).map_err(|e| bad("tls_cert_file", e))?;
-            load_key(&tls.key_file).map_err(|e| bad("tls_key_file", e))?;
+            load_certs(&tls.cert_file).map_err(|e| bad("tls_cert_file", e.to_string()))?;
+            load_key(&tls.key_file).map_err(|e| bad("tls_key_file", e.to_string()))?;
             if let Some(ca) = &tls.client_ca_file {
-                load_certs(ca).map_err(|e| bad("tls_client_ca_file", e))?;
+                load_certs(ca).map_err(|e| bad("tls_client_ca_file", e.to_string()))?;
             }
         }
-        tls.check().map_err(|e| bad("tls_cert_file", e))
+        tls.check().map_err(|e| bad("tls_cert_file", e.to_string()))
     }
 }
 

@@ -34,9 +34,9 @@ pub(super) enum BadValue {
     TooLong(String),
     #[error("unknown strategy `{0}`; expected random or free_ratio_first")]
     UnknownStrategy(String),
-    /// The named file holds no usable secret (the message says why).
-    #[error("{0}")]
-    Secret(String),
+    /// The named file holds no usable secret.
+    #[error(transparent)]
+    Secret(#[from] moonkv_proto::auth::SecretError),
 }
 
 /// Implements `Deserialize` for a value type through a check of the raw value.
