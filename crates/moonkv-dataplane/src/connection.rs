@@ -111,6 +111,34 @@ impl DataConnection {
             .await
     }
 
+    /// The node's data-plane counters (a STATS request).
+    pub async fn stats(&mut self) -> Result<crate::header::NodeStats> {
+        let id = self.take_id();
+        let header = RequestHeader::new(DataOp::Stats, id, SegmentId::new(0, 0), 0, 0);
+        let head = head(header, &[])?;
+        self.healthy = false;
+        self.stream
+            .write_all(&head)
+            .await
+            .map_err(|e| self.io_fail("send stats request", e))?;
+        let response = self.read_response(id).await?;
+        if response.status != DataStatus::Ok {
+            self.healthy = stays_in_step(response.status);
+            return Err(self.refused("stats request", SegmentId::new(0, 0), 0, 0, response.status));
+        }
+        if response.length > crate::header::MAX_STATS_LEN {
+            return Err(transfer_fail(&self.endpoint, "stats answer too long"));
+        }
+        let mut body = vec![0u8; response.length as usize];
+        self.stream
+            .read_exact(&mut body)
+            .await
+            .map_err(|e| self.io_fail("receive stats", e))?;
+        self.healthy = true;
+        serde_json::from_slice(&body)
+            .map_err(|e| transfer_fail(&self.endpoint, &format!("stats answer is not valid: {e}")))
+    }
+
     /// Writes disk file `file_id` of disk `disk` holding the concatenation of `parts`; returns
     /// once the node synced it.
     pub async fn write_file(

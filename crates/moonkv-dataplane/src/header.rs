@@ -30,7 +30,24 @@ pub enum DataOp {
     /// Write disk file `address` (its id) from the payload that follows: a file-meta prefix
     /// (see [`FileMeta`]) then the object bytes; `length` counts both.
     FileWrite = 4,
+    /// Send the node's data-plane counters as a JSON object ([`NodeStats`]); the request has
+    /// length 0, segment and address are ignored.
+    Stats = 5,
 }
+
+/// What a node reports to a STATS request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeStats {
+    /// Data-plane connections accepted since the node started.
+    pub connections_opened: u64,
+    /// Data-plane connections open now.
+    pub connections_open: u64,
+    /// Requests answered since the node started.
+    pub requests: u64,
+}
+
+/// Largest STATS answer a caller accepts.
+pub const MAX_STATS_LEN: u64 = 64 << 10;
 
 /// Outcome of one request, carried in the response header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@ pub mod pool;
 pub mod stream;
 
 pub use connection::DataConnection;
-pub use header::{DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader};
+pub use header::{DataOp, DataStatus, FileMeta, NodeStats, RequestHeader, ResponseHeader};
 pub use local::{LocalSegment, LocalSegments};
 pub use pipeline::{Burst, BurstBreak, Piece};
 pub use pool::{ConnectionPool, PoolStats, DEFAULT_CONNECTIONS_PER_NODE};

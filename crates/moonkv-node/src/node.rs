@@ -288,6 +288,14 @@ impl NodeHandle {
         self.local.clone()
     }
 
+    /// Data-plane connections accepted and open, and requests answered, by this node.
+    pub fn data_plane_stats(&self) -> moonkv_dataplane::NodeStats {
+        self.server
+            .as_ref()
+            .map(DataServer::stats)
+            .unwrap_or_default()
+    }
+
     /// Data-plane endpoint clients connect to.
     pub fn endpoint(&self) -> &str {
         &self.endpoint

@@ -7,7 +7,7 @@ use crate::disk::{format::MAX_TENANT_LEN, with_cause, DiskFault, DiskStore, Writ
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use moonkv_dataplane::header::{
-    DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN,
+    DataOp, DataStatus, FileMeta, NodeStats, RequestHeader, ResponseHeader, REQUEST_LEN,
 };
 use moonkv_dataplane::stream::{Stream, TlsAcceptor};
 use moonkv_proto::auth::{Secret, NONCE_LEN};
@@ -17,6 +17,7 @@ use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::io::{BufReader, BufWriter};
@@ -55,6 +56,34 @@ pub(crate) struct Served {
     segments: SegmentTable,
     disk: Option<Arc<DiskStore>>,
     access: Access,
+    counters: Counters,
+}
+
+/// The node's data-plane counters (answered to STATS requests).
+#[derive(Default)]
+struct Counters {
+    opened: AtomicU64,
+    open: AtomicU64,
+    requests: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> NodeStats {
+        NodeStats {
+            connections_opened: self.opened.load(Ordering::Relaxed),
+            connections_open: self.open.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counts a connection as open while it lives.
+struct OpenConnection(Arc<Served>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.counters.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Served {
@@ -69,6 +98,7 @@ impl Served {
 
 /// A running data-plane listener.
 pub struct DataServer {
+    served: Arc<Served>,
     local_addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -94,9 +124,11 @@ impl DataServer {
             segments: table,
             disk,
             access,
+            counters: Counters::default(),
         });
-        let task = tokio::spawn(accept_loop(listener, served, stopped));
+        let task = tokio::spawn(accept_loop(listener, served.clone(), stopped));
         Ok(DataServer {
+            served,
             local_addr,
             stop,
             task,
@@ -106,6 +138,11 @@ impl DataServer {
     /// Address the listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Connections accepted and open, requests answered.
+    pub fn stats(&self) -> NodeStats {
+        self.served.counters.snapshot()
     }
 
     /// Stops accepting and closes every connection.
@@ -128,7 +165,11 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let served = served.clone();
+                    served.counters.opened.fetch_add(1, Ordering::Relaxed);
+                    served.counters.open.fetch_add(1, Ordering::Relaxed);
+                    let open = OpenConnection(served.clone());
                     connections.spawn(async move {
+                        let _open = open;
                         if let Err(e) = open_and_serve(stream, served).await {
                             tracing::debug!(%peer, error = %e, "data-plane connection ended");
                         }
@@ -246,8 +287,10 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
                 }
             }
         }
+        served.counters.requests.fetch_add(1, Ordering::Relaxed);
         let id = header.segment_id;
         match header.op {
+            op if op == DataOp::Stats as u8 => serve_stats(stream, &header, served).await?,
             op if op == DataOp::Read as u8 => {
                 serve_read(stream, &header, served.segment(id)).await?
             }
@@ -394,6 +437,21 @@ async fn respond(stream: &mut Conn, status: DataStatus, request_id: u64) -> io::
             .encode(),
         )
         .await
+}
+
+/// Answers a STATS request with the counters as JSON.
+async fn serve_stats(stream: &mut Conn, h: &RequestHeader, served: &Served) -> io::Result<()> {
+    if h.length != 0 {
+        return respond(stream, DataStatus::BadOp, h.request_id).await;
+    }
+    let body = serde_json::to_vec(&served.counters.snapshot()).map_err(io::Error::other)?;
+    let ok = ResponseHeader {
+        status: DataStatus::Ok,
+        request_id: h.request_id,
+        length: body.len() as u64,
+    };
+    stream.write_all(&ok.encode()).await?;
+    stream.write_all(&body).await
 }
 
 async fn serve_read(

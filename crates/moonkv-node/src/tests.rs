@@ -350,3 +350,94 @@ async fn disk_files_round_trip_and_refusals_keep_the_connection_usable() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn stats_count_connections_and_requests() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(1 << 16).await;
+        let base = f.segment.base();
+        let mut first = DataConnection::connect(&f.addr(), LIMIT, None).await.unwrap();
+        first.write(f.segment.id(), base, b"abc", &[]).await.unwrap();
+        let mut buf = [0u8; 3];
+        first.read(f.segment.id(), base, &mut buf, &[]).await.unwrap();
+        let mut second = DataConnection::connect(&f.addr(), LIMIT, None).await.unwrap();
+        let stats = second.stats().await.unwrap();
+        assert_eq!(stats.connections_opened, 2);
+        assert_eq!(stats.connections_open, 2);
+        // write, read and this STATS request
+        assert_eq!(stats.requests, 3);
+        let fourth = second.stats().await.unwrap();
+        assert_eq!(fourth.requests, 4);
+        assert_eq!(f.server.stats(), fourth);
+        drop(first);
+        // The first connection's task ends once the node sees it closed.
+        let mut open = 2;
+        for _ in 0..500 {
+            open = second.stats().await.unwrap().connections_open;
+            if open == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(open, 1);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_with_a_refusal_in_the_middle() {
+    use moonkv_dataplane::Piece;
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(1 << 16).await;
+        let (id, base) = (f.segment.id(), f.segment.base());
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None).await.unwrap();
+        let data: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i + 1; 1000]).collect();
+        let mut pieces: Vec<Piece<'_>> = data
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Piece::Write {
+                segment: id,
+                address: base + 1000 * i as u64,
+                data: d,
+                grant: &[],
+            })
+            .collect();
+        // Outside the segment: refused, the connection stays in step.
+        pieces.insert(
+            4,
+            Piece::Write {
+                segment: id,
+                address: base + (1 << 16) - 10,
+                data: &data[0],
+                grant: &[],
+            },
+        );
+        let burst = conn.burst(pieces, LIMIT).await;
+        assert!(burst.broken.is_none(), "{:?}", burst.broken);
+        let codes: Vec<Option<ErrorCode>> = burst
+            .results
+            .iter()
+            .map(|r| r.as_ref().err().map(|e| e.code))
+            .collect();
+        let mut expected = vec![None; 9];
+        expected[4] = Some(ErrorCode::INVALID_PARAMS);
+        assert_eq!(codes, expected);
+        let mut back: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 1000]).collect();
+        let reads: Vec<Piece<'_>> = back
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| Piece::Read {
+                segment: id,
+                address: base + 1000 * i as u64,
+                buf: b,
+                grant: &[],
+            })
+            .collect();
+        let burst = conn.burst(reads, LIMIT).await;
+        assert!(burst.into_results(8).iter().all(|r| r.is_ok()));
+        assert_eq!(back, data);
+    })
+    .await
+    .unwrap();
+}

@@ -370,8 +370,16 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
         .and_then(|s| s.as_array())
         .cloned()
         .unwrap_or_default();
+    let nodes = node_stats(&segments, timeout).await;
     if args.options.json {
-        let summary = json!({"ok": true, "capacity_bytes": capacity, "allocated_bytes": allocated, "disk_capacity_bytes": disk_capacity, "disk_allocated_bytes": disk_used, "keys": keys, "segments": segments});
+        let nodes: Vec<serde_json::Value> = nodes
+            .iter()
+            .map(|(endpoint, stats)| match stats {
+                Ok(s) => json!({"endpoint": endpoint, "data_plane": s}),
+                Err(e) => json!({"endpoint": endpoint, "error": e.to_string()}),
+            })
+            .collect();
+        let summary = json!({"ok": true, "capacity_bytes": capacity, "allocated_bytes": allocated, "disk_capacity_bytes": disk_capacity, "disk_allocated_bytes": disk_used, "keys": keys, "segments": segments, "nodes": nodes});
         println!("{summary}");
         return Ok(());
     }
@@ -433,7 +441,55 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
             format_size(size)
         );
     }
+    for (endpoint, stats) in &nodes {
+        match stats {
+            Ok(s) => println!(
+                "node {endpoint}: {} data-plane connection(s) open, {} opened since start, {} request(s) served",
+                s.connections_open, s.connections_opened, s.requests
+            ),
+            Err(e) => println!("node {endpoint}: no data-plane counters ({e})"),
+        }
+    }
     Ok(())
+}
+
+/// The data-plane counters of every node serving one of `segments`, asked over the data plane
+/// itself (a STATS request), each within `timeout`.
+async fn node_stats(
+    segments: &[serde_json::Value],
+    timeout: Duration,
+) -> Vec<(String, moonkv_client::Result<moonkv_dataplane::NodeStats>)> {
+    let mut endpoints: Vec<String> = segments
+        .iter()
+        .filter_map(|s| s.get("te_endpoint").and_then(|e| e.as_str()))
+        .map(str::to_string)
+        .collect();
+    endpoints.sort();
+    endpoints.dedup();
+    let secret = moonkv_client::util::secret_from_env();
+    let tls = moonkv_client::TlsClientConfig::from_env();
+    let tls = moonkv_dataplane::TlsConnector::load_if_set(tls.as_ref());
+    let mut out = Vec::with_capacity(endpoints.len());
+    for endpoint in endpoints {
+        let asked = async {
+            let tls = tls
+                .as_ref()
+                .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, format!("TLS settings: {e}")))?;
+            let mut conn = moonkv_dataplane::DataConnection::connect_with_tls(
+                &endpoint,
+                timeout,
+                secret.as_ref(),
+                tls.as_ref(),
+            )
+            .await?;
+            tokio::time::timeout(timeout, conn.stats())
+                .await
+                .map_err(|_| Error::new(ErrorCode::RPC_TIMEOUT, "no answer in time"))?
+        };
+        let stats = asked.await;
+        out.push((endpoint, stats));
+    }
+    out
 }
 
 fn medium(kind: ReplicaKind) -> &'static str {
