@@ -15,12 +15,15 @@ use std::sync::{Arc, Weak};
 /// A boxed future borrowing its arguments (what [`LocalSegment`] methods return).
 pub type LocalFuture<'a> = Pin<Box<dyn Future<Output = Result<(), DataStatus>> + Send + 'a>>;
 
-/// One segment's bytes, as a store in the same process reaches them.
+/// One segment's bytes, as a store in the same process reaches them. `grant` is the replica's
+/// grant (empty when the master issued none); a node that checks grants checks it here as it
+/// would for a request over the network.
 pub trait LocalSegment: Send + Sync {
     /// Copies `[address, address + out.len())` into `out`, waiting for overlapping writers.
-    fn read_into<'a>(&'a self, address: u64, out: &'a mut [u8]) -> LocalFuture<'a>;
+    fn read_into<'a>(&'a self, address: u64, out: &'a mut [u8], grant: &'a [u8])
+        -> LocalFuture<'a>;
     /// Copies `data` to `[address, address + data.len())`, waiting for overlapping holders.
-    fn write_from<'a>(&'a self, address: u64, data: &'a [u8]) -> LocalFuture<'a>;
+    fn write_from<'a>(&'a self, address: u64, data: &'a [u8], grant: &'a [u8]) -> LocalFuture<'a>;
 }
 
 /// Segments served by nodes of this process, shared by a node and the stores it embeds in.
@@ -70,11 +73,11 @@ mod tests {
     struct Zeroes;
 
     impl LocalSegment for Zeroes {
-        fn read_into<'a>(&'a self, _: u64, out: &'a mut [u8]) -> LocalFuture<'a> {
+        fn read_into<'a>(&'a self, _: u64, out: &'a mut [u8], _: &'a [u8]) -> LocalFuture<'a> {
             out.fill(0);
             Box::pin(async { Ok(()) })
         }
-        fn write_from<'a>(&'a self, _: u64, _: &'a [u8]) -> LocalFuture<'a> {
+        fn write_from<'a>(&'a self, _: u64, _: &'a [u8], _: &'a [u8]) -> LocalFuture<'a> {
             Box::pin(async { Err(DataStatus::OutOfRange) })
         }
     }

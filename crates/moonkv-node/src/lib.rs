@@ -5,6 +5,7 @@
 //!   also embeddable in any tokio program (`moonkv up`, tests, an inference worker).
 //! - [`segment`]: segment memory (one lazily committed allocation) and its range-locked views.
 //! - `range_lock`: the byte-range reader/writer lock that makes those views sound.
+//! - [`claims`]: which replica owns which range, so a freed replica's grant is worthless.
 //! - [`server`]: the data-plane listener and per-connection request loop (bounds, grants, auth).
 //! - [`disk`]: the disk tier — replica files, their format and checksums, capacity accounting.
 //! - `offload`: the agent that copies evicted memory replicas to disk when the master asks.
@@ -13,6 +14,7 @@
 //! The wire it speaks is `moonkv-dataplane`; the master connection is `moonkv-client`'s
 //! `MasterClient`.
 
+pub mod claims;
 pub mod disk;
 pub mod failpoints;
 pub mod node;

@@ -5,7 +5,7 @@
 
 use crate::disk::DiskStore;
 use crate::offload;
-use crate::segment::SegmentMemory;
+use crate::segment::{LocalView, SegmentMemory};
 use crate::server::{Access, DataServer, SegmentTable};
 use moonkv_client::master_client::{MasterClient, MasterClientConfig};
 use moonkv_dataplane::{LocalSegment, LocalSegments};
@@ -133,25 +133,30 @@ impl Node {
             memories.iter().map(|m| (m.id(), m.clone())).collect(),
         ));
         let disk_store = opened.as_ref().map(|(store, _)| store.clone());
-        let server = DataServer::spawn_with_disk(
-            listener,
-            table.clone(),
-            disk_store,
-            Access {
-                secret: config.auth_secret.clone(),
-                grant_key: config
-                    .grant_secret
-                    .clone()
-                    .or_else(|| config.auth_secret.clone()),
-                tls,
-            },
-        )
-        .map_err(|e| {
-            Error::new(
-                ErrorCode::INTERNAL_ERROR,
-                format!("data plane failed to start: {e}"),
-            )
-        })?;
+        let access = Access {
+            secret: config.auth_secret.clone(),
+            grant_key: config
+                .grant_secret
+                .clone()
+                .or_else(|| config.auth_secret.clone()),
+            tls,
+            claims: Arc::default(),
+        };
+        let local_views: Vec<Arc<dyn LocalSegment>> = memories
+            .iter()
+            .map(|m| {
+                let view =
+                    LocalView::new(m.clone(), access.grant_key.clone(), access.claims.clone());
+                Arc::new(view) as Arc<dyn LocalSegment>
+            })
+            .collect();
+        let server = DataServer::spawn_with_disk(listener, table.clone(), disk_store, access)
+            .map_err(|e| {
+                Error::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    format!("data plane failed to start: {e}"),
+                )
+            })?;
         let endpoint = advertised_endpoint(server.local_addr(), config.advertise_host.as_deref());
         let segments: Vec<Segment> = names
             .into_iter()
@@ -199,6 +204,7 @@ impl Node {
             disk,
             disk_task: None,
             local: config.local_segments.clone(),
+            local_views,
         };
         for segment in handle.segments.clone() {
             if let Err(e) = handle.master.mount(segment.clone()).await {
@@ -225,9 +231,8 @@ impl Node {
             }
             handle.disk_task = Some(tokio::spawn(agent.run(config.disk_poll_interval)));
         }
-        for memory in &handle.memories {
-            let local: Arc<dyn LocalSegment> = memory.clone();
-            handle.local.register(memory.id(), &local);
+        for (memory, view) in handle.memories.iter().zip(&handle.local_views) {
+            handle.local.register(memory.id(), view);
         }
         tracing::info!(
             endpoint = %handle.endpoint,
@@ -279,6 +284,8 @@ pub struct NodeHandle {
     disk_task: Option<tokio::task::JoinHandle<()>>,
     /// This node's segments for stores in the same process.
     local: LocalSegments,
+    /// What `local` hands out (it holds weak references).
+    local_views: Vec<Arc<dyn LocalSegment>>,
 }
 
 impl NodeHandle {

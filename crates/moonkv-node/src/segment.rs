@@ -5,12 +5,16 @@
 //! Access goes through [`ReadView`] / [`WriteView`], which hold a range lock for their bytes;
 //! that is what makes handing out `&[u8]` / `&mut [u8]` over the shared allocation sound.
 
+use crate::claims::Claims;
 use crate::range_lock::{RangeGuard, RangeLock};
 use moonkv_dataplane::header::{check_range, DataStatus};
 use moonkv_dataplane::local::LocalFuture;
+use moonkv_proto::auth::Secret;
+use moonkv_proto::grant::{self, Grant};
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::alloc::Layout;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// Alignment of every segment: one page.
 pub const PAGE_SIZE: usize = 4096;
@@ -172,20 +176,71 @@ impl std::ops::DerefMut for WriteView<'_> {
     }
 }
 
-impl moonkv_dataplane::LocalSegment for SegmentMemory {
-    fn read_into<'a>(&'a self, address: u64, out: &'a mut [u8]) -> LocalFuture<'a> {
+impl SegmentMemory {
+    /// Copies `[address, address + out.len())` into `out` under the range lock.
+    pub async fn copy_out(&self, address: u64, out: &mut [u8]) -> std::result::Result<(), DataStatus> {
+        let view = self.read_view(address, out.len() as u64).await?;
+        out.copy_from_slice(&view);
+        Ok(())
+    }
+
+    /// Copies `data` to `[address, address + data.len())` under the range lock.
+    pub async fn copy_in(&self, address: u64, data: &[u8]) -> std::result::Result<(), DataStatus> {
+        let mut view = self.write_view(address, data.len() as u64).await?;
+        view.copy_from_slice(data);
+        Ok(())
+    }
+}
+
+/// A segment as a store in this process reaches it: with the node's grant checks and replica
+/// claims, so an in-process copy obeys the same rules as a request over the network.
+pub struct LocalView {
+    memory: Arc<SegmentMemory>,
+    grant_key: Option<Secret>,
+    claims: Arc<Claims>,
+}
+
+impl LocalView {
+    /// `memory` checked with `grant_key` (none: open, like the node's data plane) and `claims`.
+    pub fn new(memory: Arc<SegmentMemory>, grant_key: Option<Secret>, claims: Arc<Claims>) -> Self {
+        Self {
+            memory,
+            grant_key,
+            claims,
+        }
+    }
+
+    fn admit(&self, address: u64, len: usize, grant: &[u8], write: bool) -> std::result::Result<(), DataStatus> {
+        let Some(key) = &self.grant_key else {
+            return Ok(());
+        };
+        let right = if write { grant::WRITE } else { grant::READ };
+        Grant::open(key, self.memory.id(), grant)
+            .and_then(|g| {
+                g.permits_range(right, address, len as u64, grant::unix_now_ms())?;
+                self.claims.admit(self.memory.id(), &g, write)
+            })
+            .map_err(|_| DataStatus::Forbidden)
+    }
+}
+
+impl moonkv_dataplane::LocalSegment for LocalView {
+    fn read_into<'a>(
+        &'a self,
+        address: u64,
+        out: &'a mut [u8],
+        grant: &'a [u8],
+    ) -> LocalFuture<'a> {
         Box::pin(async move {
-            let view = self.read_view(address, out.len() as u64).await?;
-            out.copy_from_slice(&view);
-            Ok(())
+            self.admit(address, out.len(), grant, false)?;
+            self.memory.copy_out(address, out).await
         })
     }
 
-    fn write_from<'a>(&'a self, address: u64, data: &'a [u8]) -> LocalFuture<'a> {
+    fn write_from<'a>(&'a self, address: u64, data: &'a [u8], grant: &'a [u8]) -> LocalFuture<'a> {
         Box::pin(async move {
-            let mut view = self.write_view(address, data.len() as u64).await?;
-            view.copy_from_slice(data);
-            Ok(())
+            self.admit(address, data.len(), grant, true)?;
+            self.memory.copy_in(address, data).await
         })
     }
 }
@@ -228,14 +283,45 @@ mod tests {
     #[tokio::test]
     async fn local_copies_are_bounds_checked_like_the_network() {
         use moonkv_dataplane::LocalSegment;
-        let seg = SegmentMemory::allocate(SegmentId::new(9, 9), 4096).unwrap();
-        seg.write_from(seg.base() + 1, b"xyz").await.unwrap();
+        let seg = Arc::new(SegmentMemory::allocate(SegmentId::new(9, 9), 4096).unwrap());
+        let open = LocalView::new(seg.clone(), None, Arc::default());
+        open.write_from(seg.base() + 1, b"xyz", &[]).await.unwrap();
         let mut out = [0u8; 5];
-        seg.read_into(seg.base(), &mut out).await.unwrap();
+        open.read_into(seg.base(), &mut out, &[]).await.unwrap();
         assert_eq!(&out, b"\0xyz\0");
         assert_eq!(
-            seg.read_into(seg.base() + 4094, &mut out).await,
+            open.read_into(seg.base() + 4094, &mut out, &[]).await,
             Err(DataStatus::OutOfRange)
         );
+    }
+
+    #[tokio::test]
+    async fn local_copies_check_grants_and_claims_like_the_network() {
+        use moonkv_dataplane::LocalSegment;
+        let key = Secret::new(b"local-view-grant-secret".to_vec()).unwrap();
+        let seg = Arc::new(SegmentMemory::allocate(SegmentId::new(9, 8), 4096).unwrap());
+        let view = LocalView::new(seg.clone(), Some(key.clone()), Arc::default());
+        let base = seg.base();
+        let seal = |replica: u64, issued: u64| {
+            Grant::new(grant::READ | grant::WRITE, u64::MAX, base, 64, "t")
+                .for_replica(replica, issued)
+                .seal(&key, seg.id())
+        };
+        let (old, new) = (seal(1, 1_000), seal(2, 2_000));
+        let mut out = [0u8; 64];
+        assert_eq!(
+            view.write_from(base, b"x", &[]).await,
+            Err(DataStatus::Forbidden)
+        );
+        view.write_from(base, &[1; 64], &old).await.unwrap();
+        view.read_into(base, &mut out, &old).await.unwrap();
+        view.write_from(base, &[2; 64], &new).await.unwrap();
+        assert_eq!(
+            view.read_into(base, &mut out, &old).await,
+            Err(DataStatus::Forbidden),
+            "a freed replica's grant reads nothing of the next one"
+        );
+        view.read_into(base, &mut out, &new).await.unwrap();
+        assert_eq!(out, [2; 64]);
     }
 }

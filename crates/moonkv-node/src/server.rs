@@ -3,6 +3,7 @@
 //! With a shared secret, a connection must open with the authentication handshake and every
 //! request must carry a grant covering it (`docs/data-plane.md`).
 
+use crate::claims::Claims;
 use crate::disk::{format::MAX_TENANT_LEN, with_cause, DiskFault, DiskStore, WriteError};
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
@@ -48,6 +49,9 @@ pub struct Access {
     pub grant_key: Option<Secret>,
     /// Set: connections must open with a TLS handshake.
     pub tls: Option<TlsAcceptor>,
+    /// Which replica owns which range, checked with every grant (shared with the in-process
+    /// copy path of an embedding store).
+    pub claims: Arc<Claims>,
 }
 
 /// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
@@ -271,7 +275,7 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
         stream.read_exact(&mut grant[..grant_len]).await?;
         let mut granted_file_size = None;
         if let Some(key) = &served.access.grant_key {
-            match check_grant(key, &header, &grant[..grant_len]) {
+            match check_grant(key, &served.access.claims, &header, &grant[..grant_len]) {
                 Ok(size) => granted_file_size = size,
                 Err(refusal) => {
                     tracing::debug!(
@@ -386,16 +390,24 @@ async fn refuse_connection(stream: &mut Conn, request_id: u64, why: &str) -> io:
     ))
 }
 
-/// Checks the request's grant; for file writes returns the granted object size.
-fn check_grant(secret: &Secret, h: &RequestHeader, token: &[u8]) -> Result<Option<u64>, Refusal> {
+/// Checks the request's grant (and, for memory ranges, the claims: see [`crate::claims`]); for
+/// file writes returns the granted object size.
+fn check_grant(
+    secret: &Secret,
+    claims: &Claims,
+    h: &RequestHeader,
+    token: &[u8],
+) -> Result<Option<u64>, Refusal> {
     let grant = Grant::open(secret, h.segment_id, token)?;
     let now = moonkv_proto::grant::unix_now_ms();
     match h.op {
         op if op == DataOp::Read as u8 => {
-            grant.permits_range(grant::READ, h.address, h.length, now)
+            grant.permits_range(grant::READ, h.address, h.length, now)?;
+            claims.admit(h.segment_id, &grant, false)
         }
         op if op == DataOp::Write as u8 => {
-            grant.permits_range(grant::WRITE, h.address, h.length, now)
+            grant.permits_range(grant::WRITE, h.address, h.length, now)?;
+            claims.admit(h.segment_id, &grant, true)
         }
         op if op == DataOp::FileRead as u8 => {
             grant.permits_file(grant::READ, h.address, now)?;

@@ -356,11 +356,21 @@ async fn stats_count_connections_and_requests() {
     tokio::time::timeout(LIMIT, async {
         let f = fixture(1 << 16).await;
         let base = f.segment.base();
-        let mut first = DataConnection::connect(&f.addr(), LIMIT, None).await.unwrap();
-        first.write(f.segment.id(), base, b"abc", &[]).await.unwrap();
+        let mut first = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
+        first
+            .write(f.segment.id(), base, b"abc", &[])
+            .await
+            .unwrap();
         let mut buf = [0u8; 3];
-        first.read(f.segment.id(), base, &mut buf, &[]).await.unwrap();
-        let mut second = DataConnection::connect(&f.addr(), LIMIT, None).await.unwrap();
+        first
+            .read(f.segment.id(), base, &mut buf, &[])
+            .await
+            .unwrap();
+        let mut second = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
         let stats = second.stats().await.unwrap();
         assert_eq!(stats.connections_opened, 2);
         assert_eq!(stats.connections_open, 2);
@@ -391,7 +401,9 @@ async fn pipelined_requests_are_answered_in_order_with_a_refusal_in_the_middle()
     tokio::time::timeout(LIMIT, async {
         let f = fixture(1 << 16).await;
         let (id, base) = (f.segment.id(), f.segment.base());
-        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None).await.unwrap();
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
         let data: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i + 1; 1000]).collect();
         let mut pieces: Vec<Piece<'_>> = data
             .iter()

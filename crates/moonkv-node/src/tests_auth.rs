@@ -44,6 +44,7 @@ async fn secured(node_secret: Option<Secret>) -> Secured {
         grant_key: node_secret.clone(),
         secret: node_secret,
         tls: None,
+        claims: Default::default(),
     };
     let server = DataServer::spawn_with_disk(listener, table, Some(disk.clone()), access).unwrap();
     Secured {

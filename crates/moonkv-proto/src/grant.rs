@@ -1,16 +1,21 @@
 //! Capability grants: when the master runs with a shared secret, every replica descriptor it
 //! hands out carries a grant for exactly that replica, and a node serves a data-plane request
-//! only if it carries a grant covering it. A grant is a fixed 66-byte token (big-endian):
+//! only if it carries a grant covering it. A grant is a fixed 82-byte token (big-endian):
 //!
 //! | offset | size | field |
 //! |---:|---:|---|
-//! | 0 | 1 | version, `1` |
+//! | 0 | 1 | version, `2` |
 //! | 1 | 1 | rights: bit 0 read, bit 1 write, bit 2 file (a disk file id rather than a byte range) |
 //! | 2 | 8 | expires_ms: UNIX milliseconds after which the grant is void |
 //! | 10 | 8 | address: first byte of the range, or the file id |
 //! | 18 | 8 | size: bytes of the range, or the object size of the file |
 //! | 26 | 8 | tenant digest: first 8 bytes of SHA-256(tenant) |
-//! | 34 | 32 | HMAC-SHA256(grant key, `"moonkv grant"` ‖ segment_id.hi ‖ segment_id.lo ‖ bytes 0..34) |
+//! | 34 | 8 | replica id the grant was issued for |
+//! | 42 | 8 | issued_ms: the master's UNIX milliseconds when it issued the grant |
+//! | 50 | 32 | HMAC-SHA256(grant key, `"moonkv grant"` ‖ segment_id.hi ‖ segment_id.lo ‖ bytes 0..50) |
+//!
+//! The replica id and issue time let a node tell a grant for the replica that now owns a range
+//! from a stale one for a replica that was freed there (see `moonkv_node::claims`).
 //!
 //! The grant key is the grant secret of the master and the nodes when they have one, otherwise
 //! the shared secret. The segment id is covered by the MAC but not carried: the node takes it
@@ -21,9 +26,9 @@ use crate::ids::SegmentId;
 use sha2::{Digest, Sha256};
 
 /// Length of a grant token in bytes.
-pub const GRANT_LEN: usize = 66;
+pub const GRANT_LEN: usize = 82;
 /// Version byte of the token layout.
-pub const GRANT_VERSION: u8 = 1;
+pub const GRANT_VERSION: u8 = 2;
 /// Right to read the range (READ, FILE_READ).
 pub const READ: u8 = 1;
 /// Right to write the range (WRITE, FILE_WRITE).
@@ -35,7 +40,7 @@ pub const FILE: u8 = 4;
 pub const CLOCK_SKEW_MS: u64 = 2_000;
 
 const LABEL: &[u8] = b"moonkv grant";
-const BODY_LEN: usize = 34;
+const BODY_LEN: usize = 50;
 
 /// Why a node refuses a grant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +57,11 @@ pub enum Refusal {
     WrongRight,
     /// The request reaches outside the granted range (or names another file).
     OutOfRange,
+    /// The range now belongs to a replica issued after this grant's: the grant's replica was
+    /// freed or replaced.
+    Superseded,
+    /// A read of a range its replica has not written yet (it may still hold freed bytes).
+    Unwritten,
 }
 
 impl Refusal {
@@ -64,6 +74,8 @@ impl Refusal {
             Refusal::Expired => "grant expired",
             Refusal::WrongRight => "grant lacks the right",
             Refusal::OutOfRange => "request outside the granted range",
+            Refusal::Superseded => "grant for a replica that was freed or replaced",
+            Refusal::Unwritten => "read of a range its replica has not written",
         }
     }
 }
@@ -81,6 +93,10 @@ pub struct Grant {
     pub size: u64,
     /// First 8 bytes of SHA-256 of the tenant the grant was issued to.
     pub tenant_digest: [u8; 8],
+    /// The replica the grant was issued for (0: none named).
+    pub replica: u64,
+    /// When the master issued it (UNIX milliseconds).
+    pub issued_ms: u64,
 }
 
 /// The tenant digest carried by grants.
@@ -100,7 +116,22 @@ impl Grant {
             address,
             size,
             tenant_digest: tenant_digest(tenant),
+            replica: 0,
+            issued_ms: 0,
         }
+    }
+
+    /// The same grant, naming the replica it is for and when it was issued.
+    pub fn for_replica(mut self, replica: u64, issued_ms: u64) -> Self {
+        self.replica = replica;
+        self.issued_ms = issued_ms;
+        self
+    }
+
+    /// The order of issue: a grant with a larger key was issued later (replica ids grow within
+    /// a master's life; the issue time orders grants across master restarts).
+    pub fn issue_order(&self) -> (u64, u64) {
+        (self.issued_ms, self.replica)
     }
 
     fn body(&self) -> [u8; BODY_LEN] {
@@ -111,6 +142,8 @@ impl Grant {
         body[10..18].copy_from_slice(&self.address.to_be_bytes());
         body[18..26].copy_from_slice(&self.size.to_be_bytes());
         body[26..34].copy_from_slice(&self.tenant_digest);
+        body[34..42].copy_from_slice(&self.replica.to_be_bytes());
+        body[42..50].copy_from_slice(&self.issued_ms.to_be_bytes());
         body
     }
 
@@ -151,6 +184,8 @@ impl Grant {
             address: word(10),
             size: word(18),
             tenant_digest,
+            replica: word(34),
+            issued_ms: word(42),
         })
     }
 
@@ -221,20 +256,22 @@ mod tests {
     fn a_sealed_grant_has_the_documented_layout_and_opens() {
         let s = secret(1);
         let seg = SegmentId::new(7, 9);
-        let g = Grant::new(READ | WRITE, 1_000, 0x1000, 64, "alice");
+        let g = Grant::new(READ | WRITE, 1_000, 0x1000, 64, "alice").for_replica(77, 900);
         let token = g.seal(&s, seg);
         assert_eq!(token.len(), GRANT_LEN);
-        assert_eq!(token[0], 1);
+        assert_eq!(token[0], 2);
         assert_eq!(token[1], 3);
         assert_eq!(&token[2..10], &1_000u64.to_be_bytes());
         assert_eq!(&token[10..18], &0x1000u64.to_be_bytes());
         assert_eq!(&token[18..26], &64u64.to_be_bytes());
         assert_eq!(&token[26..34], &tenant_digest("alice"));
+        assert_eq!(&token[34..42], &77u64.to_be_bytes());
+        assert_eq!(&token[42..50], &900u64.to_be_bytes());
         let mut mac_input = b"moonkv grant".to_vec();
         mac_input.extend_from_slice(&7u64.to_be_bytes());
         mac_input.extend_from_slice(&9u64.to_be_bytes());
-        mac_input.extend_from_slice(&token[..34]);
-        assert_eq!(&token[34..], &s.tag(&[&mac_input]));
+        mac_input.extend_from_slice(&token[..50]);
+        assert_eq!(&token[50..], &s.tag(&[&mac_input]));
         assert_eq!(Grant::open(&s, seg, &token), Ok(g));
     }
 
@@ -243,7 +280,7 @@ mod tests {
         let (s, seg) = (secret(1), SegmentId::new(7, 9));
         let token = Grant::new(READ, 1_000, 0x1000, 64, "alice").seal(&s, seg);
         assert_eq!(Grant::open(&s, seg, &[]), Err(Refusal::Missing));
-        assert_eq!(Grant::open(&s, seg, &token[..65]), Err(Refusal::Malformed));
+        assert_eq!(Grant::open(&s, seg, &token[..GRANT_LEN - 1]), Err(Refusal::Malformed));
         assert_eq!(
             Grant::open(&secret(2), seg, &token),
             Err(Refusal::BadMac),
@@ -254,7 +291,7 @@ mod tests {
             Err(Refusal::BadMac),
             "another segment"
         );
-        for at in [1, 2, 10, 18, 26, 40] {
+        for at in [1, 2, 10, 18, 26, 34, 42, 60] {
             let mut altered = token.clone();
             altered[at] ^= 0x80;
             assert_eq!(Grant::open(&s, seg, &altered), Err(Refusal::BadMac), "{at}");

@@ -294,7 +294,7 @@ impl Transfer {
         let mut address = replica.address;
         for part in parts {
             memory
-                .write_from(address, part)
+                .write_from(address, part, grant_of(replica))
                 .await
                 .map_err(|s| local_refusal(replica, s))?;
             address += part.len() as u64;
@@ -312,7 +312,7 @@ impl Transfer {
         let mut address = replica.address;
         for part in parts {
             memory
-                .read_into(address, part)
+                .read_into(address, part, grant_of(replica))
                 .await
                 .map_err(|s| local_refusal(replica, s))?;
             address += part.len() as u64;

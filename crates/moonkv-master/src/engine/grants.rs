@@ -32,14 +32,16 @@ impl Engine {
             ),
             Use::Write => (READ | WRITE, self.config.put_start_release_timeout_ms),
         };
-        let expires_ms = self.now().saturating_add(ttl);
+        let now = self.now();
+        let expires_ms = now.saturating_add(ttl);
         for d in descriptors {
             let file = if d.kind == ReplicaKind::LocalDisk {
                 FILE
             } else {
                 0
             };
-            let grant = Grant::new(rights | file, expires_ms, d.address, d.size, tenant);
+            let grant = Grant::new(rights | file, expires_ms, d.address, d.size, tenant)
+                .for_replica(d.id.0, now);
             d.grant = Some(grant.seal(key, d.segment_id));
         }
     }

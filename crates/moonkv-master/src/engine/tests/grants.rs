@@ -53,6 +53,8 @@ fn writes_get_read_write_grants_for_exactly_their_range() {
             address: descs[0].address,
             size: 1000,
             tenant_digest: tenant_digest("alice"),
+            replica: descs[0].id.0,
+            issued_ms: START_MS,
         }
     );
     let upserted = h
