@@ -180,7 +180,12 @@ impl Node {
         master_config.client_name = format!("moonkv-node/{endpoint}");
         master_config.rpc_timeout = config.rpc_timeout;
         master_config.ping_interval = config.ping_interval;
-        master_config.auth_secret = config.auth_secret.clone();
+        // With a separate grant secret the node proves that one to the master: it is the node
+        // credential, which clients never hold, and only it may mount and serve segments.
+        master_config.auth_secret = match (&config.auth_secret, &config.grant_secret) {
+            (Some(_), Some(node)) => Some(node.clone()),
+            (shared, _) => shared.clone(),
+        };
         master_config.tls = config.master_tls.clone();
         let master = match MasterClient::connect(master_config).await {
             Ok(m) => m,

@@ -121,6 +121,11 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
         metrics: metrics.clone(),
         max_frame_bytes: config.max_frame_bytes,
         secret: config.auth_secret.clone(),
+        node_secret: config
+            .auth_secret
+            .as_ref()
+            .and(config.grant_secret.clone())
+            .filter(|node| Some(node) != config.auth_secret.as_ref()),
         tls,
     });
     let rpc_task = tokio::spawn(rpc::serve(rpc_listener, shared, stop_rx.clone()));

@@ -24,6 +24,9 @@ pub(crate) struct RpcShared {
     pub metrics: Arc<Metrics>,
     pub max_frame_bytes: u32,
     pub secret: Option<Secret>,
+    /// Set (the grant secret): a connection proving this secret instead of the shared one is a
+    /// node's, and only node connections may mount, unmount or serve segments.
+    pub node_secret: Option<Secret>,
     /// Set: the port only accepts TLS.
     pub tls: Option<super::tls::RpcTls>,
 }
@@ -34,8 +37,35 @@ enum Handshake {
     New,
     /// The master sent this challenge and waits for the proof.
     Challenged(Vec<u8>),
-    /// Requests are accepted.
-    Ready,
+    /// Requests are accepted, within what the connection's role allows.
+    Ready(Role),
+}
+
+/// What a connection proved in its handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// No distinction is configured: anything goes (no secret, or no separate node secret).
+    Any,
+    /// Proved the shared (client) secret: data operations of its tenants only.
+    Client,
+    /// Proved the node secret: segment and disk-tier operations too.
+    Node,
+}
+
+/// Operations only a node may perform: they decide where other tenants' bytes go.
+fn node_only(op: moonkv_proto::msg::Op) -> bool {
+    use moonkv_proto::msg::Op;
+    matches!(
+        op,
+        Op::MountSegment
+            | Op::ReMountSegment
+            | Op::UnmountSegment
+            | Op::GracefulUnmountSegment
+            | Op::MountDiskSegment
+            | Op::UnmountDiskSegment
+            | Op::OffloadHeartbeat
+            | Op::NotifyOffload
+    )
 }
 
 macro_rules! gen_dispatch {
@@ -169,13 +199,13 @@ fn process_input(
                 break Err(CloseReason::Protocol(e.to_string()));
             }
         };
-        if !matches!(handshake, Handshake::Ready) {
+        let Handshake::Ready(role) = *handshake else {
             match greet(&frame, shared, handshake, output) {
                 Ok(next) => *handshake = next,
                 Err(reason) => break Err(reason),
             }
             continue;
-        }
+        };
         if frame.kind != FrameKind::Request {
             let msg = format!(
                 "expected a request frame, got {:?}; closing connection",
@@ -197,6 +227,18 @@ fn process_input(
             }
         };
         let op = request.op();
+        if role == Role::Client && node_only(op) {
+            shared.metrics.record(op, false, std::time::Duration::ZERO);
+            frame::encode_err(
+                output,
+                frame.request_id,
+                &Error::new(
+                    ErrorCode::ILLEGAL_CLIENT,
+                    format!("{op:?} is for nodes: this connection proved the client secret, not the node secret"),
+                ),
+            );
+            continue;
+        }
         if is_scan(op) {
             let shared = shared.clone();
             let done_tx = done_tx.clone();
@@ -297,7 +339,7 @@ fn greet(
         server_proof: None,
     };
     let next = match (&shared.secret, state) {
-        (None, _) => Handshake::Ready,
+        (None, _) => Handshake::Ready(Role::Any),
         (Some(_), Handshake::New) => {
             let challenge: [u8; NONCE_LEN] = rand::random();
             ack.challenge = Some(challenge.to_vec());
@@ -312,21 +354,28 @@ fn greet(
                     "authentication required: the hello carries no proof".into(),
                 );
             };
-            if auth.client_nonce.len() != NONCE_LEN
-                || !secret.verify_client(challenge, &auth.client_nonce, &auth.proof)
-            {
-                tracing::warn!(client = %hello.client_name, "authentication failed");
-                return refuse(
-                    frame,
-                    output,
-                    ErrorCode::ILLEGAL_CLIENT,
-                    "authentication failed: wrong shared secret".into(),
-                );
-            }
-            ack.server_proof = Some(secret.server_proof(challenge, &auth.client_nonce));
-            Handshake::Ready
+            let proves = |s: &Secret| {
+                auth.client_nonce.len() == NONCE_LEN
+                    && s.verify_client(challenge, &auth.client_nonce, &auth.proof)
+            };
+            let (proven, role) = match &shared.node_secret {
+                Some(node) if proves(node) => (node, Role::Node),
+                Some(_) if proves(secret) => (secret, Role::Client),
+                None if proves(secret) => (secret, Role::Any),
+                _ => {
+                    tracing::warn!(client = %hello.client_name, "authentication failed");
+                    return refuse(
+                        frame,
+                        output,
+                        ErrorCode::ILLEGAL_CLIENT,
+                        "authentication failed: wrong shared secret".into(),
+                    );
+                }
+            };
+            ack.server_proof = Some(proven.server_proof(challenge, &auth.client_nonce));
+            Handshake::Ready(role)
         }
-        (Some(_), Handshake::Ready) => Handshake::Ready,
+        (Some(_), Handshake::Ready(role)) => Handshake::Ready(*role),
     };
     frame::encode_ok(output, frame.request_id, &ack)
         .map_err(|e| CloseReason::Protocol(e.to_string()))?;

@@ -1,13 +1,16 @@
-//! A grant dies with its replica: tenant A's write and read grants, kept after A's object was
-//! removed, neither overwrite nor read the bytes of tenant B's object that the master put in
-//! the same range. Real `moonkv master` and `moonkv node` with secrets, on loopback.
+//! The trust model against real `moonkv master` and `moonkv node` processes with a shared
+//! (client) secret and a separate grant (node) secret, on loopback:
+//! - a grant dies with its replica: tenant A's write and read grants, kept after A's object was
+//!   removed, neither overwrite nor read the bytes of tenant B's object placed in the same range;
+//! - a client credential can neither mount a segment (posing as a node) nor unmount a node's.
 
 use moonkv_client::store::{Store, StoreConfig};
 use moonkv_dataplane::DataConnection;
 use moonkv_proto::auth::Secret;
-use moonkv_proto::msg::{EndRequest, PutStartRequest};
-use moonkv_proto::{ErrorCode, ReplicaDescriptor, ReplicaType, ReplicateConfig};
-use moonkv_testkit::{Moonkv, Proc};
+use moonkv_proto::msg::{EndRequest, MountSegmentRequest, PutStartRequest, UnmountSegmentRequest};
+use moonkv_proto::{ClientId, ErrorCode, ReplicaDescriptor, ReplicaType, ReplicateConfig};
+use moonkv_proto::{SegmentId, Uuid};
+use moonkv_testkit::{http_get, Moonkv, Proc};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -74,7 +77,10 @@ async fn put_keeping_grant(store: &Store, key: &str, value: &[u8]) -> ReplicaDes
         .await
         .unwrap();
     let replica = replicas[0].clone();
-    let grant = replica.grant.clone().expect("a secured master hands out grants");
+    let grant = replica
+        .grant
+        .clone()
+        .expect("a secured master hands out grants");
     let mut conn = DataConnection::connect(&replica.endpoint, LIMIT, Some(&secret()))
         .await
         .unwrap();
@@ -95,14 +101,8 @@ async fn put_keeping_grant(store: &Store, key: &str, value: &[u8]) -> ReplicaDes
     replica
 }
 
-async fn read_grant(store: &Store, key: &str) -> ReplicaDescriptor {
-    let list = store.replicas(key).await.unwrap();
-    list.replicas[0].clone()
-}
-
-#[test]
-fn grants_of_a_removed_replica_are_worthless_on_the_next_tenants_object() {
-    let files = Files::new();
+/// A master and one node, both with the shared secret and the grant (node) secret.
+fn secured_cluster(files: &Files) -> (Proc, Proc) {
     let (secret_file, grant_file) = (files.path("secret"), files.path("grant"));
     let master = start(&[
         "master",
@@ -116,7 +116,7 @@ fn grants_of_a_removed_replica_are_worthless_on_the_next_tenants_object() {
         &grant_file,
     ]);
     let rpc = master.field("rpc");
-    let _node = start(&[
+    let node = start(&[
         "node",
         "--master",
         &rpc,
@@ -127,6 +127,19 @@ fn grants_of_a_removed_replica_are_worthless_on_the_next_tenants_object() {
         "--grant-secret-file",
         &grant_file,
     ]);
+    (master, node)
+}
+
+async fn read_grant(store: &Store, key: &str) -> ReplicaDescriptor {
+    let list = store.replicas(key).await.unwrap();
+    list.replicas[0].clone()
+}
+
+#[test]
+fn grants_of_a_removed_replica_are_worthless_on_the_next_tenants_object() {
+    let files = Files::new();
+    let (master, _node) = secured_cluster(&files);
+    let rpc = master.field("rpc");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -165,7 +178,11 @@ fn grants_of_a_removed_replica_are_worthless_on_the_next_tenants_object() {
             .await
             .expect_err("a removed replica's write grant must not write");
         assert_eq!(stale_write.code, ErrorCode::ILLEGAL_CLIENT, "{stale_write}");
-        assert_eq!(bob.get("b").await.unwrap(), bob_bytes, "bob reads his own bytes");
+        assert_eq!(
+            bob.get("b").await.unwrap(),
+            bob_bytes,
+            "bob reads his own bytes"
+        );
 
         for grant in [&read.grant, &written.grant] {
             let mut out = vec![0u8; SIZE];
@@ -179,7 +196,10 @@ fn grants_of_a_removed_replica_are_worthless_on_the_next_tenants_object() {
                 .await
                 .expect_err("a removed replica's grant must not read");
             assert_eq!(stale_read.code, ErrorCode::ILLEGAL_CLIENT, "{stale_read}");
-            assert!(out.iter().all(|b| *b == 0), "no byte of bob's object leaked");
+            assert!(
+                out.iter().all(|b| *b == 0),
+                "no byte of bob's object leaked"
+            );
         }
         // The connection stayed usable for honest requests.
         let mut out = vec![0u8; SIZE];
@@ -192,5 +212,64 @@ fn grants_of_a_removed_replica_are_worthless_on_the_next_tenants_object() {
         .await
         .unwrap();
         assert_eq!(out, bob_bytes);
+    });
+}
+
+#[test]
+fn a_client_credential_can_neither_pose_as_a_node_nor_unmount_one() {
+    let files = Files::new();
+    let (master, _node) = secured_cluster(&files);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let detail: serde_json::Value =
+        serde_json::from_str(&http_get(&admin, "/get_segments_detail").expect("segments")).unwrap();
+    let victim = &detail["segments"][0];
+    let parse = |field: &str| Uuid::parse(victim[field].as_str().unwrap()).unwrap();
+    let (segment_id, owner) = (SegmentId(parse("segment_id")), ClientId(parse("client_id")));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mallory = store(&rpc, "mallory").await;
+        let master_client = mallory.master();
+        let fake = moonkv_proto::Segment {
+            id: SegmentId::new(66, 66),
+            name: "mallory-segment".into(),
+            base: 0x1000_0000,
+            size: 64 << 20,
+            endpoint: "127.0.0.1:9".into(),
+            protocol: "tcp".into(),
+            host_id: "mallory".into(),
+        };
+        let mount = master_client
+            .mount_segment(MountSegmentRequest {
+                segment: fake,
+                client_id: master_client.client_id(),
+            })
+            .await
+            .expect_err("a client may not mount a segment");
+        assert_eq!(mount.code, ErrorCode::ILLEGAL_CLIENT, "{mount}");
+        let unmount = master_client
+            .unmount_segment(UnmountSegmentRequest {
+                segment_id,
+                client_id: owner,
+            })
+            .await
+            .expect_err("a client may not unmount a node's segment, even naming its owner");
+        assert_eq!(unmount.code, ErrorCode::ILLEGAL_CLIENT, "{unmount}");
+
+        // The node's segment is still the only one, and it still serves puts and gets.
+        let detail: serde_json::Value =
+            serde_json::from_str(&http_get(&admin, "/get_segments_detail").unwrap()).unwrap();
+        let segments = detail["segments"].as_array().unwrap();
+        assert_eq!(segments.len(), 1, "{detail}");
+        assert_eq!(segments[0]["segment_id"], victim["segment_id"]);
+        let value = vec![7u8; 4096];
+        mallory
+            .put("still-works", &value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(mallory.get("still-works").await.unwrap(), value);
     });
 }
