@@ -273,3 +273,65 @@ fn a_client_credential_can_neither_pose_as_a_node_nor_unmount_one() {
         assert_eq!(mallory.get("still-works").await.unwrap(), value);
     });
 }
+
+#[test]
+fn unread_scan_answers_do_not_grow_master_memory() {
+    use moonkv_proto::frame;
+    use moonkv_proto::msg::{RegexRequest, Request};
+    let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let rpc = master.field("rpc");
+    let _node = start(&["node", "--master", &rpc, "--segment-size", "64MiB"]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let honest = runtime.block_on(async {
+        let mut config = StoreConfig::new(&rpc);
+        config.auth_secret = None;
+        Store::connect(config).await.unwrap()
+    });
+    // Enough long keys that one scan answer is about 0.7 MB.
+    let keys: Vec<String> = (0..2000).map(|i| format!("{i:0>240}")).collect();
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let value = [1u8; 1024];
+    let values: Vec<&[u8]> = names.iter().map(|_| &value[..]).collect();
+    for result in
+        runtime.block_on(honest.batch_put_from(&names, &values, &ReplicateConfig::default()))
+    {
+        result.unwrap();
+    }
+    let before = master.rss_kib();
+
+    // 1,000 scans sent at once, their answers never read.
+    let mut attacker = moonkv_testkit::wire::RawStream::after_hello(&rpc);
+    let mut burst = Vec::new();
+    let scan = Request::GetReplicaListByRegex(RegexRequest {
+        tenant: String::new(),
+        regex: ".*".into(),
+    });
+    for id in 1..=1000 {
+        frame::encode_request(&mut burst, id, &scan).unwrap();
+    }
+    attacker.write(&burst);
+
+    // Meanwhile an honest client keeps working, and the master's memory stays put.
+    let mut peak = before;
+    for round in 0..200 {
+        let key = format!("honest-{round}");
+        runtime
+            .block_on(honest.put(&key, &value, &ReplicateConfig::default()))
+            .unwrap();
+        assert_eq!(runtime.block_on(honest.get(&key)).unwrap(), value);
+        peak = peak.max(master.rss_kib());
+    }
+    assert!(
+        peak < before + 50 * 1024,
+        "master RSS grew from {before} KiB to {peak} KiB with unread scan answers"
+    );
+    // Back-pressure, not loss: every scan is answered once the attacker reads.
+    for _ in 0..1000 {
+        let answer = attacker.read_frame().expect("every scan is answered");
+        assert_eq!(answer.code, 0, "scan failed");
+    }
+}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 /// State every connection shares.
 pub(crate) struct RpcShared {
@@ -148,45 +148,69 @@ async fn serve_connection(
 ) -> Result<(), CloseReason> {
     stream.set_nodelay(true)?;
     let (mut reader, mut writer) = super::tls::accept(stream, shared.tls.as_ref()).await?;
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<ScanDone>();
+    let scans = Arc::new(Semaphore::new(MAX_SCANS_IN_FLIGHT));
     let mut input: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut output: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut handshake = Handshake::New;
+    // Set while frames wait in `input` for a scan slot: the socket is not read meanwhile, so a
+    // client that sends scans and never reads their answers stalls itself, not the master.
+    let mut paused = false;
     loop {
         tokio::select! {
-            read = reader.read_buf(&mut input) => {
+            read = reader.read_buf(&mut input), if !paused => {
                 if read? == 0 {
                     return Ok(());
                 }
-                let verdict = process_input(&shared, &mut input, &mut output, &mut handshake, &done_tx);
+                let verdict =
+                    process_input(&shared, &mut input, &mut output, &mut handshake, &done_tx, &scans);
                 if !output.is_empty() {
                     writer.write_all(&output).await?;
                     output.clear();
                 }
-                verdict?;
+                paused = verdict?;
             }
-            Some(bytes) = done_rx.recv() => writer.write_all(&bytes).await?,
+            Some((bytes, slot)) = done_rx.recv() => {
+                writer.write_all(&bytes).await?;
+                // The slot frees only once the answer left, so unread answers stay bounded.
+                drop(slot);
+                if paused {
+                    let verdict = process_input(
+                        &shared, &mut input, &mut output, &mut handshake, &done_tx, &scans,
+                    );
+                    if !output.is_empty() {
+                        writer.write_all(&output).await?;
+                        output.clear();
+                    }
+                    paused = verdict?;
+                }
+            }
             _ = shutdown.changed() => return Ok(()),
         }
     }
 }
 
-/// Handles every complete frame in `input`, appending responses to `output`.
+/// Scans one connection may have running or answered-but-unsent at a time.
+const MAX_SCANS_IN_FLIGHT: usize = 4;
+
+/// A finished scan's response frame and the slot it held.
+type ScanDone = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
+
+/// Handles every complete frame in `input`, appending responses to `output`; `Ok(true)` when
+/// it stopped at a scan for want of a scan slot (the frame stays in `input`).
 fn process_input(
     shared: &Arc<RpcShared>,
     input: &mut Vec<u8>,
     output: &mut Vec<u8>,
     handshake: &mut Handshake,
-    done_tx: &mpsc::UnboundedSender<Vec<u8>>,
-) -> Result<(), CloseReason> {
+    done_tx: &mpsc::UnboundedSender<ScanDone>,
+    scans: &Arc<Semaphore>,
+) -> Result<bool, CloseReason> {
     let mut consumed = 0;
     let result = loop {
-        let frame = match frame::decode(&input[consumed..], shared.max_frame_bytes) {
-            Ok(Some((frame, used))) => {
-                consumed += used;
-                frame
-            }
-            Ok(None) => break Ok(()),
+        let (frame, used) = match frame::decode(&input[consumed..], shared.max_frame_bytes) {
+            Ok(Some(decoded)) => decoded,
+            Ok(None) => break Ok(false),
             Err(e) => {
                 frame::encode_err(
                     output,
@@ -199,6 +223,7 @@ fn process_input(
                 break Err(CloseReason::Protocol(e.to_string()));
             }
         };
+        consumed += used;
         let Handshake::Ready(role) = *handshake else {
             match greet(&frame, shared, handshake, output) {
                 Ok(next) => *handshake = next,
@@ -240,6 +265,11 @@ fn process_input(
             continue;
         }
         if is_scan(op) {
+            let Ok(slot) = scans.clone().try_acquire_owned() else {
+                // No scan slot: the frame waits in `input` until an answer has left.
+                consumed -= used;
+                break Ok(true);
+            };
             let shared = shared.clone();
             let done_tx = done_tx.clone();
             let request_id = frame.request_id;
@@ -248,7 +278,7 @@ fn process_input(
                 let mut out = Vec::new();
                 let ok = dispatch(&shared.engine, request_id, &request, &mut out);
                 shared.metrics.record(op, ok, started.elapsed());
-                let _ = done_tx.send(out);
+                let _ = done_tx.send((out, slot));
             });
             continue;
         }
