@@ -178,7 +178,11 @@ impl std::ops::DerefMut for WriteView<'_> {
 
 impl SegmentMemory {
     /// Copies `[address, address + out.len())` into `out` under the range lock.
-    pub async fn copy_out(&self, address: u64, out: &mut [u8]) -> std::result::Result<(), DataStatus> {
+    pub async fn copy_out(
+        &self,
+        address: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<(), DataStatus> {
         let view = self.read_view(address, out.len() as u64).await?;
         out.copy_from_slice(&view);
         Ok(())
@@ -210,7 +214,13 @@ impl LocalView {
         }
     }
 
-    fn admit(&self, address: u64, len: usize, grant: &[u8], write: bool) -> std::result::Result<(), DataStatus> {
+    fn admit(
+        &self,
+        address: u64,
+        len: usize,
+        grant: &[u8],
+        write: bool,
+    ) -> std::result::Result<(), DataStatus> {
         let Some(key) = &self.grant_key else {
             return Ok(());
         };
