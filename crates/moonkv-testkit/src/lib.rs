@@ -1,7 +1,8 @@
 //! Shared test support for moonkv (dev-dependency only; never published).
 //!
 //! - [`proc`]: the real `moonkv` binary as a child process ([`Moonkv`], [`Proc`]): spawn on
-//!   loopback with ephemeral ports, wait for the ready line, freeze, thaw, kill, read its log.
+//!   loopback with ephemeral ports (optionally with fault points set), wait for the ready line,
+//!   freeze, thaw, kill, wait for a fault-point exit, read its log.
 //! - [`admin`]: the admin HTTP port ([`http`], [`http_get`] over ureq) and the readers of its
 //!   endpoints (metrics, segments, keys), plus bounded polling ([`wait_for`]).
 //! - [`wire`]: the master protocol from a test: the blocking client with conveniences, fake

@@ -78,7 +78,34 @@ impl Moonkv {
 
     /// `moonkv node` with one segment of `segment_size` named `name`, data plane on loopback.
     pub fn node(&self, master_rpc: &str, name: &str, segment_size: &str) -> Proc {
-        self.start(&[
+        Proc::start(self.node_command(master_rpc, name, segment_size, &[]))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Moonkv::node`] with its fault points set (`FAILPOINTS`, `name=actions;...`, see
+    /// `moonkv_node::failpoints`).
+    pub fn node_with_failpoints(
+        &self,
+        master_rpc: &str,
+        name: &str,
+        segment_size: &str,
+        failpoints: &str,
+    ) -> Proc {
+        let mut cmd = self.node_command(master_rpc, name, segment_size, &[]);
+        cmd.env("FAILPOINTS", failpoints);
+        Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The command of [`Moonkv::node`] plus `extra` flags, not started yet (for a disk
+    /// directory, say, or an environment of its own).
+    pub fn node_command(
+        &self,
+        master_rpc: &str,
+        name: &str,
+        segment_size: &str,
+        extra: &[&str],
+    ) -> Command {
+        let mut cmd = self.command(&[
             "node",
             "--master",
             master_rpc,
@@ -90,7 +117,9 @@ impl Moonkv {
             "127.0.0.1:0",
             "--host-id",
             name,
-        ])
+        ]);
+        cmd.args(extra);
+        cmd
     }
 }
 
@@ -209,6 +238,27 @@ impl Proc {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Waits for the process to end itself at fault point `point` (a `return` action: exit code
+    /// `moonkv_node::failpoints::EXIT_CODE`, the point named on stderr); panics with its log if it
+    /// exits otherwise or not within `within`.
+    pub fn expect_failpoint_exit(&mut self, point: &str, within: Duration) {
+        let status = self.wait_exit(within);
+        let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        assert_eq!(
+            status.code(),
+            Some(moonkv_node::failpoints::EXIT_CODE),
+            "process {} ended with {status} instead of at {point}: {}",
+            self.pid(),
+            log.trim()
+        );
+        assert!(
+            log.contains(&format!("failpoint {point}: exiting")),
+            "process {} exited with the fault-point code but not at {point}: {}",
+            self.pid(),
+            log.trim()
+        );
     }
 
     /// Resident set size in KiB (`VmRSS` of /proc/PID/status).

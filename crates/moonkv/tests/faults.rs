@@ -1,5 +1,7 @@
-//! Faults with real processes: `moonkv master` and `moonkv node` on loopback, killed (SIGKILL),
-//! frozen (SIGSTOP) and restarted while the `moonkv_client::Store` library works against them.
+//! Faults with real processes: `moonkv master` and `moonkv node` on loopback, stopped at named
+//! fault points (`moonkv_node::failpoints`: a node ends itself mid-payload, or stalls there),
+//! killed (SIGKILL), frozen (SIGSTOP) and restarted while the `moonkv_client::Store` library
+//! works against them.
 //!
 //! What every test checks afterwards: no torn or stale object is readable, the master's
 //! metadata (`/get_all_keys`, `/kv_events/snapshot`, `master_key_count`) matches what the test
@@ -9,6 +11,7 @@
 
 use moonkv_client::{ErrorCode, ReplicateConfig, Store, StoreConfig};
 use moonkv_events::subscriber::{Delivery, SequenceVerdict, Subscriber};
+use moonkv_node::failpoints::{READ_MID_PAYLOAD, WRITE_MID_PAYLOAD};
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::ClientId;
@@ -23,6 +26,9 @@ const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 /// Generous bound for anything the master does on its own schedule (TTL expiry, sweeps).
 const SETTLE: Duration = Duration::from_secs(60);
 const MIB: usize = 1 << 20;
+/// Bytes per data-plane request of the test stores: fault points count requests, so an object of
+/// `n * CHUNK` bytes is exactly `n` of them.
+const CHUNK: usize = 512 << 10;
 
 fn on(segment: &str) -> ReplicateConfig {
     ReplicateConfig {
@@ -31,16 +37,10 @@ fn on(segment: &str) -> ReplicateConfig {
     }
 }
 
-fn replicas(n: u32) -> ReplicateConfig {
-    ReplicateConfig {
-        replica_num: n,
-        ..ReplicateConfig::default()
-    }
-}
-
 async fn store(master: &Proc, adjust: impl FnOnce(&mut StoreConfig)) -> Store {
     let mut config = StoreConfig::new(master.field("rpc"));
     config.transfer_timeout = Duration::from_secs(30);
+    config.chunk_size = CHUNK;
     adjust(&mut config);
     Store::connect(config).await.expect("store connects")
 }
@@ -92,38 +92,34 @@ async fn expect_unreadable_then_gone(store: &Store, key: &str) {
 async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed() {
     let m = MOONKV.master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
-    let a = MOONKV.node(&m.field("rpc"), "seg-a", "512MiB");
+    let old = payload(2, 1, 4 * MIB);
+    let victim = payload(3, 1, 32 * MIB);
+    // The node ends itself half-way into a write request of the victim put, 40 requests in.
+    let before_victim = old.len() / CHUNK;
+    let mut a = MOONKV.node_with_failpoints(
+        &m.field("rpc"),
+        "seg-a",
+        "512MiB",
+        &format!("{WRITE_MID_PAYLOAD}={}*off->return", before_victim + 40),
+    );
     let _b = MOONKV.node(&m.field("rpc"), "seg-b", "64MiB");
     let s = store(&m, |_| {}).await;
 
     let survivor = payload(1, 1, MIB);
     s.put("survivor", &survivor, &on("seg-b")).await.unwrap();
-    let old = payload(2, 1, 4 * MIB);
     s.put("old-on-a", &old, &on("seg-a")).await.unwrap();
     assert_eq!(segment_of(&s, "survivor").await, "seg-b");
     assert_eq!(segment_of(&s, "old-on-a").await, "seg-a");
     let survivor_bytes = used(&admin, "seg-b");
 
-    // Freeze the node so the 128 MiB put is certainly mid-transfer, then kill it.
-    a.freeze();
-    let victim = payload(3, 1, 128 * MIB);
     let writer = s.clone();
     let put = tokio::spawn(async move { writer.put("victim", &victim, &on("seg-a")).await });
-    wait_for(SETTLE, "the victim put to start", || {
-        (metric(&admin, "master_key_count")? >= 3.0).then_some(())
-    });
-    a.kill();
+    a.expect_failpoint_exit(WRITE_MID_PAYLOAD, SETTLE);
     let err = put
         .await
         .unwrap()
         .expect_err("a put to a killed node fails");
-    assert!(
-        matches!(
-            err.code,
-            ErrorCode::TRANSFER_FAIL | ErrorCode::RPC_FAIL | ErrorCode::NO_AVAILABLE_HANDLE
-        ),
-        "{err}"
-    );
+    assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
     // The failed put was revoked: nothing of it is readable, now or later.
     expect_gone(&s, "victim").await;
     // The committed object on the dead node errors cleanly (or is already gone), never Ok.
@@ -152,51 +148,58 @@ async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed(
 async fn node_killed_mid_get_fails_over_or_errors_and_never_returns_wrong_bytes() {
     let m = MOONKV.master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
-    let mut nodes = [
-        Some(MOONKV.node(&m.field("rpc"), "seg-x", "256MiB")),
-        Some(MOONKV.node(&m.field("rpc"), "seg-y", "256MiB")),
-    ];
+    let two = payload(1, 1, 32 * MIB);
+    let requests = two.len() / CHUNK;
+    // seg-x ends itself in its first read answer, after the header and half of the bytes went
+    // out; seg-y serves two whole reads (the failover and one more), then ends itself in the
+    // first answer of a third.
+    let mut x = MOONKV.node_with_failpoints(
+        &m.field("rpc"),
+        "seg-x",
+        "256MiB",
+        &format!("{READ_MID_PAYLOAD}=return"),
+    );
+    let mut y = MOONKV.node_with_failpoints(
+        &m.field("rpc"),
+        "seg-y",
+        "256MiB",
+        &format!("{READ_MID_PAYLOAD}={}*off->return", 2 * requests),
+    );
     let s = store(&m, |_| {}).await;
 
-    // Two replicas: killing the node serving the first one mid-read fails over to the second.
-    let two = payload(1, 1, 128 * MIB);
-    s.put("two", &two, &replicas(2)).await.unwrap();
-    let first = segment_of(&s, "two").await;
-    let (dead, alive) = if first == "seg-x" { (0, 1) } else { (1, 0) };
-    let alive_name = if alive == 0 { "seg-x" } else { "seg-y" };
-    let reader = s.clone();
-    let get = tokio::spawn(async move { reader.get("two").await });
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    nodes[dead].take().unwrap().kill();
-    let got = get
+    // Two replicas: the node serving the first one dies mid-read; the read fails over.
+    let both = ReplicateConfig {
+        replica_num: 2,
+        preferred_segments: vec!["seg-x".into(), "seg-y".into()],
+        ..ReplicateConfig::default()
+    };
+    s.put("two", &two, &both).await.unwrap();
+    assert_eq!(segment_of(&s, "two").await, "seg-x");
+    let got = s
+        .get("two")
         .await
-        .unwrap()
         .expect("the second replica serves the read");
     assert!(got == two, "failover returned wrong bytes");
+    x.expect_failpoint_exit(READ_MID_PAYLOAD, SETTLE);
 
     // After the TTL the dead replica is dropped and the object lives on in one replica.
     wait_for(SETTLE, "the dead node's segment to be unmounted", || {
         let segs = segments(&admin)?;
-        (segs.len() == 1 && segs[0].0 == alive_name).then_some(())
+        (segs.len() == 1 && segs[0].0 == "seg-y").then_some(())
     });
     let list = s.replicas("two").await.unwrap();
     assert_eq!(list.replicas.len(), 1);
-    assert_eq!(list.replicas[0].segment_name, alive_name);
+    assert_eq!(list.replicas[0].segment_name, "seg-y");
     assert_eq!(s.get("two").await.unwrap(), two);
 
-    // One replica, node frozen with the read in flight, then killed: a clean error.
-    let last = nodes[alive].take().unwrap();
+    // One replica left, and its node dies mid-read: a clean error, no partial bytes.
     let _fresh = MOONKV.node(&m.field("rpc"), "seg-z", "64MiB");
-    last.freeze();
-    let reader = s.clone();
-    let get = tokio::spawn(async move { reader.get("two").await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    last.kill();
-    let err = get.await.unwrap().expect_err("no replica is left");
+    let err = s.get("two").await.expect_err("no replica is left");
     assert!(
         matches!(err.code, ErrorCode::TRANSFER_FAIL | ErrorCode::RPC_FAIL),
         "{err}"
     );
+    y.expect_failpoint_exit(READ_MID_PAYLOAD, SETTLE);
 
     wait_for_master_state(&admin, SETTLE, &[("seg-z", 0)], 0);
     expect_gone(&s, "two").await;
@@ -368,29 +371,47 @@ async fn frozen_node_or_master_makes_operations_fail_within_their_deadline() {
 async fn a_timed_out_write_never_lands_on_a_newer_object() {
     let m = MOONKV.master(&["--client-live-ttl-sec", "60"]);
     let admin = m.field("admin");
-    let n = MOONKV.node(&m.field("rpc"), "seg-t", "64MiB");
-    let hasty = store(&m, |c| c.transfer_timeout = Duration::from_secs(1)).await;
-    let patient = store(&m, |_| {}).await;
-    let size = 4 * MIB;
+    let rpc = m.field("rpc");
+    // Two requests per object. The hasty writer sends both on one connection, so when the node
+    // stalls in the first, the second waits in the socket; the patient writer uses two
+    // connections, so its second request can land while the stalled one holds only the first
+    // range.
+    let size = 512 << 10;
+    let hasty = store(&m, |c| {
+        c.transfer_timeout = Duration::from_secs(1);
+        c.chunk_size = size / 2;
+        c.transfer_connections = 1;
+    })
+    .await;
+    let patient = store(&m, |c| {
+        c.chunk_size = size / 2;
+        c.transfer_connections = 2;
+    })
+    .await;
+    let mut nodes = Vec::new();
     for round in 0..3u64 {
-        n.freeze();
+        let name = format!("seg-t{round}");
+        // The first write request this node reads (the hasty one) stalls half-way for three
+        // times the hasty deadline; nothing else does.
+        nodes.push(MOONKV.node_with_failpoints(
+            &rpc,
+            &name,
+            "64MiB",
+            &format!("{WRITE_MID_PAYLOAD}=1*sleep(3000)->off"),
+        ));
         let old = payload(1, round, size);
         let err = hasty
-            .put(&format!("old-{round}"), &old, &ReplicateConfig::default())
+            .put(&format!("old-{round}"), &old, &on(&name))
             .await
-            .expect_err("the node is frozen");
+            .expect_err("the node is stalled");
         assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
-        // The next writer is allocated while the old bytes still sit in the node's socket.
+        // The next writer is allocated while the node is still stalled in the old write, with
+        // the rest of the old bytes waiting in its socket.
         let new = payload(2, round, size);
-        let writer = patient.clone();
-        let (key, value) = (format!("new-{round}"), new.clone());
-        let put =
-            tokio::spawn(
-                async move { writer.put(&key, &value, &ReplicateConfig::default()).await },
-            );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        n.thaw();
-        put.await.unwrap().expect("the patient put succeeds");
+        patient
+            .put(&format!("new-{round}"), &new, &on(&name))
+            .await
+            .expect("the patient put succeeds");
         let got = patient.get(&format!("new-{round}")).await.unwrap();
         assert!(
             got == new,
@@ -398,11 +419,22 @@ async fn a_timed_out_write_never_lands_on_a_newer_object() {
             payload_header(&got)
         );
         expect_unreadable_then_gone(&patient, &format!("old-{round}")).await;
+        let got = patient.get(&format!("new-{round}")).await.unwrap();
+        assert!(
+            got == new,
+            "round {round}: after the stalled write ended the new object holds {:?}",
+            payload_header(&got)
+        );
     }
     let keys: Vec<String> = (0..3).map(|r| format!("new-{r}")).collect();
     assert_eq!(all_keys(&admin).unwrap(), keys);
-    let used_now = used(&admin, "seg-t");
-    wait_for_master_state(&admin, SETTLE, &[("seg-t", used_now)], 3);
+    let each = size as u64;
+    wait_for_master_state(
+        &admin,
+        SETTLE,
+        &[("seg-t0", each), ("seg-t1", each), ("seg-t2", each)],
+        3,
+    );
 }
 
 fn raw_put_start(c: &Connection, me: ClientId, key: &str, size: u64) {
