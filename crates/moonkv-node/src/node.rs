@@ -9,6 +9,7 @@ use crate::segment::{LocalView, SegmentMemory};
 use crate::server::{Access, DataServer, SegmentTable};
 use moonkv_client::master_client::{MasterClient, MasterClientConfig};
 use moonkv_dataplane::{LocalSegment, LocalSegments};
+use moonkv_proto::auth::{Secret, SecretError};
 use moonkv_proto::msg::UnmountDiskSegmentRequest;
 use moonkv_proto::types::{DiskSegment, Segment};
 use moonkv_proto::{ClientId, Error, ErrorCode, Result, SegmentId};
@@ -67,6 +68,9 @@ pub struct NodeConfig {
     pub tls: Option<moonkv_dataplane::stream::TlsServerConfig>,
     /// Connect to the master over TLS (`MOONKV_TLS_CA_FILE` by default).
     pub master_tls: Option<moonkv_dataplane::stream::TlsClientConfig>,
+    /// Why a secret from the environment was unusable, if it was: [`Node::start`] then refuses
+    /// rather than serving an open data plane.
+    pub secret_error: Option<String>,
 }
 
 impl NodeConfig {
@@ -86,11 +90,37 @@ impl NodeConfig {
             disk: None,
             disk_poll_interval: Duration::from_millis(100),
             local_segments: LocalSegments::new(),
-            auth_secret: moonkv_client::util::secret_from_env(),
-            grant_secret: moonkv_client::util::grant_secret_from_env(),
+            auth_secret: None,
+            grant_secret: None,
             tls: None,
             master_tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
+            secret_error: None,
         }
+        .with_secrets(
+            moonkv_proto::auth::Secret::from_env(),
+            moonkv_proto::auth::Secret::grant_secret_from_env(),
+        )
+    }
+
+    /// Takes the shared and grant secrets as read from the environment; an unusable one is
+    /// kept as [`NodeConfig::secret_error`], so the node refuses to start instead of serving
+    /// without it.
+    pub fn with_secrets(
+        mut self,
+        auth: std::result::Result<Option<Secret>, SecretError>,
+        grant: std::result::Result<Option<Secret>, SecretError>,
+    ) -> Self {
+        let mut errors = Vec::new();
+        match auth {
+            Ok(secret) => self.auth_secret = secret,
+            Err(e) => errors.push(e.to_string()),
+        }
+        match grant {
+            Ok(secret) => self.grant_secret = secret,
+            Err(e) => errors.push(e.to_string()),
+        }
+        self.secret_error = (!errors.is_empty()).then(|| errors.join("; "));
+        self
     }
 }
 
@@ -101,6 +131,12 @@ impl Node {
     /// Allocates the segments, starts the data plane and mounts the segments on the master.
     /// On any failure the segments mounted so far are unmounted again.
     pub async fn start(config: NodeConfig) -> Result<NodeHandle> {
+        if let Some(why) = &config.secret_error {
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!("the node's secret is unusable, so it does not start: {why}"),
+            ));
+        }
         let names = segment_names_or_count(&config)?;
         let tls =
             match &config.tls {

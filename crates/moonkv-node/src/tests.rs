@@ -453,3 +453,18 @@ async fn pipelined_requests_are_answered_in_order_with_a_refusal_in_the_middle()
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_node_with_an_unusable_secret_refuses_to_start_rather_than_serve_openly() {
+    let short = moonkv_proto::auth::Secret::new(b"short".to_vec());
+    let config = NodeConfig::new("127.0.0.1:1", 1 << 20).with_secrets(short.map(Some), Ok(None));
+    assert!(config.auth_secret.is_none());
+    let err = Node::start(config)
+        .await
+        .err()
+        .expect("the node must refuse");
+    assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+    assert!(err.message.contains("at least"), "{err}");
+    let fine = NodeConfig::new("127.0.0.1:1", 1 << 20).with_secrets(Ok(None), Ok(None));
+    assert!(fine.secret_error.is_none());
+}

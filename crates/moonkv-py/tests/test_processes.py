@@ -4,6 +4,9 @@ a master that dies or hangs gives errors within deadlines, never a hang."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -155,3 +158,23 @@ def test_hung_master_times_out_and_the_gil_is_released(fresh_master, key):
     finally:
         fresh_master.resume()
         store.close()
+
+
+def test_an_embedded_node_refuses_an_unusable_secret(master):
+    """A malformed MOONKV_AUTH_SECRET stops the embedded node instead of serving openly."""
+    script = (
+        "import moonkv, sys\n"
+        "s = moonkv.MooncakeDistributedStore()\n"
+        "rc = s.setup('127.0.0.1', 'unused', '16MiB', '16MiB', 'tcp', '', sys.argv[1])\n"
+        "print(rc)\n"
+    )
+    env = dict(os.environ, MOONKV_AUTH_SECRET="short")
+    done = subprocess.run(
+        [sys.executable, "-c", script, master.addr],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.strip().splitlines()[-1]) < 0, done.stdout

@@ -109,6 +109,8 @@ impl NodeArgs {
             ),
             None => Secret::grant_secret_from_env().map_err(anyhow::Error::msg)?,
         };
+        // Both secrets were settled just above (a bad one already refused).
+        config.secret_error = None;
         if let (Some(cert_file), Some(key_file)) = (&self.tls_cert_file, &self.tls_key_file) {
             let tls = moonkv_client::TlsServerConfig {
                 cert_file: cert_file.clone(),

@@ -61,6 +61,8 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     node_config.disk = args.disk.to_config();
     node_config.auth_secret = secret;
     node_config.grant_secret = grant_secret;
+    // The master's configuration settled the secrets (and refused bad ones).
+    node_config.secret_error = None;
     node_config.tls = tls;
     node_config.master_tls = master_tls;
     let node = match Node::start(node_config).await {
