@@ -4,6 +4,21 @@
 //! returns an error whose text starts with the error name (`OBJECT_NOT_FOUND: ...`); with
 //! `--json` the same error is also printed on stdout as `{"ok":false,"error":NAME,...}`.
 
+/// `println!` for command output, shadowing the standard one in this module: when the reader
+/// has gone away (`moonkv ls | head`), the command ends quietly with success instead of
+/// panicking on the closed pipe.
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 use anyhow::Context;
 use moonkv_client::{Error, ErrorCode, ReplicateConfig, Store, StoreConfig};
 use moonkv_proto::units::format_size;
@@ -253,8 +268,11 @@ pub async fn run_get(args: GetArgs) -> anyhow::Result<()> {
         }
         None => {
             let mut out = std::io::stdout().lock();
-            out.write_all(&value).context("writing to stdout")?;
-            out.flush().context("writing to stdout")?;
+            match out.write_all(&value).and_then(|()| out.flush()) {
+                // The reader stopped early (`moonkv get k | head -c 10`): not an error.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                written => written.context("writing to stdout")?,
+            }
         }
     }
     Ok(())

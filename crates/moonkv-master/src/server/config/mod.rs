@@ -157,6 +157,36 @@ impl ConfigError {
     }
 }
 
+/// The top-level keys of a config document, in order and with repeats (values skipped).
+#[derive(Default)]
+struct TopKeys(Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for TopKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = TopKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TopKeys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some((key, _)) = map.next_entry::<String, serde::de::IgnoredAny>()? {
+                    keys.push(key);
+                }
+                Ok(TopKeys(keys))
+            }
+            fn visit_unit<E>(self) -> Result<TopKeys, E> {
+                Ok(TopKeys::default())
+            }
+        }
+        d.deserialize_any(Keys)
+    }
+}
+
 fn bad(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::new(key, reason)
 }
@@ -184,6 +214,20 @@ impl MasterConfig {
                 ConfigError::file(format!("{shown} is not valid YAML"), ConfigCause::Yaml(e))
             })?
         };
+        // A key given twice would silently keep its last value; say which one instead.
+        let keys = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str::<TopKeys>(&text)
+                .map(|k| k.0)
+                .unwrap_or_default()
+        } else {
+            serde_yaml::from_str::<TopKeys>(&text)
+                .map(|k| k.0)
+                .unwrap_or_default()
+        };
+        let mut seen = std::collections::HashSet::new();
+        if let Some(twice) = keys.iter().find(|k| !seen.insert(k.as_str())) {
+            return Err(bad(twice, format!("appears more than once in {shown}")));
+        }
         match doc {
             Value::Object(map) => ConfigInput::read(map, "config_path")?.apply_to(self),
             Value::Null => Ok(()),
@@ -392,6 +436,32 @@ mod tests {
             assert_eq!(err.key, key.name);
             assert!(!err.reason.starts_with("unknown key"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_key_given_twice_in_a_file_is_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("moonkv-dup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in [
+            (
+                "dup.yaml",
+                "default_kv_lease_ttl: 100\neviction_ratio: 0.1\ndefault_kv_lease_ttl: 200\n",
+            ),
+            (
+                "dup.json",
+                r#"{"default_kv_lease_ttl": 100, "default_kv_lease_ttl": 200}"#,
+            ),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = MasterConfig::default().load_file(&path).unwrap_err();
+            assert_eq!(err.key, "default_kv_lease_ttl", "{name}: {err}");
+            assert!(err.to_string().contains("more than once"), "{err}");
+        }
+        let once = dir.join("once.yaml");
+        std::fs::write(&once, "default_kv_lease_ttl: 100\n").unwrap();
+        MasterConfig::default().load_file(&once).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
