@@ -280,7 +280,10 @@ mod tests {
         let (s, seg) = (secret(1), SegmentId::new(7, 9));
         let token = Grant::new(READ, 1_000, 0x1000, 64, "alice").seal(&s, seg);
         assert_eq!(Grant::open(&s, seg, &[]), Err(Refusal::Missing));
-        assert_eq!(Grant::open(&s, seg, &token[..GRANT_LEN - 1]), Err(Refusal::Malformed));
+        assert_eq!(
+            Grant::open(&s, seg, &token[..GRANT_LEN - 1]),
+            Err(Refusal::Malformed)
+        );
         assert_eq!(
             Grant::open(&secret(2), seg, &token),
             Err(Refusal::BadMac),
