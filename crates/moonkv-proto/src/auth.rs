@@ -174,6 +174,14 @@ impl Secret {
             .is_ok()
     }
 
+    /// The `Authorization` header value the admin HTTP port expects (`Bearer <secret>`), when
+    /// the secret is text. It carries the secret itself: send it only to the admin port.
+    pub fn bearer_header(&self) -> Option<String> {
+        std::str::from_utf8(&self.0)
+            .ok()
+            .map(|text| format!("Bearer {text}"))
+    }
+
     /// Whether `candidate` is the secret itself (constant time in the secret's bytes); used
     /// by the admin HTTP `Authorization: Bearer` check.
     pub fn matches(&self, candidate: &[u8]) -> bool {

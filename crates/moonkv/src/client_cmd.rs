@@ -536,13 +536,19 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
 /// blocking pool: these are one-off CLI queries.
 async fn http_get(addr: &str, path: &str, timeout: Duration) -> anyhow::Result<String> {
     let url = format!("http://{addr}{path}");
+    let secret = moonkv_client::util::secret_from_env();
     let fetch = tokio::task::spawn_blocking(move || {
         let config = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             .proxy(None)
             .http_status_as_error(false)
             .build();
-        let mut answer = ureq::Agent::new_with_config(config).get(&url).call()?;
+        let mut request = ureq::Agent::new_with_config(config).get(&url);
+        // The endpoints that reveal keys or ids need the shared secret when the master has one.
+        if let Some(bearer) = secret.as_ref().and_then(|s| s.bearer_header()) {
+            request = request.header("Authorization", bearer);
+        }
+        let mut answer = request.call()?;
         let status = answer.status();
         let body = answer.body_mut().read_to_string()?;
         Ok::<_, ureq::Error>((status, body))

@@ -369,7 +369,10 @@ fn index(args: &IndexArgs, stop: &AtomicBool) -> anyhow::Result<()> {
         None
     } else {
         let source = HttpSnapshotSource::new(&args.admin)
-            .with_context(|| format!("bad --admin {:?}", args.admin))?;
+            .with_context(|| format!("bad --admin {:?}", args.admin))?
+            .with_authorization(
+                moonkv_client::util::secret_from_env().and_then(|s| s.bearer_header()),
+            );
         Some(Box::new(source) as Box<dyn SnapshotSource + Send>)
     };
     let sync = IndexSync::new(source, args.tenant.clone());

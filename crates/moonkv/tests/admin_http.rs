@@ -96,18 +96,19 @@ fn admin_endpoints_report_the_master_state() {
     }
     assert_eq!(ev["enabled"], false);
 
-    // query_key granted a lease on alpha: a non-forced remove_all of the default tenant skips it.
+    // query_key takes no read lease (a look must not pin a key): a non-forced remove_all of
+    // the default tenant removes alpha too.
     let (status, body) = http(&admin, "POST", "/api/v1/remove_all?tenant_id=default", "");
     assert_eq!(status, 200);
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["removed_count"],
-        1
+        2
     );
     let (_, body) = http(&admin, "POST", "/api/v1/remove_all?force=true", "");
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["removed_count"],
-        2,
-        "all tenants"
+        1,
+        "the other tenant's"
     );
     let (_, body) = http(&admin, "GET", "/get_all_keys?tenant_id=other", "");
     assert_eq!(body, "");

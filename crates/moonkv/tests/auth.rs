@@ -138,7 +138,7 @@ fn clients_must_prove_the_shared_secret() {
     assert_eq!(answer.code, ErrorCode::ILLEGAL_CLIENT.as_i32());
     assert!(raw.read_frame().is_none(), "connection closed");
 
-    // Mutating admin endpoints need the secret; reads stay open.
+    // Mutating admin endpoints need the secret.
     let (status, _) = http(&master.admin, "POST", "/api/v1/remove_all?force=true", "");
     assert_eq!(status, 401);
     let (status, _) = http_with(
@@ -158,8 +158,33 @@ fn clients_must_prove_the_shared_secret() {
         &[("Authorization", &bearer)],
     );
     assert_eq!(status, 200, "{body}");
-    let (status, _) = http(&master.admin, "GET", "/get_all_keys", "");
-    assert_eq!(status, 200);
+    // Reads that reveal keys or ids need it too; the others stay open.
+    for path in [
+        "/get_all_keys",
+        "/query_key?key=k",
+        "/get_segments_detail",
+        "/kv_events/snapshot",
+    ] {
+        let (status, _) = http(&master.admin, "GET", path, "");
+        assert_eq!(status, 401, "{path} without the secret");
+        let (status, body) = http_with(
+            &master.admin,
+            "GET",
+            path,
+            "",
+            &[("Authorization", &bearer)],
+        );
+        assert_ne!(status, 401, "{path} with the secret: {body}");
+    }
+    for path in [
+        "/health",
+        "/metrics",
+        "/kv_events/status",
+        "/get_all_segments",
+    ] {
+        let (status, _) = http(&master.admin, "GET", path, "");
+        assert_eq!(status, 200, "{path} stays open");
+    }
 
     // The secret never shows in metrics or logs.
     let (_, metrics) = http(&master.admin, "GET", "/metrics", "");

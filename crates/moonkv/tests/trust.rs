@@ -10,7 +10,7 @@ use moonkv_proto::auth::Secret;
 use moonkv_proto::msg::{EndRequest, MountSegmentRequest, PutStartRequest, UnmountSegmentRequest};
 use moonkv_proto::{ClientId, ErrorCode, ReplicaDescriptor, ReplicaType, ReplicateConfig};
 use moonkv_proto::{SegmentId, Uuid};
-use moonkv_testkit::{http_get, Moonkv, Proc};
+use moonkv_testkit::{http_with, Moonkv, Proc};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -220,8 +220,19 @@ fn a_client_credential_can_neither_pose_as_a_node_nor_unmount_one() {
     let files = Files::new();
     let (master, _node) = secured_cluster(&files);
     let (rpc, admin) = (master.field("rpc"), master.field("admin"));
-    let detail: serde_json::Value =
-        serde_json::from_str(&http_get(&admin, "/get_segments_detail").expect("segments")).unwrap();
+    let bearer = format!("Bearer {SECRET}");
+    let segments_detail = || {
+        let (status, body) = http_with(
+            &admin,
+            "GET",
+            "/get_segments_detail",
+            "",
+            &[("Authorization", &bearer)],
+        );
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let detail = segments_detail();
     let victim = &detail["segments"][0];
     let parse = |field: &str| Uuid::parse(victim[field].as_str().unwrap()).unwrap();
     let (segment_id, owner) = (SegmentId(parse("segment_id")), ClientId(parse("client_id")));
@@ -260,8 +271,7 @@ fn a_client_credential_can_neither_pose_as_a_node_nor_unmount_one() {
         assert_eq!(unmount.code, ErrorCode::ILLEGAL_CLIENT, "{unmount}");
 
         // The node's segment is still the only one, and it still serves puts and gets.
-        let detail: serde_json::Value =
-            serde_json::from_str(&http_get(&admin, "/get_segments_detail").unwrap()).unwrap();
+        let detail = segments_detail();
         let segments = detail["segments"].as_array().unwrap();
         assert_eq!(segments.len(), 1, "{detail}");
         assert_eq!(segments[0]["segment_id"], victim["segment_id"]);

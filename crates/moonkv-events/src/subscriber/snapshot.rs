@@ -50,6 +50,8 @@ pub struct HttpSnapshotSource {
     host: String,
     timeout: Duration,
     max_body_bytes: usize,
+    /// `Authorization` header for a master with a shared secret (the snapshot reveals keys).
+    authorization: Option<String>,
 }
 
 /// Largest snapshot body accepted by default.
@@ -71,7 +73,15 @@ impl HttpSnapshotSource {
             host: host.to_owned(),
             timeout: Duration::from_secs(10),
             max_body_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
+            authorization: None,
         })
+    }
+
+    /// The same source sending `Authorization: <value>` (for a master with a shared secret:
+    /// `Bearer <secret>`).
+    pub fn with_authorization(mut self, value: Option<String>) -> Self {
+        self.authorization = value;
+        self
     }
 
     /// The same source with a different overall timeout per fetch.
@@ -110,11 +120,11 @@ impl HttpSnapshotSource {
             .build();
         let agent = ureq::Agent::new_with_config(config);
         let url = format!("http://{}{path}", self.host);
-        let mut response = agent
-            .get(&url)
-            .header("Accept", "application/json")
-            .call()
-            .map_err(|e| self.fetch_error(e))?;
+        let mut request = agent.get(&url).header("Accept", "application/json");
+        if let Some(value) = &self.authorization {
+            request = request.header("Authorization", value);
+        }
+        let mut response = request.call().map_err(|e| self.fetch_error(e))?;
         let status = response.status();
         if status != ureq::http::StatusCode::OK {
             // the start of the body usually says why; a failed read just leaves it out

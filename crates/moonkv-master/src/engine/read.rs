@@ -64,7 +64,7 @@ impl Engine {
         check_key(&req.key)?;
         let mut response = {
             let mut shard = self.lock_shard(self.shard_index(tenant, &req.key));
-            self.replica_list_locked(&mut shard, tenant, &req.key, self.now())?
+            self.replica_list_locked(&mut shard, tenant, &req.key, Some(self.now()))?
         };
         self.grant(&mut response.replicas, tenant, Use::Read);
         Ok(response)
@@ -77,7 +77,7 @@ impl Engine {
     ) -> Result<Vec<ItemResult<GetReplicaListResponse>>> {
         let now = self.now();
         let mut items = self.batch_keys(req, |shard, tenant, key| {
-            self.replica_list_locked(shard, tenant, key, now)
+            self.replica_list_locked(shard, tenant, key, Some(now))
         });
         self.grant_reads(&mut items, tenant_name(&req.tenant));
         Ok(items)
@@ -148,13 +148,14 @@ impl Engine {
         ))
     }
 
-    /// Admin `/query_key`: GetReplicaList by tenant and key (grants a lease, as upstream does).
-    /// The answer carries no grants: the admin endpoint is for looking, not for reading bytes.
+    /// Admin `/query_key`: the replicas of one object. Unlike upstream it takes no read lease
+    /// (a look must not block removal or eviction: `curl` in a loop would pin any key), and the
+    /// answer carries no grants: the admin endpoint is for looking, not for reading bytes.
     pub fn query_key(&self, tenant: &str, key: &str) -> Result<GetReplicaListResponse> {
         let tenant = read_tenant(tenant)?;
         check_key(key)?;
         let mut shard = self.lock_shard(self.shard_index(tenant, key));
-        self.replica_list_locked(&mut shard, tenant, key, self.now())
+        self.replica_list_locked(&mut shard, tenant, key, None)
     }
 
     /// Admin `/get_all_keys`: keys of the tenant's readable objects, sorted.
@@ -195,7 +196,7 @@ impl Engine {
         shard: &mut Shard,
         tenant: &str,
         key: &str,
-        now: u64,
+        lease_from: Option<u64>,
     ) -> Result<GetReplicaListResponse> {
         let ttl = self.config.default_kv_lease_ttl_ms;
         self.with_object(shard, tenant, key, |_, obj| {
@@ -214,10 +215,12 @@ impl Engine {
                 };
                 return (Err(e), After::Keep);
             }
-            obj.grant_lease(now, ttl);
+            if let Some(now) = lease_from {
+                obj.grant_lease(now, ttl);
+            }
             let response = GetReplicaListResponse {
                 replicas: readable_descriptors(obj),
-                lease_ttl_ms: ttl,
+                lease_ttl_ms: if lease_from.is_some() { ttl } else { 0 },
                 object_checksum: obj.checksum(),
             };
             (Ok(response), After::Keep)

@@ -29,9 +29,32 @@ pub(crate) struct AdminState {
     pub secret: Option<moonkv_proto::auth::Secret>,
 }
 
-/// The refusal for a mutating request that does not carry the shared secret (when one is
-/// configured); `None` lets it through.
+/// The refusal for a request that does not carry the shared secret (when one is configured),
+/// to a mutating endpoint; `None` lets it through.
 fn refuse_unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
+    refuse_without_secret(
+        state,
+        headers,
+        "this endpoint changes data: send `Authorization: Bearer <shared secret>`",
+    )
+}
+
+/// Guards the read-only endpoints that reveal keys or ids: with a secret configured they need
+/// it too (`Authorization: Bearer <shared secret>`).
+async fn require_secret_to_reveal(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let why = "this endpoint reveals keys or ids: send `Authorization: Bearer <shared secret>`";
+    match refuse_without_secret(&state, &headers, why) {
+        Some(refusal) => refusal,
+        None => next.run(request).await,
+    }
+}
+
+fn refuse_without_secret(state: &AdminState, headers: &HeaderMap, why: &str) -> Option<Response> {
     let secret = state.secret.as_ref()?;
     let presented = headers
         .get(header::AUTHORIZATION)
@@ -42,21 +65,27 @@ fn refuse_unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Respon
         return None;
     }
     let body = json!({"success": false, "error_code": ErrorCode::ILLEGAL_CLIENT.as_i32(),
-        "error_message": "this endpoint changes data: send `Authorization: Bearer <shared secret>`"});
+        "error_message": why});
     Some((StatusCode::UNAUTHORIZED, Json(body)).into_response())
 }
 
 /// Builds the admin router.
 pub(crate) fn router(state: AdminState) -> Router {
+    let revealing = Router::new()
+        .route("/kv_events/snapshot", get(events_snapshot))
+        .route("/query_key", get(query_key))
+        .route("/get_all_keys", get(get_all_keys))
+        .route("/get_segments_detail", get(get_segments_detail))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_secret_to_reveal,
+        ));
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/kv_events/status", get(events_status))
-        .route("/kv_events/snapshot", get(events_snapshot))
-        .route("/query_key", get(query_key))
-        .route("/get_all_keys", get(get_all_keys))
+        .merge(revealing)
         .route("/get_all_segments", get(get_all_segments))
-        .route("/get_segments_detail", get(get_segments_detail))
         .route("/api/v1/remove_all", post(remove_all))
         .route(
             "/api/v1/tenant_quotas",
