@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# moonkv next to upstream Mooncake Store, both driven through their Python API by the same
+# driver (mc_bench.py from the shared upstream tools), on one machine in one invocation.
+# Not part of the test suite (.ci/run does not call it).
+#
+#   scripts/bench-upstream.sh [OUT_DIR]          # default OUT_DIR target/bench-upstream
+#
+# Environment:
+#   VENV            venv holding upstream's wheel (mooncake-transfer-engine-non-cuda) and moonkv's
+#                   Python package; default ~/.cache/mooncake-venv. Created by
+#                   `cluster.sh venv` when missing; moonkv's package is pip-installed into it
+#                   from ./crates/moonkv-py when `import moonkv` fails there.
+#   MOONKV_BIN      moonkv binary (default: target/release/moonkv, built here)
+#   UPSTREAM_TOOLS  directory with cluster.sh and mc_bench.py (default ../shared/tools/upstream)
+#   RUNS=3          rounds; each round runs every cell once per system, the order of the two
+#                   systems alternating from round to round (A B, B A, A B)
+#   DURATION=3      seconds per dataplane op and size
+#   CALLS=300       batch calls per batch cell
+#   SMALL_N=5000    fresh keys of the single 4 KiB put/get cell
+#   SEG=4294967296  bytes of the one storage segment of each system
+#   CELLS           which cells, from: batch4k batch128k dp1 dp4 small (default all five)
+#   CLIENT_PREFIX   command put before every Python client of both systems, e.g.
+#                   "taskset -c 0" to keep the client on one vCPU (default: none)
+#   SKIP_RUST=1     skip the `moonkv bench store` runs of moonkv's Rust client
+#
+# Layout: upstream = its metadata server, mooncake_master and mooncake_client (its storage
+# process, SEG bytes) started by cluster.sh; moonkv = `moonkv master` and one `moonkv node`
+# (SEG bytes), separate processes. The Python clients of both hold no memory
+# (global_segment_size 0), so every byte crosses loopback TCP to the storage process. moonkv's
+# class is put under upstream's import path by a two-file shim package first on PYTHONPATH.
+# Everything runs in a private network namespace (`unshare -n`, only 127.0.0.1), so the fixed
+# ports cannot clash with anything else on the machine.
+set -euo pipefail
+SELF=$(readlink -f "$0")
+ROOT=$(cd "$(dirname "$SELF")/.." && pwd)
+cd "$ROOT"
+
+OUT=$(mkdir -p "${1:-target/bench-upstream}" && cd "${1:-target/bench-upstream}" && pwd)
+VENV=${VENV:-$HOME/.cache/mooncake-venv}
+TOOLS=$(cd "${UPSTREAM_TOOLS:-$ROOT/../shared/tools/upstream}" && pwd)
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-3}
+CALLS=${CALLS:-300}
+SMALL_N=${SMALL_N:-5000}
+export SEG=${SEG:-4294967296}
+export UPSTREAM_VENV=$VENV
+PY=$VENV/bin/python
+MC_BENCH=$TOOLS/mc_bench.py
+export RUST_LOG=${RUST_LOG:-warn}
+
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+wait_port() {
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "port $1 not up" >&2
+    return 1
+}
+
+# ---- set-up (with the machine's network), then the rest in a private namespace ------------
+if [[ ${BENCH_UPSTREAM_NETNS:-} != 1 ]]; then
+    [[ -x $VENV/bin/mooncake_master ]] || "$TOOLS/cluster.sh" venv >&2
+    if ! "$PY" -c 'import moonkv' 2>/dev/null; then
+        log "installing moonkv's Python package into $VENV (release build, several minutes)"
+        "$VENV/bin/pip" install --quiet ./crates/moonkv-py >&2
+    fi
+    if [[ -z ${MOONKV_BIN:-} ]]; then
+        cargo build --release -p moonkv >&2
+        MOONKV_BIN=$ROOT/target/release/moonkv
+    fi
+    export MOONKV_BIN VENV UPSTREAM_TOOLS=$TOOLS
+    exec unshare -n env BENCH_UPSTREAM_NETNS=1 bash -c 'ip link set lo up && exec "$0" "$@"' "$SELF" "$OUT"
+fi
+
+SHIM=$OUT/shim
+mkdir -p "$SHIM/mooncake" "$OUT/raw"
+rm -f "$OUT"/raw/*
+: >"$SHIM/mooncake/__init__.py"
+printf 'from moonkv import MooncakeDistributedStore, ReplicateConfig  # noqa: F401\n' >"$SHIM/mooncake/store.py"
+
+UP_DIR=$OUT/upstream
+MK_MASTER= MK_NODE=
+stop_all() {
+    [[ -n $MK_NODE ]] && kill "$MK_NODE" 2>/dev/null
+    [[ -n $MK_MASTER ]] && kill "$MK_MASTER" 2>/dev/null
+    "$TOOLS/cluster.sh" stop "$UP_DIR" >/dev/null 2>&1
+    wait 2>/dev/null || true
+}
+trap stop_all EXIT
+
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "uptime before: $(uptime)"
+    echo "nproc: $(nproc)"
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+    echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
+    echo "kernel: $(uname -r)"
+    echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
+    echo "moonkv: $("$MOONKV_BIN" --version), binary $MOONKV_BIN, checkout $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')"
+    echo "moonkv python package: $("$PY" -c 'import moonkv, os; print(os.path.dirname(moonkv.__file__))')"
+    echo "upstream: $("$VENV/bin/pip" show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/ {print $2}') $("$VENV/bin/mooncake_master" --version 2>&1 | grep -i -m1 'debug build' || true)"
+    echo "runs: $RUNS, dataplane ${DURATION}s per op and size, batch $CALLS calls, small $SMALL_N keys, segment $SEG bytes, cells ${CELLS:-all}, client prefix '${CLIENT_PREFIX:-}'"
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt" >&2
+
+log "starting upstream"
+"$TOOLS/cluster.sh" start "$UP_DIR" >&2
+log "starting moonkv"
+"$MOONKV_BIN" master --rpc-address 127.0.0.1 --rpc-port 50051 --metrics-port 9003 \
+    >"$OUT/moonkv-master.log" 2>&1 &
+MK_MASTER=$!
+wait_port 50051 30
+"$MOONKV_BIN" node --master 127.0.0.1:50051 --segment-size "$SEG" >"$OUT/moonkv-node.log" 2>&1 &
+MK_NODE=$!
+for _ in $(seq 100); do grep -q '"event":"ready"' "$OUT/moonkv-node.log" && break; sleep 0.1; done
+grep -q '"event":"ready"' "$OUT/moonkv-node.log" || { echo "moonkv node not ready" >&2; exit 1; }
+
+# ---- one mc_bench invocation against one system ---------------------------------------------
+# run SYS ROUND CELL ARGS...: stdout (JSON lines) to raw/CELL.SYS.ROUND.jsonl, stderr beside it.
+run() {
+    local sys=$1 round=$2 cell=$3
+    shift 3
+    local base=$OUT/raw/$cell.$sys.$round rc=0
+    log "round $round  $cell  $sys"
+    if [[ $sys == upstream ]]; then
+        env -u PYTHONPATH MC_BENCH_SYS=upstream MC_TCP_BIND_ADDRESS=127.0.0.1 \
+            timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --master 127.0.0.1:21051 \
+            --metadata http://127.0.0.1:21080/metadata >"$base.jsonl" 2>"$base.err" || rc=$?
+    else
+        env PYTHONPATH="$SHIM" MC_BENCH_SYS=moonkv \
+            timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --master 127.0.0.1:50051 \
+            --metadata P2PHANDSHAKE >"$base.jsonl" 2>"$base.err" || rc=$?
+    fi
+    if [[ $rc != 0 ]]; then
+        echo "$rc" >"$base.rc"
+        log "  exit $rc: $(tail -n 2 "$base.err" | tr '\n' ' ')"
+    fi
+    return 0
+}
+
+read -r -a CELLS <<<"${CELLS:-batch4k batch128k dp1 dp4 small}"
+read -r -a PREFIX <<<"${CLIENT_PREFIX:-}"
+cell_args() {
+    case $1 in
+    batch4k) echo batch --batch 128 --size 4096 --calls "$CALLS" ;;
+    batch128k) echo batch --batch 32 --size 131072 --calls "$CALLS" ;;
+    dp1) echo dataplane --sizes 1048576,4194304,16777216,67108864 --clients 1 --duration "$DURATION" ;;
+    dp4) echo dataplane --sizes 1048576,4194304,16777216,67108864 --clients 4 --duration "$DURATION" ;;
+    small) echo small --n "$SMALL_N" --size 4096 ;;
+    esac
+}
+
+T0=$(date +%s)
+for ((r = 1; r <= RUNS; r++)); do
+    if ((r % 2)); then order=(upstream moonkv); else order=(moonkv upstream); fi
+    for cell in "${CELLS[@]}"; do
+        read -r -a a <<<"$(cell_args "$cell")"
+        for sys in "${order[@]}"; do run "$sys" "$r" "$cell" "${a[@]}"; done
+    done
+done
+log "python cells done in $(($(date +%s) - T0)) s"
+
+# ---- moonkv's Rust client against the same moonkv cluster, once ----------------------------
+if [[ ${SKIP_RUST:-} != 1 ]]; then
+    log "moonkv bench store (Rust client)"
+    {
+        "$MOONKV_BIN" bench store --master 127.0.0.1:50051 --batch 128 --sizes 4KiB,128KiB --calls 40
+        "$MOONKV_BIN" bench store --master 127.0.0.1:50051 --batch 32 --sizes 128KiB --calls 40
+        "$MOONKV_BIN" bench store --master 127.0.0.1:50051 --sizes 4KiB,1MiB,4MiB,16MiB,64MiB \
+            --concurrency 1,4 --duration "${DURATION}s" --no-tcp-probe
+    } >"$OUT/rust-bench.txt" 2>"$OUT/rust-bench.err" || echo "moonkv bench store failed: $(tail -n 2 "$OUT/rust-bench.err")" >&2
+fi
+echo "uptime after: $(uptime)" >>"$OUT/machine.txt"
+log "total $(($(date +%s) - T0)) s"
+
+# ---- medians and ratios ---------------------------------------------------------------------
+"$PY" - "$OUT" <<'EOF' | tee "$OUT/results.md"
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+rows = {}      # (cell, op, size, clients) -> sys -> round -> record
+failed = []
+for path in sorted(glob.glob(os.path.join(out, "raw", "*.jsonl"))):
+    cell, system, rnd = os.path.basename(path)[: -len(".jsonl")].split(".")
+    rc_path = path[: -len(".jsonl")] + ".rc"
+    if os.path.exists(rc_path):
+        err = open(path[: -len(".jsonl")] + ".err").read().strip().splitlines()
+        failed.append((cell, system, rnd, open(rc_path).read().strip(), err[-1] if err else ""))
+    for line in open(path):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        d = json.loads(line)
+        key = (cell, d["op"], d["size"], d["clients"])
+        rows.setdefault(key, {}).setdefault(system, {})[rnd] = d
+
+TARGET = {
+    ("batch4k", "batch_put_from"): ("keys/s", 3.0, "≥3× (#11), ≥2× (#12)"),
+    ("batch4k", "batch_get_into"): ("keys/s", 3.0, "≥3× (#11), ≥2× (#12)"),
+    ("batch4k", "batch_exists"): ("keys/s", 2.0, "≥2× (#12)"),
+    ("batch128k", "batch_put_from"): ("GB/s", 2.0, "≥2× (#11, #12)"),
+    ("batch128k", "batch_get_into"): ("GB/s", 2.0, "≥2× (#11, #12)"),
+    ("batch128k", "batch_exists"): ("keys/s", None, "–"),
+    ("dp1", "put"): ("GB/s", 2.0, "≥1× (#11), ≥2× (#12)"),
+    ("dp1", "get"): ("GB/s", 2.0, "≥1× (#11), ≥2× (#12)"),
+    ("dp4", "put"): ("GB/s", 2.0, "≥1× (#11), ≥2× (#12)"),
+    ("dp4", "get"): ("GB/s", 2.0, "≥1× (#11), ≥2× (#12)"),
+    ("small", "put"): ("ops/s", 2.0, "≥2× (#11)"),
+    ("small", "get"): ("ops/s", 2.0, "≥2× (#11)"),
+    ("small", "exists"): ("ops/s", None, "–"),
+}
+TITLE = {
+    "batch4k": "batch of 128 × 4 KiB (`batch --batch 128 --size 4096`)",
+    "batch128k": "batch of 32 × 128 KiB (`batch --batch 32 --size 131072`)",
+    "dp1": "single objects, 1 client thread (`dataplane --clients 1`)",
+    "dp4": "single objects, 4 client threads sharing one store (`dataplane --clients 4`)",
+    "small": "single 4 KiB objects, fresh keys, one thread (`small --size 4096`)",
+}
+
+def metric(d, unit):
+    return d["gb_per_s"] if unit == "GB/s" else d["keys_per_s"]
+
+def fmt(v, unit):
+    if v is None:
+        return "–"
+    return f"{v:.3f}" if unit == "GB/s" else f"{v:,.0f}"
+
+def size_label(n):
+    for u, s in ((1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= u and n % u == 0:
+            return f"{n // u} {s}"
+    return str(n)
+
+order = ["batch4k", "batch128k", "dp1", "dp4", "small"]
+for cell in order:
+    keys = sorted(k for k in rows if k[0] == cell)
+    if not keys:
+        continue
+    print(f"\n#### {TITLE[cell]}\n")
+    print("| op | size | moonkv | upstream | unit | × upstream (medians) | × per round, min–max | moonkv p50 µs | upstream p50 µs | errors mk/up | target | |")
+    print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|---|")
+    ops = ["batch_put_from", "batch_get_into", "batch_exists", "put", "get", "exists"]
+    keys.sort(key=lambda k: (k[2], ops.index(k[1])))
+    for k in keys:
+        _, op, size, clients = k
+        unit, need, tlabel = TARGET.get((cell, op), ("keys/s", None, "–"))
+        per = rows[k]
+        mk, up = per.get("moonkv", {}), per.get("upstream", {})
+        def med(recs, f):
+            vals = [f(d) for d in recs.values() if f(d) is not None]
+            return statistics.median(vals) if vals else None
+        m = med(mk, lambda d: metric(d, unit))
+        u = med(up, lambda d: metric(d, unit))
+        ratio = m / u if m and u else None
+        rr = [metric(mk[r], unit) / metric(up[r], unit) for r in mk if r in up and metric(up[r], unit)]
+        errs = f"{sum(d['errors'] for d in mk.values())}/{sum(d['errors'] for d in up.values())}"
+        verdict = ""
+        if ratio is not None and need is not None:
+            if cell in ("dp1", "dp4"):
+                verdict = ("#11 met" if ratio >= 1.0 else "#11 **missed**") + ", " + ("#12 met" if ratio >= 2.0 else "#12 **missed**")
+            elif cell == "batch4k" and op != "batch_exists":
+                verdict = ("#11 met" if ratio >= 3.0 else "#11 **missed**") + ", " + ("#12 met" if ratio >= 2.0 else "#12 **missed**")
+            else:
+                verdict = "met" if ratio >= need else "**missed**"
+        print(f"| {op} | {size_label(size)} | {fmt(m, unit)} | {fmt(u, unit)} | {unit} | "
+              f"{'%.2f×' % ratio if ratio else '–'} | "
+              f"{('%.2f–%.2f' % (min(rr), max(rr))) if rr else '–'} | "
+              f"{med(mk, lambda d: d['p50_us']) or '–'} | {med(up, lambda d: d['p50_us']) or '–'} | {errs} | {tlabel} | {verdict} |")
+        firsts = {s: next((d["first_error"] for d in recs.values() if d.get("first_error")), None) for s, recs in per.items()}
+        for s, f in firsts.items():
+            if f:
+                print(f"\n{s} {op} {size_label(size)}: first error `{f}`\n")
+if failed:
+    print("\nInvocations that exited non-zero:\n")
+    for cell, system, rnd, rc, last in failed:
+        print(f"- {cell} {system} round {rnd}: exit {rc}: `{last}`")
+EOF
