@@ -39,6 +39,7 @@ impl Granting {
             grant_key: Some(secret()),
             tls: None,
             claims: Default::default(),
+            deadlines: Default::default(),
         };
         let server = DataServer::spawn_with_disk(listener, table, None, access).unwrap();
         Granting { server, segment }

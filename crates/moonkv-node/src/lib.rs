@@ -6,6 +6,7 @@
 //! - [`segment`]: segment memory (one lazily committed allocation) and its range-locked views.
 //! - `range_lock`: the byte-range reader/writer lock that makes those views sound.
 //! - [`claims`]: which replica owns which range, so a freed replica's grant is worthless.
+//! - `timed`: I/O and idle deadlines on every connection ([`Deadlines`]).
 //! - [`server`]: the data-plane listener and per-connection request loop (bounds, grants, auth).
 //! - [`disk`]: the disk tier — replica files, their format and checksums, capacity accounting.
 //! - `offload`: the agent that copies evicted memory replicas to disk when the master asks.
@@ -22,6 +23,9 @@ mod offload;
 mod range_lock;
 pub mod segment;
 pub mod server;
+mod timed;
+
+pub use timed::Deadlines;
 
 pub use node::{DiskConfig, Node, NodeConfig, NodeHandle};
 

@@ -71,6 +71,9 @@ pub struct NodeConfig {
     /// Why a secret from the environment was unusable, if it was: [`Node::start`] then refuses
     /// rather than serving an open data plane.
     pub secret_error: Option<String>,
+    /// How long a data-plane caller may make no progress inside a request (the range lock
+    /// it holds is dropped with its connection then), and stay idle between requests.
+    pub data_deadlines: crate::Deadlines,
 }
 
 impl NodeConfig {
@@ -95,6 +98,7 @@ impl NodeConfig {
             tls: None,
             master_tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
             secret_error: None,
+            data_deadlines: crate::Deadlines::default(),
         }
         .with_secrets(
             moonkv_proto::auth::Secret::from_env(),
@@ -177,6 +181,7 @@ impl Node {
                 .or_else(|| config.auth_secret.clone()),
             tls,
             claims: Arc::default(),
+            deadlines: config.data_deadlines,
         };
         let local_views: Vec<Arc<dyn LocalSegment>> = memories
             .iter()

@@ -6,6 +6,7 @@
 use crate::claims::Claims;
 use crate::disk::{format::MAX_TENANT_LEN, with_cause, DiskFault, DiskStore, WriteError};
 use crate::segment::SegmentMemory;
+use crate::timed::{Deadlines, Timed};
 use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use moonkv_dataplane::header::{
     DataOp, DataStatus, FileMeta, NodeStats, RequestHeader, ResponseHeader, REQUEST_LEN,
@@ -31,7 +32,7 @@ use tokio::task::JoinSet;
 pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
 
 /// A connection as the request loop sees it: buffered both ways.
-pub(crate) type Conn = BufReader<BufWriter<Stream>>;
+pub(crate) type Conn = BufReader<BufWriter<Timed<Stream>>>;
 
 /// Buffer of each direction of a connection: pipelined small requests and answers coalesce up
 /// to this size; larger payloads go straight between the socket and segment memory.
@@ -52,6 +53,8 @@ pub struct Access {
     /// Which replica owns which range, checked with every grant (shared with the in-process
     /// copy path of an embedding store).
     pub claims: Arc<Claims>,
+    /// How long a caller may make no progress inside a request, and stay idle between them.
+    pub deadlines: Deadlines,
 }
 
 /// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
@@ -217,9 +220,10 @@ async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()
 
 /// Serves one connection until the peer closes it or sends something unrecoverable.
 pub(crate) async fn serve_connection(stream: Stream, served: Arc<Served>) -> io::Result<()> {
+    let deadlines = served.access.deadlines;
     let mut conn = BufReader::with_capacity(
         CONNECTION_BUFFER,
-        BufWriter::with_capacity(CONNECTION_BUFFER, stream),
+        BufWriter::with_capacity(CONNECTION_BUFFER, Timed::new(stream, deadlines.io)),
     );
     let served_until = serve_requests(&mut conn, &served).await;
     // Answers still buffered (the last one before a close, say) go out before the socket does.
@@ -246,11 +250,16 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
         return refuse_connection(stream, request_id, "request without the handshake").await;
     }
     let mut grant = [0u8; GRANT_LEN];
+    let deadlines = served.access.deadlines;
     loop {
         if stream.buffer().is_empty() {
             stream.flush().await?;
         }
-        if !read_header(stream, &mut raw, filled).await? {
+        // Waiting for the next request may take long; once it is here, it must keep moving.
+        stream.get_mut().get_mut().set_limit(deadlines.idle);
+        let arrived = read_header(stream, &mut raw, filled).await;
+        stream.get_mut().get_mut().set_limit(deadlines.io);
+        if !arrived? {
             return Ok(());
         }
         filled = 0;

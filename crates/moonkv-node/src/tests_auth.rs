@@ -45,6 +45,7 @@ async fn secured(node_secret: Option<Secret>) -> Secured {
         secret: node_secret,
         tls: None,
         claims: Default::default(),
+        deadlines: Default::default(),
     };
     let server = DataServer::spawn_with_disk(listener, table, Some(disk.clone()), access).unwrap();
     Secured {

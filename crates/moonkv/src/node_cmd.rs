@@ -46,8 +46,24 @@ pub struct NodeArgs {
     /// Private key (PEM) of --tls-cert-file.
     #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
     pub tls_key_file: Option<std::path::PathBuf>,
+    /// A data-plane caller that makes no progress this long inside a request is disconnected
+    /// (and the range it held is released), e.g. `30s`.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration_arg)]
+    pub data_io_timeout: std::time::Duration,
+    /// A data-plane connection idle this long between requests is closed.
+    #[arg(long, value_name = "DURATION", default_value = "600s", value_parser = duration_arg)]
+    pub data_idle_timeout: std::time::Duration,
     #[command(flatten)]
     pub disk: DiskArgs,
+}
+
+/// Parses a positive duration flag such as `30s` or `500ms` (clap value parser).
+pub fn duration_arg(text: &str) -> Result<std::time::Duration, String> {
+    match moonkv_proto::units::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be more than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.message.into_owned()),
+    }
 }
 
 /// The disk tier flags of `moonkv node` and `moonkv up`.
@@ -93,6 +109,10 @@ impl NodeArgs {
         let mut config = NodeConfig::new(self.master.clone(), self.segment_size);
         config.segment_count = self.segment_count;
         config.segment_names = self.segment_names.clone();
+        config.data_deadlines = moonkv_node::Deadlines {
+            io: self.data_io_timeout,
+            idle: self.data_idle_timeout,
+        };
         config.data_bind = self.data_bind.clone();
         config.advertise_host = self.advertise_host.clone();
         config.host_id = self.host_id.clone().unwrap_or_else(host_name);

@@ -345,3 +345,62 @@ fn unread_scan_answers_do_not_grow_master_memory() {
         assert_eq!(answer.code, 0, "scan failed");
     }
 }
+
+#[test]
+fn a_caller_that_stalls_mid_request_loses_its_range_lock_within_the_io_deadline() {
+    use moonkv_dataplane::header::{DataOp, RequestHeader};
+    use std::io::Write;
+    let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let _node = start(&[
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "8MiB",
+        "--data-io-timeout",
+        "1s",
+    ]);
+    let (status, body) = moonkv_testkit::http(&admin, "GET", "/get_segments_detail", "");
+    assert_eq!(status, 200, "{body}");
+    let detail: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let segment = &detail["segments"][0];
+    let id = SegmentId(Uuid::parse(segment["segment_id"].as_str().unwrap()).unwrap());
+    let base = u64::from_str_radix(
+        segment["base_address"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("0x"),
+        16,
+    )
+    .unwrap();
+    let size = segment["size_bytes"].as_u64().unwrap();
+    // A write of the whole segment whose payload never comes: it holds the range lock.
+    let mut stalled =
+        std::net::TcpStream::connect(segment["te_endpoint"].as_str().unwrap()).unwrap();
+    stalled
+        .write_all(&RequestHeader::new(DataOp::Write, 1, id, base, size).encode())
+        .unwrap();
+    stalled.write_all(&[0u8; 100]).unwrap();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut config = StoreConfig::new(&rpc);
+        config.auth_secret = None;
+        config.transfer_timeout = Duration::from_secs(5);
+        let honest = Store::connect(config).await.unwrap();
+        let value = vec![5u8; 64 << 10];
+        // Without the deadline this put waits on the stalled writer's lock until its own
+        // deadline and fails; with it, the node drops the stalled connection after 1 s.
+        honest
+            .put("after-the-stall", &value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(honest.get("after-the-stall").await.unwrap(), value);
+    });
+    drop(stalled);
+}
