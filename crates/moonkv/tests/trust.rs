@@ -404,3 +404,90 @@ fn a_caller_that_stalls_mid_request_loses_its_range_lock_within_the_io_deadline(
     });
     drop(stalled);
 }
+
+#[test]
+fn half_sent_frames_are_dropped_after_the_io_timeout_and_connections_are_capped() {
+    use std::io::{Read, Write};
+    let master = start(&[
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--rpc-io-timeout",
+        "500ms",
+        "--max-connections",
+        "6",
+    ]);
+    let rpc = master.field("rpc");
+    let before = master.rss_kib();
+    // Frames that announce 16 MiB and stop after 1 MiB: their buffers must not stay forever.
+    let mut half_sent: Vec<_> = (0..4)
+        .map(|_| {
+            let mut raw = moonkv_testkit::wire::RawStream::after_hello(&rpc);
+            let mut frame = ((16u32 << 20) - 4).to_be_bytes().to_vec();
+            frame.extend_from_slice(&[1u8; 1 << 20]);
+            raw.write(&frame);
+            raw
+        })
+        .collect();
+    for raw in &mut half_sent {
+        raw.stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut byte = [0u8; 64];
+        // The master closes the connection (an error frame may come first).
+        let mut closed = false;
+        for _ in 0..4 {
+            match raw.stream.read(&mut byte) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break
+                }
+                Ok(0) | Err(_) => {
+                    closed = true;
+                    break;
+                }
+                Ok(_) => continue,
+            }
+        }
+        assert!(closed, "a half-sent frame kept its connection open");
+    }
+    drop(half_sent);
+    assert!(master.rss_kib() < before + 64 * 1024);
+
+    // At most six connections: the seventh is closed at once, a slot frees when one closes.
+    let held: Vec<_> = (0..6)
+        .map(|_| moonkv_testkit::wire::RawStream::after_hello(&rpc))
+        .collect();
+    let mut extra = std::net::TcpStream::connect(&rpc).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = extra.write_all(b"x");
+    let mut byte = [0u8; 1];
+    let refused = match extra.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    assert!(refused, "a connection past max_connections is closed");
+    drop(held);
+    let mut retried = None;
+    for _ in 0..100 {
+        let answer =
+            std::panic::catch_unwind(|| moonkv_testkit::wire::RawStream::after_hello(&rpc));
+        if let Ok(raw) = answer {
+            retried = Some(raw);
+            break;
+        }
+    }
+    assert!(retried.is_some(), "a freed slot takes a new connection");
+}

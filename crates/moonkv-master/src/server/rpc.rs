@@ -23,6 +23,10 @@ pub(crate) struct RpcShared {
     pub engine: Arc<Engine>,
     pub metrics: Arc<Metrics>,
     pub max_frame_bytes: u32,
+    /// An incomplete frame that gets no new bytes this long closes its connection.
+    pub io_timeout: std::time::Duration,
+    /// Slots for open connections (`max_connections`).
+    pub connections: Arc<Semaphore>,
     pub secret: Option<Secret>,
     /// Set (the grant secret): a connection proving this secret instead of the shared one is a
     /// node's, and only node connections may mount, unmount or serve segments.
@@ -114,9 +118,15 @@ pub(crate) async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Ok(slot) = shared.connections.clone().try_acquire_owned() else {
+                        tracing::warn!(%peer, "connection refused: max_connections reached");
+                        drop(stream);
+                        continue;
+                    };
                     let shared = shared.clone();
                     let shutdown = shutdown.clone();
                     tokio::spawn(async move {
+                        let _slot = slot;
                         if let Err(e) = serve_connection(stream, shared, shutdown).await {
                             tracing::debug!(%peer, error = %e, "connection closed");
                         }
@@ -158,7 +168,7 @@ async fn serve_connection(
     let mut paused = false;
     loop {
         tokio::select! {
-            read = reader.read_buf(&mut input), if !paused => {
+            read = read_more(&mut reader, &mut input, shared.io_timeout), if !paused => {
                 if read? == 0 {
                     return Ok(());
                 }
@@ -188,6 +198,27 @@ async fn serve_connection(
             _ = shutdown.changed() => return Ok(()),
         }
     }
+}
+
+/// Reads more bytes; while a frame is partly received, the peer must send more within
+/// `limit` (a half-sent frame cannot pin its buffer forever). Between frames there is no
+/// limit: clients keep their connection open while idle.
+async fn read_more(
+    reader: &mut super::tls::Reader,
+    input: &mut Vec<u8>,
+    limit: std::time::Duration,
+) -> std::io::Result<usize> {
+    if input.is_empty() {
+        return reader.read_buf(input).await;
+    }
+    tokio::time::timeout(limit, reader.read_buf(input))
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("a frame stayed incomplete for {limit:?}"),
+            ))
+        })
 }
 
 /// Scans one connection may have running or answered-but-unsent at a time.

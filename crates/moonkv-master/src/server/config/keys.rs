@@ -117,6 +117,11 @@ config_keys! {
     rpc_thread_num: Int<0, 1024> => |c, v| c.rpc_threads = v.0 as usize;
     /// largest accepted protocol frame in bytes (default 16 MiB)
     max_frame_bytes: Int<4096, { u32::MAX as u64 }> => |c, v| c.max_frame_bytes = v.0 as u32;
+    /// a connection whose frame stays incomplete this long without new bytes is closed, in ms
+    /// or with a unit (default 30s)
+    rpc_io_timeout: Millis => |c, v| c.rpc_io_timeout_ms = v.0.max(1);
+    /// most client and node connections open at once; more are closed at once (default 10000)
+    max_connections: Int<1, 1000000> => |c, v| c.max_connections = v.0 as usize;
     /// file holding the shared secret clients must prove (also MOONKV_AUTH_SECRET[_FILE]);
     /// unset = no authentication
     auth_secret_file: Text => |c, v| c.auth_secret = Some(secret_file(&v.0)?);

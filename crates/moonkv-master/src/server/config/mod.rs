@@ -77,6 +77,11 @@ pub struct MasterConfig {
     pub rpc_threads: usize,
     /// Largest accepted frame.
     pub max_frame_bytes: u32,
+    /// `rpc_io_timeout`: an incomplete frame that gets no new bytes this long closes its
+    /// connection.
+    pub rpc_io_timeout_ms: u64,
+    /// `max_connections`: RPC connections open at once.
+    pub max_connections: usize,
     /// Engine settings.
     pub engine: EngineConfig,
     /// Event stream settings.
@@ -102,6 +107,8 @@ impl Default for MasterConfig {
             admin_addr: SocketAddr::new(localhost, 9003),
             rpc_threads: 0,
             max_frame_bytes: moonkv_proto::frame::DEFAULT_MAX_FRAME_BYTES,
+            rpc_io_timeout_ms: 30_000,
+            max_connections: 10_000,
             engine: EngineConfig::default(),
             kv_events: KvEventsSettings::default(),
             auth_secret: None,
