@@ -40,6 +40,7 @@ impl Granting {
             tls: None,
             claims: Default::default(),
             deadlines: Default::default(),
+            max_connections: None,
         };
         let server = DataServer::spawn_with_disk(listener, table, None, access).unwrap();
         Granting { server, segment }

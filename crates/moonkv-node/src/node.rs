@@ -74,6 +74,8 @@ pub struct NodeConfig {
     /// How long a data-plane caller may make no progress inside a request (the range lock
     /// it holds is dropped with its connection then), and stay idle between requests.
     pub data_deadlines: crate::Deadlines,
+    /// Most data-plane connections open at once; more are closed at accept.
+    pub data_max_connections: usize,
 }
 
 impl NodeConfig {
@@ -99,6 +101,7 @@ impl NodeConfig {
             master_tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
             secret_error: None,
             data_deadlines: crate::Deadlines::default(),
+            data_max_connections: 4096,
         }
         .with_secrets(
             moonkv_proto::auth::Secret::from_env(),
@@ -182,6 +185,7 @@ impl Node {
             tls,
             claims: Arc::default(),
             deadlines: config.data_deadlines,
+            max_connections: Some(config.data_max_connections),
         };
         let local_views: Vec<Arc<dyn LocalSegment>> = memories
             .iter()

@@ -55,6 +55,8 @@ pub struct Access {
     pub claims: Arc<Claims>,
     /// How long a caller may make no progress inside a request, and stay idle between them.
     pub deadlines: Deadlines,
+    /// Most connections open at once; more are closed at accept (`None`: no cap).
+    pub max_connections: Option<usize>,
 }
 
 /// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
@@ -171,6 +173,12 @@ async fn accept_loop(
             _ = stopped.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let open_now = served.counters.open.load(Ordering::Relaxed) as usize;
+                    if served.access.max_connections.is_some_and(|max| open_now >= max) {
+                        tracing::warn!(%peer, open_now, "data-plane connection refused: the node's connection cap is reached");
+                        drop(stream);
+                        continue;
+                    }
                     let served = served.clone();
                     served.counters.opened.fetch_add(1, Ordering::Relaxed);
                     served.counters.open.fetch_add(1, Ordering::Relaxed);

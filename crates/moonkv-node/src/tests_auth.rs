@@ -46,6 +46,7 @@ async fn secured(node_secret: Option<Secret>) -> Secured {
         tls: None,
         claims: Default::default(),
         deadlines: Default::default(),
+        max_connections: None,
     };
     let server = DataServer::spawn_with_disk(listener, table, Some(disk.clone()), access).unwrap();
     Secured {

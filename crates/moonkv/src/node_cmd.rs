@@ -53,6 +53,9 @@ pub struct NodeArgs {
     /// A data-plane connection idle this long between requests is closed.
     #[arg(long, value_name = "DURATION", default_value = "600s", value_parser = duration_arg)]
     pub data_idle_timeout: std::time::Duration,
+    /// Most data-plane connections open at once; more are closed at accept.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub data_max_connections: u32,
     #[command(flatten)]
     pub disk: DiskArgs,
 }
@@ -113,6 +116,7 @@ impl NodeArgs {
             io: self.data_io_timeout,
             idle: self.data_idle_timeout,
         };
+        config.data_max_connections = self.data_max_connections as usize;
         config.data_bind = self.data_bind.clone();
         config.advertise_host = self.advertise_host.clone();
         config.host_id = self.host_id.clone().unwrap_or_else(host_name);

@@ -491,3 +491,65 @@ fn half_sent_frames_are_dropped_after_the_io_timeout_and_connections_are_capped(
     }
     assert!(retried.is_some(), "a freed slot takes a new connection");
 }
+
+#[test]
+fn a_node_caps_its_data_plane_connections() {
+    use std::io::Read;
+    let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let rpc = master.field("rpc");
+    let node = start(&[
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "8MiB",
+        "--data-max-connections",
+        "3",
+    ]);
+    let endpoint = node.field("data");
+    let held: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(&endpoint).unwrap())
+        .collect();
+    // The node counts a connection once it accepted it; the fourth is closed at accept, which
+    // a read shows as the end of the stream.
+    let mut refused = false;
+    for _ in 0..50 {
+        let mut extra = std::net::TcpStream::connect(&endpoint).unwrap();
+        extra
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        if matches!(extra.read(&mut byte), Ok(0)) {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "a fourth data-plane connection was kept open");
+    drop(held);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut config = StoreConfig::new(&rpc);
+        config.auth_secret = None;
+        let store = Store::connect(config).await.unwrap();
+        let value = vec![9u8; 4096];
+        // Once the held connections are gone, the node takes new ones again.
+        let mut stored = false;
+        for _ in 0..50 {
+            if store
+                .put("after-the-cap", &value, &ReplicateConfig::default())
+                .await
+                .is_ok()
+            {
+                stored = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(stored);
+        assert_eq!(store.get("after-the-cap").await.unwrap(), value);
+    });
+}
