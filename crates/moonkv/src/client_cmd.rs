@@ -57,6 +57,10 @@ pub struct PutArgs {
     /// Memory replicas wanted.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
+    /// Store nothing unless every one of --replicas can be placed (without it, a put with room
+    /// for fewer stores what fits and says how many).
+    #[arg(long)]
+    pub all_replicas: bool,
     /// Never evict this object.
     #[arg(long)]
     pub hard_pin: bool,
@@ -204,29 +208,34 @@ pub async fn run_put(args: PutArgs) -> anyhow::Result<()> {
     );
     let store = connect_with_progress(&args.options, counter).await?;
     let started = std::time::Instant::now();
-    let result = if args.upsert {
-        store.upsert(&args.key, &value, &config).await
-    } else {
-        store.put(&args.key, &value, &config).await
-    };
+    let result = store
+        .put_counted(&args.key, &value, &config, args.upsert, args.all_replicas)
+        .await;
     progress.finish().await;
-    if let Err(e) = result {
-        if e.code == ErrorCode::OBJECT_ALREADY_EXISTS {
+    let replicas = match result {
+        Ok(made) => made,
+        Err(e) if e.code == ErrorCode::OBJECT_ALREADY_EXISTS => {
             let hint = format!("{}; use --upsert to replace it", e.message);
             return Err(Error::new(e.code, hint).into());
         }
-        return Err(e.into());
-    }
+        Err(e) => return Err(e.into()),
+    };
+    let wanted = config.replica_num.max(1);
     let elapsed = started.elapsed();
     if args.options.json {
         let ms = elapsed.as_secs_f64() * 1000.0;
         println!(
             "{}",
-            json!({"ok": true, "key": args.key, "size": value.len(), "upsert": args.upsert, "elapsed_ms": ms})
+            json!({"ok": true, "key": args.key, "size": value.len(), "upsert": args.upsert, "replicas": replicas, "replicas_requested": wanted, "elapsed_ms": ms})
         );
     } else {
+        let short = if replicas < wanted as usize {
+            format!(", only {replicas} of {wanted} replicas: not enough room")
+        } else {
+            format!(", {replicas} replica(s)")
+        };
         println!(
-            "stored {} ({}) in {elapsed:.2?}",
+            "stored {} ({}{short}) in {elapsed:.2?}",
             args.key,
             format_size(value.len() as u64)
         );

@@ -54,3 +54,47 @@ fn listing_into_a_closed_pipe_ends_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
 }
+
+#[test]
+fn a_put_says_how_many_replicas_it_made_and_can_demand_all() {
+    let master = MOONKV.start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let rpc = master.field("rpc");
+    let _node = MOONKV.start(&["node", "--master", &rpc, "--segment-size", "8MiB"]);
+    let put = |args: &[&str]| {
+        let mut cmd = MOONKV.client(&rpc, args);
+        cmd.env_remove("MOONKV_AUTH_SECRET")
+            .env_remove("MOONKV_AUTH_SECRET_FILE");
+        moonkv_testkit::output_of(cmd, b"hello replicas")
+    };
+    // One node: room for one replica of the two asked for.
+    let out = put(&["put", "--json", "--replicas", "2", "two", "-"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["replicas"], 1, "{answer}");
+    assert_eq!(answer["replicas_requested"], 2, "{answer}");
+    let out = put(&["put", "--replicas", "2", "two-text", "-"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("only 1 of 2 replicas"), "{text}");
+
+    // All or nothing: the put fails and stores nothing.
+    let out = put(&[
+        "put",
+        "--replicas",
+        "2",
+        "--all-replicas",
+        "all-or-nothing",
+        "-",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("only 1 of the 2"), "{stderr}");
+    let mut get = MOONKV.client(&rpc, &["get", "all-or-nothing"]);
+    get.env_remove("MOONKV_AUTH_SECRET")
+        .env_remove("MOONKV_AUTH_SECRET_FILE");
+    let got = moonkv_testkit::output_of(get, b"");
+    assert!(!got.status.success(), "nothing may be readable");
+}

@@ -191,6 +191,27 @@ impl Store {
         self.write_object(WriteKind::Put, key, value, config).await
     }
 
+    /// Like [`Store::put`] (or [`Store::upsert`] with `upsert`), returning how many memory
+    /// replicas were made; with `all_replicas` a write that cannot get every memory replica
+    /// asked for (`config.replica_num`) is revoked and fails with `NO_AVAILABLE_HANDLE`, so it
+    /// is all or nothing.
+    pub async fn put_counted(
+        &self,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+        upsert: bool,
+        all_replicas: bool,
+    ) -> Result<usize> {
+        let kind = if upsert {
+            WriteKind::Upsert
+        } else {
+            WriteKind::Put
+        };
+        let need = all_replicas.then_some(config.replica_num.max(1) as usize);
+        self.write_counted(kind, key, value, config, need).await
+    }
+
     /// Stores `value` under `key`, replacing any current value.
     pub async fn upsert(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
         self.write_object(WriteKind::Upsert, key, value, config)
@@ -328,6 +349,21 @@ impl Store {
         value: &[u8],
         config: &ReplicateConfig,
     ) -> Result<()> {
+        self.write_counted(kind, key, value, config, None)
+            .await
+            .map(drop)
+    }
+
+    /// The two-phase write; returns the number of memory replicas made. With `need`, fewer
+    /// memory replicas than that revoke the write before any byte moves.
+    async fn write_counted(
+        &self,
+        kind: WriteKind,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+        need: Option<usize>,
+    ) -> Result<usize> {
         check_key(key)?;
         check_value(value)?;
         let start = PutStartRequest {
@@ -343,6 +379,19 @@ impl Store {
             .await
             .map_err(|e| self.about(key, e))?;
         let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
+        let in_memory = replicas
+            .iter()
+            .filter(|r| r.kind == ReplicaKind::Memory)
+            .count();
+        if let Some(need) = need.filter(|need| in_memory < *need) {
+            self.revoke(kind, key, ids).await;
+            return Err(Error::new(
+                ErrorCode::NO_AVAILABLE_HANDLE,
+                format!(
+                    "only {in_memory} of the {need} memory replicas asked for could be placed for '{key}'; nothing was stored"
+                ),
+            ));
+        }
         crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
         let written = self.write_replicas(key, &replicas, value).await;
         let result = match written {
@@ -368,7 +417,7 @@ impl Store {
             self.revoke(kind, key, ids).await;
             tracing::debug!(%key, error = %e, "write failed and was revoked");
         }
-        result
+        result.map(|()| in_memory)
     }
 
     async fn revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {
