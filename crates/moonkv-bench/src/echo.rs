@@ -141,6 +141,7 @@ async fn echo(stream: tokio::net::TcpStream) -> anyhow::Result<()> {
                     max_frame_bytes: frame::DEFAULT_MAX_FRAME_BYTES,
                     challenge: None,
                     server_proof: None,
+                    admin_addr: None,
                 };
                 frame::encode_ok(&mut output, f.request_id, &ack)?;
             } else {

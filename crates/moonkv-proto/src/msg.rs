@@ -495,6 +495,10 @@ pub struct HelloAck {
     /// client knows it talks to a master holding the same secret.
     #[serde(default, with = "serde_bytes")]
     pub server_proof: Option<Vec<u8>>,
+    /// The master's admin HTTP address (`host:port`), so tools that start from the RPC address
+    /// find `/metrics` and friends; absent from masters that do not announce it.
+    #[serde(default)]
+    pub admin_addr: Option<String>,
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ async fn serve(stream: tokio::net::TcpStream, handler: Handler) {
                         max_frame_bytes: 1 << 20,
                         challenge: None,
                         server_proof: None,
+                        admin_addr: None,
                     };
                     frame::encode_ok(&mut out, 0, &ack).unwrap();
                     writer.lock().await.write_all(&out).await.unwrap();

@@ -114,10 +114,12 @@ pub struct LsArgs {
     pub options: ClientOptions,
 }
 
-/// `moonkv stat`: segments, capacity, usage and key count, from the master's admin HTTP port.
+/// `moonkv stat`: segments, capacity, usage and key count, from the master's admin HTTP port
+/// (the one the master announces, unless --admin says otherwise).
 #[derive(clap::Args, Debug, Clone)]
 pub struct StatArgs {
-    /// Master admin HTTP address (default: the --master host, port 9003).
+    /// Master admin HTTP address (default: the one the master announces, else the --master
+    /// host with port 9003).
     #[arg(long, env = "MOONKV_ADMIN")]
     pub admin: Option<String>,
     #[command(flatten)]
@@ -377,11 +379,13 @@ pub async fn run_ls(args: LsArgs) -> anyhow::Result<()> {
 
 /// `moonkv stat`.
 pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
-    let admin = args
-        .admin
-        .clone()
-        .unwrap_or_else(|| default_admin(&args.options.master));
     let timeout = Duration::from_millis(args.options.timeout_ms.max(1));
+    let admin = match &args.admin {
+        Some(admin) => admin.clone(),
+        None => announced_admin(&args.options.master, timeout)
+            .await
+            .unwrap_or_else(|| default_admin(&args.options.master)),
+    };
     let detail: serde_json::Value =
         serde_json::from_str(&http_get(&admin, "/get_segments_detail", timeout).await?)
             .context("the master's /get_segments_detail answer is not JSON")?;
@@ -521,6 +525,34 @@ async fn node_stats(
 
 fn medium(kind: ReplicaKind) -> &'static str {
     moonkv_proto::Medium::from(kind).as_str()
+}
+
+/// The admin address the master announces in its hello answer; `None` when it cannot be asked
+/// (unreachable, TLS, an older master). A wildcard host is replaced by the master's host.
+async fn announced_admin(master: &str, timeout: Duration) -> Option<String> {
+    if moonkv_client::TlsClientConfig::from_env().is_some() {
+        return None;
+    }
+    let addr = master.to_string();
+    let secret = moonkv_client::util::secret_from_env();
+    let announced = tokio::task::spawn_blocking(move || {
+        let conn = moonkv_client::master_client::blocking::Connection::connect(
+            &addr,
+            "moonkv-stat",
+            secret.as_ref(),
+            Some(timeout),
+        )
+        .ok()?;
+        conn.hello_ack().admin_addr.clone()
+    })
+    .await
+    .ok()??;
+    let parsed: std::net::SocketAddr = announced.parse().ok()?;
+    if parsed.ip().is_unspecified() {
+        let host = master.rsplit_once(':').map_or(master, |(host, _)| host);
+        return Some(format!("{host}:{}", parsed.port()));
+    }
+    Some(announced)
 }
 
 /// The admin address matching a master address: same host, port 9003.

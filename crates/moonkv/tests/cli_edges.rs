@@ -98,3 +98,32 @@ fn a_put_says_how_many_replicas_it_made_and_can_demand_all() {
     let got = moonkv_testkit::output_of(get, b"");
     assert!(!got.status.success(), "nothing may be readable");
 }
+
+#[test]
+fn stat_finds_the_admin_port_the_master_announces() {
+    // An ephemeral admin port: nothing to guess from the RPC address.
+    let master = MOONKV.start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let rpc = master.field("rpc");
+    let _node = MOONKV.start(&["node", "--master", &rpc, "--segment-size", "8MiB"]);
+    let mut stat = MOONKV.client(&rpc, &["stat", "--json"]);
+    stat.env_remove("MOONKV_ADMIN")
+        .env_remove("MOONKV_AUTH_SECRET")
+        .env_remove("MOONKV_AUTH_SECRET_FILE");
+    let out = moonkv_testkit::output_of(stat, b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        answer["segments"].as_array().map(Vec::len),
+        Some(1),
+        "{answer}"
+    );
+    assert_eq!(answer["capacity_bytes"], 8.0 * 1024.0 * 1024.0, "{answer}");
+    assert!(
+        answer["nodes"][0]["data_plane"]["connections_opened"].is_u64(),
+        "{answer}"
+    );
+}

@@ -101,6 +101,7 @@ mod tests {
             max_frame_bytes: 1 << 20,
             challenge,
             server_proof,
+            admin_addr: None,
         }
     }
 

@@ -122,6 +122,7 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
         max_frame_bytes: config.max_frame_bytes,
         io_timeout: std::time::Duration::from_millis(config.rpc_io_timeout_ms),
         connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
+        admin_addr: Some(admin_addr.to_string()),
         secret: config.auth_secret.clone(),
         node_secret: config
             .auth_secret

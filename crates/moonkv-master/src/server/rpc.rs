@@ -27,6 +27,8 @@ pub(crate) struct RpcShared {
     pub io_timeout: std::time::Duration,
     /// Slots for open connections (`max_connections`).
     pub connections: Arc<Semaphore>,
+    /// Announced in every hello answer.
+    pub admin_addr: Option<String>,
     pub secret: Option<Secret>,
     /// Set (the grant secret): a connection proving this secret instead of the shared one is a
     /// node's, and only node connections may mount, unmount or serve segments.
@@ -398,6 +400,7 @@ fn greet(
         max_frame_bytes: shared.max_frame_bytes,
         challenge: None,
         server_proof: None,
+        admin_addr: shared.admin_addr.clone(),
     };
     let next = match (&shared.secret, state) {
         (None, _) => Handshake::Ready(Role::Any),
