@@ -20,6 +20,14 @@ const LIMIT: Duration = Duration::from_secs(10);
 const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 const SIZE: usize = 64 << 10;
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn secret() -> Secret {
     Secret::new(SECRET.as_bytes().to_vec()).unwrap()
 }
@@ -140,11 +148,7 @@ fn grants_of_a_removed_replica_are_worthless_on_the_next_tenants_object() {
     let files = Files::new();
     let (master, _node) = secured_cluster(&files);
     let rpc = master.field("rpc");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     runtime.block_on(async {
         let alice = store(&rpc, "alice").await;
         let bob = store(&rpc, "bob").await;
@@ -236,11 +240,7 @@ fn a_client_credential_can_neither_pose_as_a_node_nor_unmount_one() {
     let victim = &detail["segments"][0];
     let parse = |field: &str| Uuid::parse(victim[field].as_str().unwrap()).unwrap();
     let (segment_id, owner) = (SegmentId(parse("segment_id")), ClientId(parse("client_id")));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     runtime.block_on(async {
         let mallory = store(&rpc, "mallory").await;
         let master_client = mallory.master();
@@ -291,11 +291,7 @@ fn unread_scan_answers_do_not_grow_master_memory() {
     let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
     let rpc = master.field("rpc");
     let _node = start(&["node", "--master", &rpc, "--segment-size", "64MiB"]);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let honest = runtime.block_on(async {
         let mut config = StoreConfig::new(&rpc);
         config.auth_secret = None;
@@ -383,11 +379,7 @@ fn a_caller_that_stalls_mid_request_loses_its_range_lock_within_the_io_deadline(
         .unwrap();
     stalled.write_all(&[0u8; 100]).unwrap();
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     runtime.block_on(async {
         let mut config = StoreConfig::new(&rpc);
         config.auth_secret = None;
@@ -526,11 +518,7 @@ fn a_node_caps_its_data_plane_connections() {
     }
     assert!(refused, "a fourth data-plane connection was kept open");
     drop(held);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     runtime.block_on(async {
         let mut config = StoreConfig::new(&rpc);
         config.auth_secret = None;
