@@ -282,7 +282,10 @@ impl Session {
 }
 
 fn heartbeat(control: &Connection, owner: ClientId, stop: &AtomicBool) {
-    let req = PingRequest { client_id: owner };
+    let req = PingRequest {
+        client_id: owner,
+        mounted_segments: 0,
+    };
     let mut last = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));

@@ -163,6 +163,11 @@ rpc!(NotifyOffloadRequest => NotifyOffload, Vec<ItemResult<()>>);
 pub struct PingRequest {
     /// The pinging client.
     pub client_id: ClientId,
+    /// Memory segments the client has mounted, as far as it knows; a master that holds fewer
+    /// of them (someone unmounted one) answers `NEED_REMOUNT`, so the owner re-registers them.
+    /// Absent (0) from older clients.
+    #[serde(default)]
+    pub mounted_segments: u32,
 }
 
 /// MountSegment.

@@ -21,7 +21,10 @@ fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
     }))
     .unwrap();
     let ping: PingResponse = c
-        .request(&Request::Ping(PingRequest { client_id: me }))
+        .request(&Request::Ping(PingRequest {
+            client_id: me,
+            mounted_segments: 0,
+        }))
         .unwrap();
     assert_eq!(ping.client_status, ClientStatus::Ok);
 

@@ -541,3 +541,34 @@ fn a_node_caps_its_data_plane_connections() {
         assert_eq!(store.get("after-the-cap").await.unwrap(), value);
     });
 }
+
+#[test]
+fn a_node_whose_segment_is_unmounted_behind_its_back_mounts_it_again() {
+    let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let _node = start(&["node", "--master", &rpc, "--segment-size", "8MiB"]);
+    let segments = || -> serde_json::Value {
+        let (status, body) = moonkv_testkit::http(&admin, "GET", "/get_segments_detail", "");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let detail = segments();
+    let victim = detail["segments"][0].clone();
+    let parse = |field: &str| Uuid::parse(victim[field].as_str().unwrap()).unwrap();
+    // An open master: anyone naming the owner may unmount (with a node secret only nodes may).
+    let conn = moonkv_testkit::wire::connect(&rpc);
+    conn.request::<()>(&moonkv_proto::msg::Request::UnmountSegment(
+        UnmountSegmentRequest {
+            segment_id: SegmentId(parse("segment_id")),
+            client_id: ClientId(parse("client_id")),
+        },
+    ))
+    .unwrap();
+    // The node's next heartbeats notice and mount it again.
+    moonkv_testkit::wait_for(Duration::from_secs(20), "the segment to come back", || {
+        let now = segments();
+        (now["segments"].as_array().map(Vec::len) == Some(1)
+            && now["segments"][0]["segment_id"] == victim["segment_id"])
+            .then_some(())
+    });
+}

@@ -40,8 +40,10 @@ async fn beat(client: &MasterClient) -> moonkv_proto::Result<()> {
         .ping_interval
         .max(Duration::from_millis(500))
         * 2;
+    let mounted = lock(&client.inner.segments).len() as u32;
     let request = moonkv_proto::msg::Request::Ping(PingRequest {
         client_id: client.client_id(),
+        mounted_segments: mounted,
     });
     let answer: moonkv_proto::PingResponse = client.call_with_timeout(request, timeout).await?;
     if answer.client_status == ClientStatus::NeedRemount {

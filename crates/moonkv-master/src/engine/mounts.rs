@@ -34,10 +34,24 @@ impl Engine {
     /// Ping: `OK` for a client the master knows (heartbeat refreshed), `NEED_REMOUNT` otherwise.
     pub fn ping(&self, req: &PingRequest) -> Result<PingResponse> {
         let deadline = self.now().saturating_add(self.config.client_live_ttl_ms);
+        // Segments of this client that someone else unmounted: its next remount restores them.
+        let missing = req.mounted_segments > 0 && {
+            let registry = self.registry.read();
+            let held = registry
+                .by_id
+                .values()
+                .filter(|slot| slot.owner == req.client_id)
+                .count();
+            held < req.mounted_segments as usize
+        };
         let client_status = match self.clients.lock().get_mut(&req.client_id) {
             Some(d) => {
                 *d = deadline;
-                ClientStatus::Ok
+                if missing {
+                    ClientStatus::NeedRemount
+                } else {
+                    ClientStatus::Ok
+                }
             }
             None => ClientStatus::NeedRemount,
         };

@@ -321,7 +321,10 @@ impl Harness {
 
     pub(super) fn ping(&self, client: ClientId) -> ClientStatus {
         self.engine
-            .ping(&PingRequest { client_id: client })
+            .ping(&PingRequest {
+                client_id: client,
+                mounted_segments: 0,
+            })
             .unwrap()
             .client_status
     }

@@ -88,6 +88,7 @@ fn case_04_graceful_unmount_then_gone_after_grace_period() {
     h.engine
         .ping(&PingRequest {
             client_id: h.client,
+            mounted_segments: 0,
         })
         .unwrap();
     h.engine.tick();
@@ -287,4 +288,35 @@ fn segment_accounting_tracks_allocations() {
     assert_eq!(info.capacity_bytes, 16 * MIB);
     h.remove("a", false).unwrap();
     assert_eq!(h.engine.stats().allocated_bytes, 64);
+}
+
+#[test]
+fn an_owner_whose_segment_was_unmounted_behind_its_back_is_asked_to_remount() {
+    let h = Harness::bare(Harness::config());
+    let a = h.segment("a", BASE, 16 * MIB);
+    let b = h.segment("b", BASE + 16 * MIB, 16 * MIB);
+    h.engine.mount_segment(&mount_req(&h, a.clone())).unwrap();
+    h.engine.mount_segment(&mount_req(&h, b.clone())).unwrap();
+    let ping = |mounted: u32| {
+        h.engine
+            .ping(&PingRequest {
+                client_id: h.client,
+                mounted_segments: mounted,
+            })
+            .unwrap()
+            .client_status
+    };
+    assert_eq!(ping(2), ClientStatus::Ok);
+    h.unmount(b.id).unwrap();
+    assert_eq!(ping(2), ClientStatus::NeedRemount, "one of its two is gone");
+    assert_eq!(ping(1), ClientStatus::Ok, "it unmounted b itself");
+    assert_eq!(ping(0), ClientStatus::Ok, "an older client says nothing");
+    h.engine
+        .remount_segment(&ReMountSegmentRequest {
+            segments: vec![a, b],
+            client_id: h.client,
+        })
+        .unwrap();
+    assert_eq!(h.engine.segments().len(), 2);
+    assert_eq!(ping(2), ClientStatus::Ok);
 }
