@@ -15,7 +15,7 @@
 //! within one master's life and the issue time orders grants across master restarts. Claims
 //! only exist when the node checks grants (it has a grant key); an open node has none.
 
-use moonkv_proto::grant::{Grant, Refusal};
+use moonkv_proto::grant::{unix_now_ms, Grant, Refusal, READ, WRITE};
 use moonkv_proto::SegmentId;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -35,6 +35,22 @@ pub struct Claims {
 }
 
 impl Claims {
+    /// The check of a memory read or write of `[address, address + len)` carrying `grant`
+    /// (its MAC already verified): expiry and right, the granted range, then the claims. The
+    /// data-plane server and the in-process copy path both call this.
+    pub fn admit_range(
+        &self,
+        segment: SegmentId,
+        grant: &Grant,
+        address: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(), Refusal> {
+        let right = if write { WRITE } else { READ };
+        grant.permits_range(right, address, len, unix_now_ms())?;
+        self.admit(segment, grant, write)
+    }
+
     /// Checks a memory request carrying `grant` on `segment` (already verified: MAC, expiry,
     /// rights, range); a write also claims the grant's range for its replica.
     pub fn admit(&self, segment: SegmentId, grant: &Grant, write: bool) -> Result<(), Refusal> {
@@ -90,7 +106,6 @@ impl Claims {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use moonkv_proto::grant::{READ, WRITE};
 
     const SEG: SegmentId = SegmentId::new(1, 2);
 

@@ -10,7 +10,7 @@ use crate::range_lock::{RangeGuard, RangeLock};
 use moonkv_dataplane::header::{check_range, DataStatus};
 use moonkv_dataplane::local::LocalFuture;
 use moonkv_proto::auth::Secret;
-use moonkv_proto::grant::{self, Grant};
+use moonkv_proto::grant::Grant;
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -224,12 +224,9 @@ impl LocalView {
         let Some(key) = &self.grant_key else {
             return Ok(());
         };
-        let right = if write { grant::WRITE } else { grant::READ };
-        Grant::open(key, self.memory.id(), grant)
-            .and_then(|g| {
-                g.permits_range(right, address, len as u64, grant::unix_now_ms())?;
-                self.claims.admit(self.memory.id(), &g, write)
-            })
+        let id = self.memory.id();
+        Grant::open(key, id, grant)
+            .and_then(|g| self.claims.admit_range(id, &g, address, len as u64, write))
             .map_err(|_| DataStatus::Forbidden)
     }
 }
@@ -308,6 +305,7 @@ mod tests {
     #[tokio::test]
     async fn local_copies_check_grants_and_claims_like_the_network() {
         use moonkv_dataplane::LocalSegment;
+        use moonkv_proto::grant;
         let key = Secret::new(b"local-view-grant-secret".to_vec()).unwrap();
         let seg = Arc::new(SegmentMemory::allocate(SegmentId::new(9, 8), 4096).unwrap());
         let view = LocalView::new(seg.clone(), Some(key.clone()), Arc::default());

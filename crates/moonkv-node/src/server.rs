@@ -419,12 +419,10 @@ fn check_grant(
     let now = moonkv_proto::grant::unix_now_ms();
     match h.op {
         op if op == DataOp::Read as u8 => {
-            grant.permits_range(grant::READ, h.address, h.length, now)?;
-            claims.admit(h.segment_id, &grant, false)
+            claims.admit_range(h.segment_id, &grant, h.address, h.length, false)
         }
         op if op == DataOp::Write as u8 => {
-            grant.permits_range(grant::WRITE, h.address, h.length, now)?;
-            claims.admit(h.segment_id, &grant, true)
+            claims.admit_range(h.segment_id, &grant, h.address, h.length, true)
         }
         op if op == DataOp::FileRead as u8 => {
             grant.permits_file(grant::READ, h.address, now)?;

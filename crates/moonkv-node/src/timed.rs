@@ -37,8 +37,43 @@ impl Default for Deadlines {
 pub(crate) struct Timed<S> {
     inner: S,
     limit: Duration,
-    read_timer: Option<Pin<Box<Sleep>>>,
-    write_timer: Option<Pin<Box<Sleep>>>,
+    read_timer: Timer,
+    write_timer: Timer,
+}
+
+/// One direction's no-progress timer: allocated once, re-armed at the first `Pending` after
+/// progress (so the data path does not allocate a timer per wait).
+#[derive(Default)]
+struct Timer {
+    sleep: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl Timer {
+    /// Whether `limit` has passed since the operation first had to wait.
+    fn expired(&mut self, limit: Duration, cx: &mut Context<'_>) -> bool {
+        if !self.armed {
+            let deadline = tokio::time::Instant::now() + limit;
+            match &mut self.sleep {
+                Some(sleep) => sleep.as_mut().reset(deadline),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            self.armed = true;
+        }
+        let Some(sleep) = &mut self.sleep else {
+            return false;
+        };
+        if sleep.as_mut().poll(cx).is_ready() {
+            self.armed = false;
+            return true;
+        }
+        false
+    }
+
+    /// The operation made progress: the next wait starts a new period.
+    fn progressed(&mut self) {
+        self.armed = false;
+    }
 }
 
 impl<S> Timed<S> {
@@ -46,8 +81,8 @@ impl<S> Timed<S> {
         Self {
             inner,
             limit,
-            read_timer: None,
-            write_timer: None,
+            read_timer: Timer::default(),
+            write_timer: Timer::default(),
         }
     }
 
@@ -55,20 +90,10 @@ impl<S> Timed<S> {
     pub fn set_limit(&mut self, limit: Duration) {
         if limit != self.limit {
             self.limit = limit;
-            self.read_timer = None;
-            self.write_timer = None;
+            self.read_timer.progressed();
+            self.write_timer.progressed();
         }
     }
-}
-
-/// `Ready(Err(TimedOut))` once the timer (armed at the first `Pending`) has run out.
-fn expired(timer: &mut Option<Pin<Box<Sleep>>>, limit: Duration, cx: &mut Context<'_>) -> bool {
-    let sleep = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-    if sleep.as_mut().poll(cx).is_ready() {
-        *timer = None;
-        return true;
-    }
-    false
 }
 
 fn timed_out(limit: Duration) -> io::Error {
@@ -87,10 +112,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Timed<S> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(done) => {
-                this.read_timer = None;
+                this.read_timer.progressed();
                 Poll::Ready(done)
             }
-            Poll::Pending if expired(&mut this.read_timer, this.limit, cx) => {
+            Poll::Pending if this.read_timer.expired(this.limit, cx) => {
                 Poll::Ready(Err(timed_out(this.limit)))
             }
             Poll::Pending => Poll::Pending,
@@ -106,10 +131,10 @@ impl<S: AsyncWrite + Unpin> Timed<S> {
     ) -> Poll<io::Result<T>> {
         match polled {
             Poll::Ready(done) => {
-                self.write_timer = None;
+                self.write_timer.progressed();
                 Poll::Ready(done)
             }
-            Poll::Pending if expired(&mut self.write_timer, self.limit, cx) => {
+            Poll::Pending if self.write_timer.expired(self.limit, cx) => {
                 Poll::Ready(Err(timed_out(self.limit)))
             }
             Poll::Pending => Poll::Pending,

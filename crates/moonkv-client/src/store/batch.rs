@@ -133,11 +133,7 @@ impl Store {
         config: &ReplicateConfig,
     ) -> Vec<Result<()>> {
         if keys.len() != objects.len() {
-            let why = format!("{} keys but {} values", keys.len(), objects.len());
-            return keys
-                .iter()
-                .map(|_| Err(Error::new(ErrorCode::INVALID_PARAMS, why.clone())))
-                .collect();
+            return mismatch(keys, objects.len(), "values");
         }
         let sizes: Vec<u64> = objects
             .iter()
