@@ -6,6 +6,8 @@
 //! - [`segment`]: segment memory (one lazily committed allocation) and its range-locked views.
 //! - `range_lock`: the byte-range reader/writer lock that makes those views sound.
 //! - [`claims`]: which replica owns which range, so a freed replica's grant is worthless.
+//! - [`catalog`]: the node's record of its committed replicas, fed by the master and announced
+//!   to a master that lost its metadata (re-adoption).
 //! - `timed`: I/O and idle deadlines on every connection ([`Deadlines`]).
 //! - [`server`]: the data-plane listener and per-connection request loop (bounds, grants, auth).
 //! - [`disk`]: the disk tier — replica files, their format and checksums, capacity accounting.
@@ -15,6 +17,7 @@
 //! The wire it speaks is `moonkv-dataplane`; the master connection is `moonkv-client`'s
 //! `MasterClient`.
 
+pub mod catalog;
 pub mod claims;
 pub mod disk;
 pub mod failpoints;

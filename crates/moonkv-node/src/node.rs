@@ -176,6 +176,7 @@ impl Node {
             memories.iter().map(|m| (m.id(), m.clone())).collect(),
         ));
         let disk_store = opened.as_ref().map(|(store, _)| store.clone());
+        let catalog_table = table.clone();
         let access = Access {
             secret: config.auth_secret.clone(),
             grant_key: config
@@ -255,7 +256,22 @@ impl Node {
             disk_task: None,
             local: config.local_segments.clone(),
             local_views,
+            catalog: Arc::default(),
+            catalog_task: None,
         };
+        // The catalog of committed replicas: fed by the master, announced after a remount on a
+        // master that does not know this node's replicas.
+        handle
+            .master
+            .set_remount_hook(Arc::new(crate::catalog::Announcer {
+                segments: catalog_table.clone(),
+                state: handle.catalog.clone(),
+            }));
+        handle.catalog_task = Some(tokio::spawn(crate::catalog::run_sync(
+            handle.master.clone(),
+            catalog_table,
+            handle.catalog.clone(),
+        )));
         for segment in handle.segments.clone() {
             if let Err(e) = handle.master.mount(segment.clone()).await {
                 handle.shutdown().await;
@@ -336,6 +352,10 @@ pub struct NodeHandle {
     local: LocalSegments,
     /// What `local` hands out (it holds weak references).
     local_views: Vec<Arc<dyn LocalSegment>>,
+    /// State of the catalog of committed replicas.
+    catalog: Arc<crate::catalog::CatalogState>,
+    /// The catalog's long poll.
+    catalog_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl NodeHandle {
@@ -351,6 +371,21 @@ impl NodeHandle {
             .as_ref()
             .map(DataServer::stats)
             .unwrap_or_default()
+    }
+
+    /// Committed replicas this node holds in its catalog (what it would announce to a new
+    /// master).
+    pub fn catalog_len(&self) -> usize {
+        self.memories.iter().map(|m| m.catalog_len()).sum()
+    }
+
+    /// Replicas adopted by the last re-adoption and how long it took (ms).
+    pub fn last_readoption(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        (
+            self.catalog.last_adopted.load(Ordering::Acquire),
+            self.catalog.last_adopt_ms.load(Ordering::Acquire),
+        )
     }
 
     /// Data-plane endpoint clients connect to.
@@ -415,6 +450,9 @@ impl NodeHandle {
 
     fn stop_disk_task(&mut self) {
         if let Some(task) = self.disk_task.take() {
+            task.abort();
+        }
+        if let Some(task) = self.catalog_task.take() {
             task.abort();
         }
     }

@@ -11,8 +11,10 @@ use moonkv_dataplane::header::{check_range, DataStatus};
 use moonkv_dataplane::local::LocalFuture;
 use moonkv_proto::auth::Secret;
 use moonkv_proto::grant::Grant;
+use moonkv_proto::msg::CatalogEntry;
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::alloc::Layout;
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -30,6 +32,8 @@ pub struct SegmentMemory {
     ptr: NonNull<u8>,
     layout: Layout,
     locks: RangeLock,
+    /// Committed replicas held here, by address (see `crate::catalog`).
+    catalog: parking_lot::Mutex<BTreeMap<u64, CatalogEntry>>,
 }
 
 // SAFETY: the allocation is owned by this struct for its whole life and freed only in `Drop`.
@@ -65,7 +69,43 @@ impl SegmentMemory {
             ptr,
             layout,
             locks: RangeLock::default(),
+            catalog: parking_lot::Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Records a committed replica (replacing any entry overlapping its range).
+    pub fn catalog_commit(&self, entry: CatalogEntry) {
+        let mut catalog = self.catalog.lock();
+        forget_overlapping(&mut catalog, entry.address, entry.len);
+        catalog.insert(entry.address, entry);
+    }
+
+    /// Forgets every catalog entry overlapping `[address, address + len)`.
+    pub fn catalog_forget(&self, address: u64, len: u64) {
+        forget_overlapping(&mut self.catalog.lock(), address, len);
+    }
+
+    /// Forgets the entries at these addresses (the master did not adopt them).
+    pub fn catalog_forget_at(&self, addresses: &[u64]) {
+        let mut catalog = self.catalog.lock();
+        for a in addresses {
+            catalog.remove(a);
+        }
+    }
+
+    /// Forgets every entry.
+    pub fn catalog_clear(&self) {
+        self.catalog.lock().clear();
+    }
+
+    /// The committed replicas held here, by address.
+    pub fn catalog_entries(&self) -> Vec<CatalogEntry> {
+        self.catalog.lock().values().cloned().collect()
+    }
+
+    /// Number of committed replicas held here.
+    pub fn catalog_len(&self) -> usize {
+        self.catalog.lock().len()
     }
 
     /// Segment id.
@@ -114,12 +154,28 @@ impl SegmentMemory {
         let offset = self.check(address, length)?;
         let len = length as usize;
         let guard = self.locks.acquire(offset, offset + len, true).await;
+        // Whatever was committed here is being overwritten: it can no longer be re-adopted.
+        self.catalog_forget(address, length);
         Ok(WriteView {
             memory: self,
             offset,
             len,
             _guard: guard,
         })
+    }
+}
+
+/// Removes the entries of `catalog` overlapping `[address, address + len)`.
+fn forget_overlapping(catalog: &mut BTreeMap<u64, CatalogEntry>, address: u64, len: u64) {
+    let end = address.saturating_add(len);
+    let doomed: Vec<u64> = catalog
+        .range(..end)
+        .rev()
+        .take_while(|(_, e)| e.address.saturating_add(e.len) > address)
+        .map(|(a, _)| *a)
+        .collect();
+    for a in doomed {
+        catalog.remove(&a);
     }
 }
 

@@ -48,6 +48,8 @@ macro_rules! for_each_op {
             51 => UnmountDiskSegment(UnmountDiskSegmentRequest) -> (), unmount_disk_segment;
             52 => OffloadHeartbeat(OffloadHeartbeatRequest) -> OffloadHeartbeatResponse, offload_heartbeat;
             53 => NotifyOffload(NotifyOffloadRequest) -> Vec<ItemResult<()>>, notify_offload;
+            60 => SyncCatalog(SyncCatalogRequest) -> SyncCatalogResponse, sync_catalog;
+            61 => AdoptReplicas(AdoptReplicasRequest) -> AdoptReplicasResponse, adopt_replicas;
         }
     };
 }
@@ -142,6 +144,8 @@ macro_rules! rpc {
 rpc!(PingRequest => Ping, PingResponse);
 rpc!(MountSegmentRequest => MountSegment, ());
 rpc!(ReMountSegmentRequest => ReMountSegment, ());
+rpc!(SyncCatalogRequest => SyncCatalog, SyncCatalogResponse);
+rpc!(AdoptReplicasRequest => AdoptReplicas, AdoptReplicasResponse);
 rpc!(UnmountSegmentRequest => UnmountSegment, ());
 rpc!(GracefulUnmountSegmentRequest => GracefulUnmountSegment, ());
 rpc!(QuerySegmentStatusRequest => QuerySegmentStatus, SegmentStatus);
@@ -186,6 +190,107 @@ pub struct ReMountSegmentRequest {
     pub segments: Vec<Segment>,
     /// Owner.
     pub client_id: ClientId,
+    /// The owner keeps a catalog of its committed replicas and will announce it with
+    /// `AdoptReplicas`: segments this remount adds are mounted frozen (nothing is allocated in
+    /// them) until the announcement ends or `adopt_timeout_ms` passes. Absent (false) from
+    /// older clients.
+    #[serde(default)]
+    pub adopt: bool,
+}
+
+/// SyncCatalog: a node's long poll for the commit and drop notices of its replicas
+/// (`docs/operations.md`, "Restart and re-adoption").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncCatalogRequest {
+    /// The node.
+    pub client_id: ClientId,
+    /// Master epoch the node's `acked` refers to (0: none yet).
+    pub epoch: u64,
+    /// Highest notice sequence the node has applied; the master forgets those.
+    pub acked: u64,
+    /// How long the master may hold the request when no notice is pending (capped by it).
+    pub wait_ms: u32,
+}
+
+/// What a node's catalog learns about one of its memory replicas.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CatalogNotice {
+    /// The replica was committed (PutEnd/UpsertEnd acknowledged): the node keeps this entry.
+    Commit(CatalogEntry),
+    /// The replica left its object (removed, replaced, evicted, unmounted): forget every
+    /// entry overlapping `[address, address + len)` of the segment.
+    Drop {
+        /// Segment of the range.
+        segment_id: SegmentId,
+        /// Start of the range.
+        address: u64,
+        /// Length of the range.
+        len: u64,
+    },
+}
+
+/// A committed memory replica, as a node keeps it and announces it to a master that does not
+/// know it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogEntry {
+    /// Segment holding the bytes.
+    pub segment_id: SegmentId,
+    /// Address of the replica's buffer.
+    pub address: u64,
+    /// Length of the buffer (the object size rounded up to the allocation granularity).
+    pub len: u64,
+    /// Replica id (preserved by re-adoption).
+    pub replica_id: ReplicaId,
+    /// Version of the write, part 1: the epoch of the master that committed it.
+    pub epoch: u64,
+    /// Version of the write, part 2: the write's id within that master's life.
+    pub write: u64,
+    /// Tenant of the object.
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+    /// Object size in bytes.
+    pub size: u64,
+    /// Checksum given at PutEnd, if any.
+    pub checksum: Option<u64>,
+}
+
+/// Answer to SyncCatalog.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncCatalogResponse {
+    /// Epoch of this master (changes when the master restarts or a new leader takes over).
+    pub epoch: u64,
+    /// Sequence of the last notice in `notices` (or the last acknowledged one when empty).
+    pub last: u64,
+    /// The node's catalog is no longer trustworthy (its notices overflowed, or the node was
+    /// expired): forget every entry before applying `notices`.
+    pub reset: bool,
+    /// Notices in order.
+    pub notices: Vec<CatalogNotice>,
+}
+
+/// AdoptReplicas: a node announces the committed replicas of one of its segments to a master
+/// that mounted the segment anew (after a restart or failover), in chunks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdoptReplicasRequest {
+    /// The node (owner of the segment).
+    pub client_id: ClientId,
+    /// The segment.
+    pub segment_id: SegmentId,
+    /// Entries of this chunk.
+    pub entries: Vec<CatalogEntry>,
+    /// Last chunk: the segment leaves its frozen state and takes new writes.
+    pub done: bool,
+}
+
+/// Answer to AdoptReplicas.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdoptReplicasResponse {
+    /// Addresses of the entries the master did not adopt (a newer version exists, the range
+    /// is taken, or the entry is invalid): the node forgets them.
+    pub rejected: Vec<u64>,
+    /// Entries adopted by this chunk.
+    pub adopted: u64,
 }
 
 /// UnmountSegment.

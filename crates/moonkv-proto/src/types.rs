@@ -339,6 +339,11 @@ pub struct PingResponse {
     pub view_version: i64,
     /// Whether the client must remount.
     pub client_status: ClientStatus,
+    /// Epoch of this master: it changes when the master restarts or a new leader takes over,
+    /// so a node can tell a new master (announce its catalog) from one that expired it
+    /// (forget its catalog). Absent (0) from older masters.
+    #[serde(default)]
+    pub master_epoch: u64,
 }
 
 /// Per-key result inside a batch response, on the wire `[code, value]`: `code` 0 with the value,

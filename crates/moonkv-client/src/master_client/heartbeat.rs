@@ -52,12 +52,20 @@ async fn beat(client: &MasterClient) -> moonkv_proto::Result<()> {
             segments = segments.len(),
             "master asked for a remount; re-registering segments"
         );
+        let hook = lock(&client.inner.remount_hook).clone();
         client
             .remount_segment(ReMountSegmentRequest {
                 segments,
                 client_id: client.client_id(),
+                adopt: hook.is_some(),
             })
             .await?;
+        if let Some(hook) = hook {
+            let run = tokio::spawn(hook.remounted(client.clone(), answer.master_epoch));
+            if let Some(previous) = lock(&client.inner.hook_task).replace(run) {
+                previous.abort();
+            }
+        }
     }
     Ok(())
 }

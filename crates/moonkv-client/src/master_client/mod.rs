@@ -86,6 +86,10 @@ struct Inner {
     next_request_id: AtomicU64,
     segments: Mutex<Vec<Segment>>,
     heartbeat: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Runs after every heartbeat-driven remount (a node announces its catalog there).
+    remount_hook: Mutex<Option<Arc<dyn RemountHook>>>,
+    /// The hook's current run.
+    hook_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for Inner {
@@ -93,7 +97,23 @@ impl Drop for Inner {
         if let Some(task) = lock(&self.heartbeat).take() {
             task.abort();
         }
+        if let Some(task) = lock(&self.hook_task).take() {
+            task.abort();
+        }
     }
+}
+
+/// What a segment owner does after the master asked it to remount and the remount succeeded:
+/// a node announces the replicas it holds (re-adoption). With a hook set, remounts ask the
+/// master to freeze the segments it did not know until the hook's announcement ends.
+pub trait RemountHook: Send + Sync {
+    /// Runs in its own task; a new remount aborts a run still going. `master_epoch` is the
+    /// epoch the master reported with its `NEED_REMOUNT`.
+    fn remounted(
+        &self,
+        master: MasterClient,
+        master_epoch: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -119,6 +139,8 @@ impl MasterClient {
                 next_request_id: AtomicU64::new(1),
                 segments: Mutex::new(Vec::new()),
                 heartbeat: Mutex::new(None),
+                remount_hook: Mutex::new(None),
+                hook_task: Mutex::new(None),
             }),
         }
     }
@@ -262,6 +284,11 @@ impl MasterClient {
         .await
     }
 
+    /// Sets what runs after each heartbeat-driven remount (see [`RemountHook`]).
+    pub fn set_remount_hook(&self, hook: Arc<dyn RemountHook>) {
+        *lock(&self.inner.remount_hook) = Some(hook);
+    }
+
     /// Segments this client has mounted and not unmounted.
     pub fn mounted_segments(&self) -> Vec<Segment> {
         lock(&self.inner.segments).clone()
@@ -270,6 +297,9 @@ impl MasterClient {
     /// Stops the heartbeat and closes the connection.
     pub async fn close(&self) {
         if let Some(task) = lock(&self.inner.heartbeat).take() {
+            task.abort();
+        }
+        if let Some(task) = lock(&self.inner.hook_task).take() {
             task.abort();
         }
         if let Some(conn) = self.inner.conn.lock().await.take() {

@@ -102,6 +102,7 @@ async fn need_remount_triggers_a_remount_of_every_mounted_segment() {
             ok(&PingResponse {
                 view_version: 0,
                 client_status: status,
+                master_epoch: 1,
             })
         }
         Request::ReMountSegment(r) => {

@@ -127,6 +127,36 @@ impl Allocator {
         true
     }
 
+    /// Reserves exactly `[address, address + len)` (a replica re-adopted where its node holds
+    /// it). False, with nothing changed, unless the whole range is one free extent's part and
+    /// on the [`ALIGN`] grid.
+    pub(crate) fn reserve(&mut self, address: u64, len: u64) -> bool {
+        let Some(offset) = address.checked_sub(self.base) else {
+            return false;
+        };
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        if len == 0 || end > self.capacity || offset % ALIGN != 0 || len % ALIGN != 0 {
+            return false;
+        }
+        let Some((&f_off, &f_len)) = self.by_offset.range(..=offset).next_back() else {
+            return false;
+        };
+        if f_off + f_len < end {
+            return false;
+        }
+        self.remove_free(f_off, f_len);
+        if f_off < offset {
+            self.insert_free(f_off, offset - f_off);
+        }
+        if end < f_off + f_len {
+            self.insert_free(end, f_off + f_len - end);
+        }
+        self.used += len;
+        true
+    }
+
     fn insert_free(&mut self, offset: u64, len: u64) {
         self.by_offset.insert(offset, len);
         self.by_len.insert((len, offset));
@@ -194,6 +224,22 @@ mod tests {
         assert!(a.allocate(1024).is_some());
         assert_eq!(a.allocate(64), None);
         assert_eq!(a.allocate(0), None);
+    }
+
+    #[test]
+    fn reserve_takes_exact_free_ranges_only() {
+        let mut a = Allocator::new(BASE, 4096);
+        assert!(a.reserve(BASE + 1024, 1024));
+        assert!(!a.reserve(BASE + 1024, 64), "taken");
+        assert!(!a.reserve(BASE + 960, 128), "overlaps the reserved range");
+        assert!(!a.reserve(BASE + 4032, 128), "beyond the end");
+        assert!(!a.reserve(BASE + 10, 64), "off the grid");
+        assert!(a.reserve(BASE, 1024));
+        assert!(a.reserve(BASE + 2048, 2048));
+        assert_eq!(a.used(), 4096);
+        assert_eq!(a.allocate(64), None);
+        assert!(a.free(BASE + 1024, 1024));
+        assert_eq!(a.allocate(1024), Some(BASE + 1024));
     }
 
     proptest! {

@@ -41,6 +41,13 @@ pub struct EngineConfig {
     /// How long the disk replicas of a node that expired or unmounted its disk stay known
     /// (unreadable), so a node restarting on the same directory gets them back.
     pub disk_detach_grace_ms: u64,
+    /// How long a segment re-mounted for re-adoption stays frozen (no new allocations) while
+    /// its node announces the replicas it holds; past it the segment takes writes anyway.
+    pub adopt_timeout_ms: u64,
+    /// Epoch of this master's metadata: orders the values it commits after every value an
+    /// earlier master committed (re-adoption keeps the newest). Unix time in milliseconds at
+    /// start by default; an HA leader uses its term.
+    pub epoch: u64,
     /// Key of the capability grants attached to every replica descriptor handed out (the
     /// master's shared secret); `None` = no grants (nodes without a secret need none).
     pub grant_key: Option<moonkv_proto::auth::Secret>,
@@ -69,6 +76,8 @@ impl Default for EngineConfig {
             enable_multi_tenants: false,
             shard_count: 1024,
             disk_detach_grace_ms: 300_000,
+            adopt_timeout_ms: 30_000,
+            epoch: moonkv_proto::grant::unix_now_ms().max(1),
             grant_key: None,
             read_grant_ttl_ms: None,
         }

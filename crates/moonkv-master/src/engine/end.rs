@@ -170,12 +170,14 @@ impl Engine {
             }
             let before = obj.media();
             let had_complete = obj.has_complete();
+            let mut committed: Vec<ReplicaId> = Vec::new();
             for r in obj
                 .replicas
                 .iter_mut()
                 .filter(|r| r.matches(rtype) && r.handle_valid() && r.is_processing())
             {
                 r.status = ReplicaStatus::Complete;
+                committed.push(r.id);
             }
             if !had_complete {
                 commit_soft_pin(obj, now);
@@ -183,6 +185,8 @@ impl Engine {
             if args.checksum.is_some() || matches!(rtype, ReplicaType::All | ReplicaType::Memory) {
                 obj.set_checksum(args.checksum);
             }
+            // The nodes holding the new memory replicas learn they are committed.
+            self.catalog_commit(tenant_id, args.key, obj, |r| committed.contains(&r.id));
             obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
             started = obj.in_flight;
             // A zero lease: a freshly written object is immediately removable and evictable.

@@ -27,7 +27,9 @@ pub mod config;
 pub mod sink;
 
 mod admin;
+mod adopt;
 mod alloc;
+mod catalog;
 mod disk;
 mod disk_mounts;
 mod end;
@@ -54,6 +56,7 @@ pub use admin::{
     DiskInfo, EngineStats, EvictionReport, PlacedObject, PlacementSnapshot, SegmentInfo,
     TenantQuotaSnapshot,
 };
+pub use catalog::{fence_scope, CatalogFence};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AllocationStrategy, EngineConfig, EngineConfigError};
 pub use sink::{AvailabilitySink, Medium, NoopSink};
@@ -116,6 +119,8 @@ pub struct Engine {
     offload_mailboxes: Mutex<HashMap<ClientId, Vec<OffloadTask>>>,
     /// Offloads started and not yet landed, failed or cancelled.
     pending_offloads: Arc<AtomicU64>,
+    /// Commit and drop notices for the nodes' catalogs of committed replicas.
+    catalog: Arc<catalog::CatalogBook>,
 }
 
 impl Engine {
@@ -131,7 +136,6 @@ impl Engine {
             .map(|_| Mutex::new(Shard::default()))
             .collect();
         Engine {
-            config,
             clock,
             sink,
             shard_hasher: keyhash::KeyHashState::new_random(),
@@ -147,6 +151,8 @@ impl Engine {
             disks: RwLock::new(disk::DiskRegistry::default()),
             offload_mailboxes: Mutex::new(HashMap::new()),
             pending_offloads: Arc::new(AtomicU64::new(0)),
+            catalog: Arc::new(catalog::CatalogBook::new(config.epoch)),
+            config,
         }
     }
 
@@ -158,6 +164,7 @@ impl Engine {
     /// Runs every periodic duty once: client expiry, graceful unmounts, stalled-write sweep,
     /// then eviction (last, so it sees the space the others freed).
     pub fn tick(&self) {
+        self.thaw_overdue_adoptions();
         self.expire_clients();
         self.run_graceful_unmounts();
         self.sweep_stalled_writes();

@@ -58,6 +58,7 @@ impl Engine {
         Ok(PingResponse {
             view_version: 0,
             client_status,
+            master_epoch: self.catalog.epoch(),
         })
     }
 
@@ -74,7 +75,7 @@ impl Engine {
                     ));
                 }
             } else {
-                self.add_slot(&mut registry, req.segment.clone(), req.client_id);
+                let _ = self.add_slot(&mut registry, req.segment.clone(), req.client_id);
             }
         }
         self.mark_client_alive(req.client_id);
@@ -103,9 +104,18 @@ impl Engine {
                     }
                 }
             }
+            let freeze_until = self
+                .now()
+                .saturating_add(self.config.adopt_timeout_ms)
+                .max(1);
             for segment in &req.segments {
                 if check_segment(segment).is_ok() && !registry.by_id.contains_key(&segment.id) {
-                    self.add_slot(&mut registry, segment.clone(), req.client_id);
+                    let slot = self.add_slot(&mut registry, segment.clone(), req.client_id);
+                    if req.adopt {
+                        // Its node holds replicas this master does not know: nothing new lands
+                        // here until they are announced (AdoptReplicas) or the freeze ends.
+                        slot.freeze_for_adoption(freeze_until);
+                    }
                 }
             }
         }
@@ -227,6 +237,8 @@ impl Engine {
         }
         self.unmount_many(&segments);
         self.detach_disks_of(&expired);
+        // Their replicas were dropped without notices: should they come back, they forget.
+        self.catalog.reset(&expired);
         expired.len()
     }
 
@@ -253,15 +265,18 @@ impl Engine {
         registry: &mut super::segments::Registry,
         segment: Segment,
         owner: ClientId,
-    ) {
+    ) -> Arc<SegmentSlot> {
         self.usage
             .capacity
             .fetch_add(segment.size, Ordering::AcqRel);
-        registry.insert(Arc::new(SegmentSlot::new(
+        let slot = Arc::new(SegmentSlot::new(
             segment,
             owner,
             self.usage.clone(),
-        )));
+            self.catalog.clone(),
+        ));
+        registry.insert(slot.clone());
+        slot
     }
 
     pub(crate) fn mark_client_alive(&self, client: ClientId) {

@@ -157,6 +157,9 @@ pub(crate) struct Extras {
     pin_intent: PinIntent,
     /// An offload to disk in progress (eviction chose this object and its node has disk room).
     offload: Option<Box<PendingOffload>>,
+    /// `(epoch, write)` of a value re-adopted from a node's catalog (committed by an earlier
+    /// master); `None` = written here.
+    adopted: Option<(u64, u64)>,
 }
 
 impl Extras {
@@ -166,6 +169,7 @@ impl Extras {
             && self.group_id.is_none()
             && self.pin_intent == PinIntent::Preserve
             && self.offload.is_none()
+            && self.adopted.is_none()
     }
 }
 
@@ -207,6 +211,23 @@ impl ObjectMeta {
             extras: None,
             hard_pinned: false,
             in_flight,
+        }
+    }
+
+    /// `(epoch, write)` of the current value: as announced for a re-adopted value; for one
+    /// written here `own_epoch` and the smallest replica id, the first id its write was given.
+    pub(crate) fn version(&self, own_epoch: u64) -> (u64, u64) {
+        if let Some(version) = self.extras.as_ref().and_then(|x| x.adopted) {
+            return version;
+        }
+        let write = self.replicas.iter().map(|r| r.id.0).min().unwrap_or(0);
+        (own_epoch, write)
+    }
+
+    /// Marks the value as re-adopted with this version (`None`: written here).
+    pub(crate) fn set_adopted_version(&mut self, version: Option<(u64, u64)>) {
+        if version.is_some() || self.extras.is_some() {
+            self.update_extras(|x| x.adopted = version);
         }
     }
 
@@ -360,6 +381,10 @@ impl ObjectMeta {
     }
 }
 
+/// How far past a re-adopted id the next issued id is moved: more ids than one master issues
+/// in its life (2^40 is 35 years at a million replicas per second).
+pub(crate) const READOPT_ID_GAP: u64 = 1 << 40;
+
 /// Issuer of replica ids: seeded randomly so ids from a previous master process are not reissued
 /// with high probability, then strictly sequential; 0 is never issued.
 #[derive(Debug)]
@@ -368,8 +393,16 @@ pub(crate) struct ReplicaIdGen {
 }
 
 impl ReplicaIdGen {
+    /// A random start below 2^63, so the ids of one master's life never wrap around.
     pub(crate) fn new_random() -> Self {
-        Self::starting_at(rand::random::<u64>())
+        Self::starting_at((rand::random::<u64>() >> 1).max(1))
+    }
+
+    /// Moves past a re-adopted id by a wide gap: every id an earlier master issued after that
+    /// one (held by nodes that have not re-mounted yet) stays below what this master issues.
+    pub(crate) fn move_past(&self, id: ReplicaId) {
+        let floor = id.0.saturating_add(READOPT_ID_GAP);
+        self.next.fetch_max(floor, Ordering::Relaxed);
     }
 
     pub(crate) fn starting_at(seed: u64) -> Self {

@@ -275,6 +275,10 @@ impl Engine {
                 for r in obj.replicas.iter_mut().filter(|r| r.is_complete()) {
                     r.status = ReplicaStatus::Processing;
                     r.id = self.replica_ids.next_id();
+                    // The committed value is being overwritten: its node forgets it first.
+                    if let Placement::Memory(buf) = &mut r.placement {
+                        buf.uncatalog();
+                    }
                 }
                 obj.set_pin_intent(spec.pin);
                 obj.in_flight = true;
@@ -449,11 +453,7 @@ impl Engine {
             out.push(Replica {
                 id: self.replica_ids.next_id(),
                 status: ReplicaStatus::Processing,
-                placement: Placement::Memory(MemBuffer {
-                    segment,
-                    address,
-                    len,
-                }),
+                placement: Placement::Memory(MemBuffer::new(segment, address, len)),
             });
         }
     }

@@ -6,6 +6,8 @@
 //! a remount of the same id gets a fresh slot, so stale replicas can never come back to life.
 
 use super::alloc::Allocator;
+use super::catalog::CatalogBook;
+use moonkv_proto::msg::CatalogNotice;
 use moonkv_proto::{ClientId, Segment, SegmentId, SegmentStatus};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -32,10 +34,21 @@ pub(crate) struct SegmentSlot {
     used: AtomicU64,
     allocator: Mutex<Allocator>,
     usage: Arc<SpaceUsage>,
+    /// Where notices about committed replicas of this segment go (its owner's mailbox).
+    catalog: Arc<CatalogBook>,
+    /// Frozen while its owner announces the replicas it holds (`AdoptReplicas`): nothing new
+    /// is allocated here until the announcement ends or this deadline (ms) passes; 0 = not
+    /// frozen.
+    adopt_until_ms: AtomicU64,
 }
 
 impl SegmentSlot {
-    pub(crate) fn new(info: Segment, owner: ClientId, usage: Arc<SpaceUsage>) -> Self {
+    pub(crate) fn new(
+        info: Segment,
+        owner: ClientId,
+        usage: Arc<SpaceUsage>,
+        catalog: Arc<CatalogBook>,
+    ) -> Self {
         let allocator = Mutex::new(Allocator::new(info.base, info.size));
         Self {
             info,
@@ -45,6 +58,48 @@ impl SegmentSlot {
             used: AtomicU64::new(0),
             allocator,
             usage,
+            catalog,
+            adopt_until_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Freezes the segment for re-adoption until `until_ms`.
+    pub(crate) fn freeze_for_adoption(&self, until_ms: u64) {
+        self.adopt_until_ms.store(until_ms, Ordering::Release);
+    }
+
+    /// Ends the adoption freeze; returns whether the segment was frozen.
+    pub(crate) fn thaw(&self) -> bool {
+        self.adopt_until_ms.swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// Whether the segment is frozen for re-adoption.
+    pub(crate) fn is_adopting(&self) -> bool {
+        self.adopt_until_ms.load(Ordering::Acquire) != 0
+    }
+
+    /// The adoption deadline (0: not frozen).
+    pub(crate) fn adopt_deadline_ms(&self) -> u64 {
+        self.adopt_until_ms.load(Ordering::Acquire)
+    }
+
+    /// Reserves exactly `[address, address + len)` for a re-adopted replica; false when any
+    /// of it is taken, outside the segment, or the segment is dead.
+    pub(crate) fn reserve(&self, address: u64, len: u64) -> bool {
+        let mut a = self.allocator.lock();
+        if !self.is_alive() || !a.reserve(address, len) {
+            return false;
+        }
+        self.used.store(a.used(), Ordering::Relaxed);
+        self.usage.allocated.fetch_add(len, Ordering::Relaxed);
+        true
+    }
+
+    /// Queues a notice for this segment's owner (none once the segment is dead: its owner
+    /// unmounted it or was expired).
+    pub(crate) fn notify_owner(&self, notice: CatalogNotice) {
+        if self.is_alive() {
+            self.catalog.push(self.owner, notice);
         }
     }
 
@@ -68,6 +123,9 @@ impl SegmentSlot {
 
     /// Reserves `len` aligned bytes; `None` when full or unmounted.
     pub(crate) fn allocate(&self, len: u64) -> Option<u64> {
+        if self.is_adopting() {
+            return None;
+        }
         let mut a = self.allocator.lock();
         if !self.is_alive() {
             return None;
@@ -110,12 +168,52 @@ impl SegmentSlot {
 pub(crate) struct MemBuffer {
     pub(crate) segment: Arc<SegmentSlot>,
     pub(crate) address: u64,
-    pub(crate) len: u64,
+    /// The length, and in [`CATALOGED`] whether the owner's catalog holds this buffer as a
+    /// committed replica (when the buffer leaves its object, the owner is told to forget it).
+    /// One word for both keeps a replica at 40 bytes.
+    len_and_flag: u64,
+}
+
+/// Top bit of `MemBuffer::len_and_flag` (no buffer is 2^63 bytes long).
+const CATALOGED: u64 = 1 << 63;
+
+impl MemBuffer {
+    /// A fresh, uncataloged buffer.
+    pub(crate) fn new(segment: Arc<SegmentSlot>, address: u64, len: u64) -> Self {
+        Self {
+            segment,
+            address,
+            len_and_flag: len & !CATALOGED,
+        }
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len_and_flag & !CATALOGED
+    }
+
+    /// The owner's catalog holds this buffer now.
+    pub(crate) fn set_cataloged(&mut self) {
+        self.len_and_flag |= CATALOGED;
+    }
+
+    /// Tells the owner to forget this buffer's catalog entry (its replica left the object).
+    pub(crate) fn uncatalog(&mut self) {
+        if self.len_and_flag & CATALOGED != 0 {
+            self.len_and_flag &= !CATALOGED;
+            self.segment.notify_owner(CatalogNotice::Drop {
+                segment_id: self.segment.info.id,
+                address: self.address,
+                len: self.len(),
+            });
+        }
+    }
 }
 
 impl Drop for MemBuffer {
     fn drop(&mut self) {
-        self.segment.free(self.address, self.len);
+        self.uncatalog();
+        self.segment.free(self.address, self.len());
     }
 }
 

@@ -201,10 +201,12 @@ impl Engine {
                 continue;
             }
             match replica.placement {
-                super::object::Placement::Memory(buffer) => {
+                super::object::Placement::Memory(mut buffer) => {
+                    // Its owner forgets it now, not when the parking ends: the replica is gone.
+                    buffer.uncatalog();
                     self.counters
                         .discarded_staging_bytes
-                        .fetch_add(buffer.len, Ordering::Relaxed);
+                        .fetch_add(buffer.len(), Ordering::Relaxed);
                     parked.push(ParkedBuffer {
                         release_at_ms,
                         buffer,

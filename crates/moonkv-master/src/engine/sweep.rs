@@ -84,7 +84,7 @@ impl Engine {
             *parked = keep;
             due
         };
-        let bytes: u64 = due.iter().map(|p| p.buffer.len).sum();
+        let bytes: u64 = due.iter().map(|p| p.buffer.len()).sum();
         self.counters
             .discarded_staging_bytes
             .fetch_sub(bytes, Ordering::Relaxed);

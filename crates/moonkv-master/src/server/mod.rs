@@ -130,6 +130,7 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
             .and(config.grant_secret.clone())
             .filter(|node| Some(node) != config.auth_secret.as_ref()),
         tls,
+        catalog: rpc::CatalogSignals::wired_to(&engine),
     });
     let rpc_task = tokio::spawn(rpc::serve(rpc_listener, shared, stop_rx.clone()));
 

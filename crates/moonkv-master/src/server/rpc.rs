@@ -35,6 +35,106 @@ pub(crate) struct RpcShared {
     pub node_secret: Option<Secret>,
     /// Set: the port only accepts TLS.
     pub tls: Option<super::tls::RpcTls>,
+    /// Wakes the nodes' catalog long polls and the removals waiting for their drop notices.
+    pub catalog: Arc<CatalogSignals>,
+}
+
+/// The two wake-ups of the catalog stream (`engine::catalog`).
+#[derive(Debug, Default)]
+pub(crate) struct CatalogSignals {
+    /// A notice was queued for some node.
+    pub notices: tokio::sync::Notify,
+    /// Some node acknowledged notices.
+    pub acks: tokio::sync::Notify,
+}
+
+impl CatalogSignals {
+    /// Signals wired to `engine`'s notice queue.
+    pub(crate) fn wired_to(engine: &Engine) -> Arc<CatalogSignals> {
+        let signals = Arc::new(CatalogSignals::default());
+        let weak = Arc::downgrade(&signals);
+        engine.set_catalog_waker(Arc::new(move || {
+            if let Some(s) = weak.upgrade() {
+                s.notices.notify_waiters();
+            }
+        }));
+        signals
+    }
+}
+
+/// Longest a node's SyncCatalog is held when nothing is pending.
+const MAX_CATALOG_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Longest a removal or replacement waits for its drop notices to be acknowledged.
+const FENCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A node that has not polled its catalog for this long is not waited for (it cannot be
+/// reached now; see the residual risks in docs/operations.md).
+const FENCE_STALE_MS: u64 = 3_000;
+
+/// Operations that can drop committed replicas a client asked to be gone: their answer waits
+/// until the nodes holding those replicas acknowledged the drop, so an acknowledged removal or
+/// replacement survives a master crash.
+fn is_fenced(op: Op) -> bool {
+    matches!(
+        op,
+        Op::Remove
+            | Op::BatchRemove
+            | Op::RemoveByRegex
+            | Op::RemoveAll
+            | Op::UpsertStart
+            | Op::BatchUpsertStart
+            | Op::UpsertEnd
+            | Op::BatchUpsertEnd
+    )
+}
+
+/// Waits (bounded) until the drop notices of `fence` were acknowledged.
+async fn wait_fence(shared: &RpcShared, fence: crate::engine::CatalogFence) {
+    let deadline = tokio::time::Instant::now() + FENCE_TIMEOUT;
+    loop {
+        let acked = shared.catalog.acks.notified();
+        tokio::pin!(acked);
+        acked.as_mut().enable();
+        if shared.engine.catalog_fence_passed(&fence, FENCE_STALE_MS) {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, acked).await.is_err() {
+            tracing::warn!(
+                nodes = fence.len(),
+                "drop notices not acknowledged in time; answering anyway"
+            );
+            return;
+        }
+    }
+}
+
+/// SyncCatalog: answers at once when notices are pending, else holds the poll until one is
+/// queued or the node's wait ends.
+async fn sync_catalog(
+    shared: &RpcShared,
+    req: &SyncCatalogRequest,
+) -> Result<SyncCatalogResponse, Error> {
+    let wait = std::time::Duration::from_millis(u64::from(req.wait_ms)).min(MAX_CATALOG_WAIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut first = true;
+    loop {
+        let queued = shared.catalog.notices.notified();
+        tokio::pin!(queued);
+        queued.as_mut().enable();
+        let answer = shared.engine.sync_catalog(req)?;
+        if first {
+            // This poll acknowledged notices: removals waiting for them may answer.
+            shared.catalog.acks.notify_waiters();
+            first = false;
+        }
+        if !answer.notices.is_empty() || answer.reset {
+            return Ok(answer);
+        }
+        if tokio::time::timeout_at(deadline, queued).await.is_err() {
+            return shared.engine.sync_catalog(req);
+        }
+    }
 }
 
 /// Where a connection is in its handshake.
@@ -71,6 +171,8 @@ fn node_only(op: moonkv_proto::msg::Op) -> bool {
             | Op::UnmountDiskSegment
             | Op::OffloadHeartbeat
             | Op::NotifyOffload
+            | Op::SyncCatalog
+            | Op::AdoptReplicas
     )
 }
 
@@ -297,26 +399,75 @@ fn process_input(
             );
             continue;
         }
-        if is_scan(op) {
+        let deferred = is_scan(op) || op == Op::SyncCatalog || is_fenced(op);
+        let slot = if deferred {
             let Ok(slot) = scans.clone().try_acquire_owned() else {
-                // No scan slot: the frame waits in `input` until an answer has left.
+                // No slot: the frame waits in `input` until an answer has left.
                 consumed -= used;
                 break Ok(true);
             };
+            Some(slot)
+        } else {
+            None
+        };
+        let request_id = frame.request_id;
+        if let Request::SyncCatalog(req) = &request {
+            let slot = slot.expect("catalog polls hold a slot");
             let shared = shared.clone();
             let done_tx = done_tx.clone();
-            let request_id = frame.request_id;
-            tokio::task::spawn_blocking(move || {
+            let req = req.clone();
+            tokio::spawn(async move {
                 let started = Instant::now();
                 let mut out = Vec::new();
-                let ok = dispatch(&shared.engine, request_id, &request, &mut out);
+                let ok = respond(&mut out, request_id, sync_catalog(&shared, &req).await);
                 shared.metrics.record(op, ok, started.elapsed());
                 let _ = done_tx.send((out, slot));
             });
             continue;
         }
+        if is_scan(op) {
+            let slot = slot.expect("scans hold a slot");
+            let shared = shared.clone();
+            let done_tx = done_tx.clone();
+            let runtime = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                let started = Instant::now();
+                let mut out = Vec::new();
+                let (ok, fence) = crate::engine::fence_scope(|| {
+                    dispatch(&shared.engine, request_id, &request, &mut out)
+                });
+                shared.metrics.record(op, ok, started.elapsed());
+                if fence.is_empty() {
+                    let _ = done_tx.send((out, slot));
+                } else {
+                    runtime.spawn(async move {
+                        wait_fence(&shared, fence).await;
+                        let _ = done_tx.send((out, slot));
+                    });
+                }
+            });
+            continue;
+        }
         let started = Instant::now();
-        let ok = dispatch(&shared.engine, frame.request_id, &request, output);
+        if let Some(slot) = slot {
+            let mut out = Vec::new();
+            let (ok, fence) = crate::engine::fence_scope(|| {
+                dispatch(&shared.engine, request_id, &request, &mut out)
+            });
+            shared.metrics.record(op, ok, started.elapsed());
+            if fence.is_empty() {
+                output.extend_from_slice(&out);
+            } else {
+                let shared = shared.clone();
+                let done_tx = done_tx.clone();
+                tokio::spawn(async move {
+                    wait_fence(&shared, fence).await;
+                    let _ = done_tx.send((out, slot));
+                });
+            }
+            continue;
+        }
+        let ok = dispatch(&shared.engine, request_id, &request, output);
         shared.metrics.record(op, ok, started.elapsed());
     };
     input.drain(..consumed);

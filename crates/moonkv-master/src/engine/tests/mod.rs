@@ -3,6 +3,7 @@
 //! Case numbers refer to the behavioural list of the upstream semantics reference (§9); `fix_*`
 //! tests pin the deliberate fixes of SPEC §2, `rfc_*` the replica-id RFC.
 
+mod adopt;
 mod bad_input;
 mod disk;
 mod events;
@@ -141,7 +142,9 @@ impl Harness {
     /// A master restart: a fresh engine with the same configuration, clock and sink, and no
     /// segment mounted. Nothing survives it, since the master persists nothing yet.
     pub(super) fn restart(&mut self) {
-        let config = self.engine.config().clone();
+        let mut config = self.engine.config().clone();
+        // A new master process has a new, later epoch.
+        config.epoch += 1;
         self.engine = Engine::new(config, self.clock.clone(), self.sink.clone());
     }
 

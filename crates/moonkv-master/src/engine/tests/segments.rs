@@ -155,6 +155,7 @@ fn case_07_ping_unknown_client_needs_remount_then_ok_after_remount() {
         .remount_segment(&ReMountSegmentRequest {
             segments: vec![segment],
             client_id: client,
+            adopt: false,
         })
         .unwrap();
     assert_eq!(h.ping(client), ClientStatus::Ok);
@@ -199,6 +200,7 @@ fn case_09_remount_of_mounted_id_with_different_fields_is_invalid() {
         let req = ReMountSegmentRequest {
             segments: vec![other],
             client_id: h.client,
+            adopt: false,
         };
         assert_eq!(
             code(h.engine.remount_segment(&req)),
@@ -208,6 +210,7 @@ fn case_09_remount_of_mounted_id_with_different_fields_is_invalid() {
     let foreign = ReMountSegmentRequest {
         segments: vec![seg.clone()],
         client_id: ClientId::new(9, 9),
+        adopt: false,
     };
     assert_eq!(
         code(h.engine.remount_segment(&foreign)),
@@ -218,6 +221,7 @@ fn case_09_remount_of_mounted_id_with_different_fields_is_invalid() {
         .remount_segment(&ReMountSegmentRequest {
             segments: vec![seg],
             client_id: h.client,
+            adopt: false,
         })
         .unwrap();
 }
@@ -232,6 +236,7 @@ fn case_09a_remount_adds_new_segments_and_refuses_unmounting_ones() {
         .remount_segment(&ReMountSegmentRequest {
             segments: vec![a.clone(), b.clone()],
             client_id: h.client,
+            adopt: false,
         })
         .unwrap();
     assert_eq!(h.engine.segments().len(), 2);
@@ -244,6 +249,7 @@ fn case_09a_remount_adds_new_segments_and_refuses_unmounting_ones() {
     let req = ReMountSegmentRequest {
         segments: vec![a, b],
         client_id: h.client,
+        adopt: false,
     };
     assert_eq!(
         code(h.engine.remount_segment(&req)),
@@ -315,6 +321,7 @@ fn an_owner_whose_segment_was_unmounted_behind_its_back_is_asked_to_remount() {
         .remount_segment(&ReMountSegmentRequest {
             segments: vec![a, b],
             client_id: h.client,
+            adopt: false,
         })
         .unwrap();
     assert_eq!(h.engine.segments().len(), 2);

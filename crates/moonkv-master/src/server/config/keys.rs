@@ -158,6 +158,8 @@ config_keys! {
     /// seconds a gone node's disk replicas stay revivable before they are dropped (default 300)
     disk_detach_grace_sec: Int<0, { 86_400 * 30 }> =>
         |c, v| c.engine.disk_detach_grace_ms = v.0 * 1000;
+    /// seconds a re-mounted segment stays frozen while its node announces its replicas (default 30)
+    adopt_timeout_sec: Int<1, 3_600> => |c, v| c.engine.adopt_timeout_ms = v.0 * 1000;
     /// require tenant registration and enforce quotas (default false)
     enable_multi_tenants: Flag => |c, v| c.engine.enable_multi_tenants = v.0;
     /// publish the KV event stream over ZMQ (default false)

@@ -1,0 +1,205 @@
+//! What each node knows about its committed memory replicas, so a master that lost its
+//! metadata (restart, failover) can rebuild it from the nodes (`docs/operations.md`, "Restart
+//! and re-adoption").
+//!
+//! The master keeps one mailbox of notices per node: `Commit` when a PutEnd/UpsertEnd makes a
+//! memory replica COMPLETE, `Drop` when a committed replica leaves its object (removed,
+//! replaced, evicted). The node long-polls its mailbox (`SyncCatalog`) and acknowledges what it
+//! applied with its next poll. Nothing here touches the hot path beyond a queue push: a commit
+//! is acknowledged to the writer before its notice reaches the node (the window a crash can
+//! lose), while a remove or replacement waits (bounded) until the drop notices it caused were
+//! acknowledged, so an acknowledged removal cannot come back (see [`CatalogFence`]).
+
+use moonkv_proto::msg::{CatalogNotice, SyncCatalogResponse};
+use moonkv_proto::ClientId;
+use parking_lot::{Mutex, RwLock};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Most notices one node's mailbox holds unacknowledged; beyond that its catalog is reset
+/// (the node forgets it: nothing wrong can be re-adopted, only less).
+pub(crate) const MAX_PENDING_NOTICES: usize = 1 << 20;
+
+/// Most notices one SyncCatalog answer carries.
+pub(crate) const MAX_NOTICES_PER_SYNC: usize = 16 * 1024;
+
+#[derive(Debug, Default)]
+struct Mailbox {
+    /// Sequence of the last notice the node acknowledged; `notices[0]` is `acked + 1`.
+    acked: u64,
+    notices: VecDeque<CatalogNotice>,
+    /// Highest sequence of a `Drop` notice (a fence waits for it).
+    last_drop: u64,
+    /// Set until the node acknowledged a sequence at or past it: tell it to forget its catalog.
+    reset_until: Option<u64>,
+    /// When the node last asked (ms, the engine clock).
+    last_poll_ms: u64,
+}
+
+impl Mailbox {
+    fn tail(&self) -> u64 {
+        self.acked + self.notices.len() as u64
+    }
+}
+
+/// Drops a fence must wait for: node → sequence of its last drop notice.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CatalogFence(pub(crate) Vec<(ClientId, u64)>);
+
+impl CatalogFence {
+    /// True when no drop notice needs waiting for.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Nodes waited for.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+thread_local! {
+    /// Drop notices pushed by the engine call running on this thread (see [`fence_scope`]).
+    static DROPS: RefCell<Option<Vec<(ClientId, u64)>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` and returns, with its result, the fence of the drop notices it pushed.
+pub fn fence_scope<R>(f: impl FnOnce() -> R) -> (R, CatalogFence) {
+    DROPS.with(|d| *d.borrow_mut() = Some(Vec::new()));
+    let result = f();
+    let drops = DROPS.with(|d| d.borrow_mut().take()).unwrap_or_default();
+    let mut fence: Vec<(ClientId, u64)> = Vec::new();
+    for (client, seq) in drops {
+        match fence.iter_mut().find(|(c, _)| *c == client) {
+            Some((_, s)) => *s = (*s).max(seq),
+            None => fence.push((client, seq)),
+        }
+    }
+    (result, CatalogFence(fence))
+}
+
+/// The mailboxes of every node.
+pub(crate) struct CatalogBook {
+    epoch: u64,
+    mailboxes: Mutex<HashMap<ClientId, Mailbox>>,
+    waker: RwLock<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for CatalogBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogBook")
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CatalogBook {
+    pub(crate) fn new(epoch: u64) -> Self {
+        Self {
+            epoch,
+            mailboxes: Mutex::new(HashMap::new()),
+            waker: RwLock::new(None),
+        }
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub(crate) fn set_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
+        *self.waker.write() = Some(waker);
+    }
+
+    /// Queues a notice for `node`.
+    pub(crate) fn push(&self, node: ClientId, notice: CatalogNotice) {
+        let is_drop = matches!(notice, CatalogNotice::Drop { .. });
+        let seq = {
+            let mut boxes = self.mailboxes.lock();
+            let mb = boxes.entry(node).or_default();
+            if mb.notices.len() >= MAX_PENDING_NOTICES {
+                // The node is not keeping up (or not connected): rather than grow without
+                // bound, its catalog starts over.
+                mb.acked = mb.tail();
+                mb.notices.clear();
+                mb.reset_until = Some(mb.acked + 1);
+            }
+            mb.notices.push_back(notice);
+            let seq = mb.tail();
+            if is_drop {
+                mb.last_drop = seq;
+            }
+            seq
+        };
+        if is_drop {
+            DROPS.with(|d| {
+                if let Some(v) = d.borrow_mut().as_mut() {
+                    v.push((node, seq));
+                }
+            });
+        }
+        if let Some(wake) = self.waker.read().as_ref() {
+            wake();
+        }
+    }
+
+    /// A node's poll: forgets what it acknowledged, answers what is pending (possibly
+    /// nothing; the server then waits and asks again).
+    pub(crate) fn sync(
+        &self,
+        node: ClientId,
+        epoch: u64,
+        acked: u64,
+        now_ms: u64,
+    ) -> SyncCatalogResponse {
+        let mut boxes = self.mailboxes.lock();
+        let mb = boxes.entry(node).or_default();
+        mb.last_poll_ms = now_ms;
+        if epoch == self.epoch && acked > mb.acked {
+            let done = (acked.min(mb.tail()) - mb.acked) as usize;
+            mb.notices.drain(..done);
+            mb.acked += done as u64;
+        }
+        if mb.reset_until.is_some_and(|r| mb.acked >= r) {
+            mb.reset_until = None;
+        }
+        let count = mb.notices.len().min(MAX_NOTICES_PER_SYNC);
+        SyncCatalogResponse {
+            epoch: self.epoch,
+            last: mb.acked + count as u64,
+            reset: mb.reset_until.is_some(),
+            notices: mb.notices.iter().take(count).cloned().collect(),
+        }
+    }
+
+    /// Whether every drop of `fence` was acknowledged, or cannot be waited for: the node's
+    /// mailbox is gone (it expired) or the node has not polled for `stale_ms`.
+    pub(crate) fn fence_passed(&self, fence: &CatalogFence, now_ms: u64, stale_ms: u64) -> bool {
+        let boxes = self.mailboxes.lock();
+        fence.0.iter().all(|(node, seq)| match boxes.get(node) {
+            None => true,
+            Some(mb) => mb.acked >= *seq || now_ms.saturating_sub(mb.last_poll_ms) > stale_ms,
+        })
+    }
+
+    /// Marks the catalogs of expired nodes as to be forgotten: what they hold was dropped here
+    /// without notices. Should such a node come back, its next poll tells it so.
+    pub(crate) fn reset(&self, nodes: &[ClientId]) {
+        let mut boxes = self.mailboxes.lock();
+        for node in nodes {
+            let mb = boxes.entry(*node).or_default();
+            mb.acked = mb.tail();
+            mb.notices.clear();
+            mb.reset_until = Some(mb.acked + 1);
+        }
+    }
+
+    /// Unacknowledged notices over every node (metrics).
+    pub(crate) fn pending_total(&self) -> u64 {
+        self.mailboxes
+            .lock()
+            .values()
+            .map(|mb| mb.notices.len() as u64)
+            .sum()
+    }
+}
