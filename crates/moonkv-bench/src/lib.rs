@@ -7,6 +7,7 @@
 //! - `echo`: the loopback round-trip floor of the machine (`bench echo`).
 //! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
+//! - `readopt`: time for a restarted master to re-adopt N objects from a node (`bench readopt`).
 //! - `shape`: `OP:CxT:bB` shapes; `target`: the master over the wire or the engine in-process
 //!   behind one trait; `load`: the per-thread loop; `histogram`: latency percentiles;
 //!   `report`: markdown tables; `loopback`: the publisher → subscriber runner.
@@ -22,6 +23,7 @@ mod load;
 mod loopback;
 pub mod master;
 mod memory;
+mod readopt;
 mod report;
 mod resp;
 mod shape;
@@ -55,6 +57,8 @@ enum BenchCommand {
     Echo(echo::EchoBenchArgs),
     /// Data plane: put and get GB/s and latency by object size, next to Redis and raw TCP.
     Store(store::StoreBenchArgs),
+    /// Restart re-adoption: time for a new master to get N objects back from a node.
+    Readopt(readopt::ReadoptBenchArgs),
 }
 
 /// Runs the chosen benchmark; results go to stdout, progress to the log (stderr).
@@ -65,6 +69,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Events(a) => events::run(a),
         BenchCommand::Echo(a) => echo::run(a),
         BenchCommand::Store(a) => store::run(a),
+        BenchCommand::Readopt(a) => readopt::run(a),
     }
 }
 

@@ -137,7 +137,7 @@ impl Allocator {
         let Some(end) = offset.checked_add(len) else {
             return false;
         };
-        if len == 0 || end > self.capacity || offset % ALIGN != 0 || len % ALIGN != 0 {
+        if len == 0 || end > self.capacity || !offset.is_multiple_of(ALIGN) || !len.is_multiple_of(ALIGN) {
             return false;
         }
         let Some((&f_off, &f_len)) = self.by_offset.range(..=offset).next_back() else {

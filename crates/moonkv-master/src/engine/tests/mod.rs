@@ -140,7 +140,8 @@ impl Harness {
     }
 
     /// A master restart: a fresh engine with the same configuration, clock and sink, and no
-    /// segment mounted. Nothing survives it, since the master persists nothing yet.
+    /// segment mounted, and a later epoch. Nothing survives in the engine itself: objects come
+    /// back only when nodes announce them (`adopt`).
     pub(super) fn restart(&mut self) {
         let mut config = self.engine.config().clone();
         // A new master process has a new, later epoch.
