@@ -130,17 +130,17 @@ impl RemountHook for Announcer {
             let mut adopted = 0u64;
             let memories: Vec<_> = segments.read().values().cloned().collect();
             for memory in memories {
-                let mut entries = if announce {
+                let entries = if announce {
                     memory.catalog_entries()
                 } else {
                     // The same master expired this node: it dropped these replicas.
                     memory.catalog_clear();
                     Vec::new()
                 };
+                let mut entries = entries.into_iter();
                 loop {
-                    let rest = entries.split_off(entries.len().min(ADOPT_CHUNK));
-                    let chunk = std::mem::replace(&mut entries, rest);
-                    let done = entries.is_empty();
+                    let chunk: Vec<_> = entries.by_ref().take(ADOPT_CHUNK).collect();
+                    let done = entries.len() == 0;
                     let request = AdoptReplicasRequest {
                         client_id: master.client_id(),
                         segment_id: memory.id(),
