@@ -259,3 +259,143 @@ fn the_node_reports_its_data_plane() {
     assert_eq!(value(&text, "node_refused_handshakes_total"), 0.0);
     assert_eq!(value(&text, "node_range_lock_waits_total"), 0.0);
 }
+
+/// moonkv's own dashboard and the alerts beside it.
+const MOONKV_DASHBOARD: &str = include_str!("../../../monitoring/grafana/moonkv.json");
+const MOONKV_ALERTS: &str = include_str!("../../../monitoring/prometheus/alerts.yml");
+
+/// Metric names a PromQL expression reads: identifiers that are neither functions, keywords,
+/// label names (inside `{}` or after `by`/`without`/`on`/`ignoring`) nor numbers.
+fn promql_names(expr: &str) -> Vec<String> {
+    const KEYWORDS: [&str; 8] = [
+        "by", "without", "on", "ignoring", "bool", "and", "or", "unless",
+    ];
+    // Aggregations may put `by (...)` between their name and their parenthesis.
+    const AGGREGATIONS: [&str; 8] = [
+        "sum", "avg", "min", "max", "count", "topk", "bottomk", "quantile",
+    ];
+    let chars: Vec<char> = expr.chars().collect();
+    let mut names = Vec::new();
+    let mut i = 0;
+    let skip_to = |i: &mut usize, close: char| {
+        while *i < chars.len() && chars[*i] != close {
+            *i += 1;
+        }
+        *i += 1;
+    };
+    let mut skip_group = false;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '{' => skip_to(&mut i, '}'),
+            '[' => skip_to(&mut i, ']'),
+            '"' | '\'' => {
+                i += 1;
+                skip_to(&mut i, c);
+            }
+            '(' if skip_group => {
+                skip_to(&mut i, ')');
+                skip_group = false;
+            }
+            c if c.is_ascii_digit() || c == '.' => {
+                while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                    let exponent = chars[i] == 'e' || chars[i] == 'E';
+                    i += 1;
+                    if exponent && i < chars.len() && (chars[i] == '-' || chars[i] == '+') {
+                        i += 1;
+                    }
+                }
+            }
+            c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
+                let start = i;
+                while i < chars.len()
+                    && (chars[i].is_ascii_alphanumeric() || "_:".contains(chars[i]))
+                {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().collect();
+                let mut next = i;
+                while next < chars.len() && chars[next] == ' ' {
+                    next += 1;
+                }
+                let call = next < chars.len() && chars[next] == '(';
+                if KEYWORDS.contains(&word.as_str()) {
+                    skip_group = matches!(word.as_str(), "by" | "without" | "on" | "ignoring");
+                } else if !call && !AGGREGATIONS.contains(&word.as_str()) {
+                    names.push(word);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    names
+}
+
+/// Every `expr` of the dashboard's panels (rows included), with its panel's title.
+fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack: Vec<&serde_json::Value> =
+        dashboard["panels"].as_array().unwrap().iter().collect();
+    while let Some(panel) = stack.pop() {
+        if let Some(inner) = panel["panels"].as_array() {
+            stack.extend(inner);
+        }
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("every target has an expr");
+            out.push((
+                panel["title"].as_str().unwrap_or("?").to_string(),
+                expr.to_string(),
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn promql_names_finds_metrics_and_nothing_else() {
+    assert_eq!(
+        promql_names(
+            "histogram_quantile(0.99, sum by (instance, le) (rate(node_x_bucket{op=\"read\"}[5m])))"
+        ),
+        ["node_x_bucket"]
+    );
+    assert_eq!(
+        promql_names("100 * rate(a_total[$__rate_interval]) / clamp_min(b, 1e-9) > 0.5 and c"),
+        ["a_total", "b", "c"]
+    );
+}
+
+#[test]
+fn moonkvs_dashboard_and_alerts_read_only_served_metrics() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(MOONKV_DASHBOARD).expect("monitoring/grafana/moonkv.json is JSON");
+    let mut queries = dashboard_queries(&dashboard);
+    for line in MOONKV_ALERTS.lines() {
+        if let Some(expr) = line.trim().strip_prefix("expr: ") {
+            queries.push(("alerts.yml".into(), expr.to_string()));
+        }
+    }
+    assert!(queries.len() > 60, "{} queries", queries.len());
+    let cluster = Cluster::start();
+    let mut served = sample_names(&cluster.master_metrics());
+    served.extend(sample_names(&cluster.node_metrics()));
+    let mut missing = BTreeSet::new();
+    let mut checked = BTreeSet::new();
+    for (title, expr) in &queries {
+        let names = promql_names(expr);
+        assert!(!names.is_empty(), "{title}: no metric in {expr}");
+        for name in names {
+            if !served.contains(&name) {
+                missing.insert(format!("{name} ({title})"));
+            }
+            checked.insert(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of the {} metrics moonkv's dashboard and alerts read are not served by a master or node: {}",
+        missing.len(),
+        checked.len(),
+        missing.into_iter().collect::<Vec<_>>().join(", ")
+    );
+}

@@ -434,6 +434,12 @@ impl Collector for EventsCollector {
             "events dropped (each leaves a sequence gap)",
             s.dropped_events,
         )?;
+        gauge(
+            e,
+            "kv_events_queue_len",
+            "events accepted but not sent yet",
+            s.queue_len,
+        )?;
         counter(
             e,
             "kv_events_skipped_keyless_events",
