@@ -7,6 +7,7 @@
 //! - `echo`: the loopback round-trip floor of the machine (`bench echo`).
 //! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
+//! - [`charts`]: the report's comparison tables as SVG bar charts (`bench charts`).
 //! - `shape`: `OP:CxT:bB` shapes; `target`: the master over the wire or the engine in-process
 //!   behind one trait; `load`: the per-thread loop; `histogram`: latency percentiles;
 //!   `report`: markdown tables; `loopback`: the publisher → subscriber runner.
@@ -15,6 +16,7 @@
 //! protocol client (one connection shared by several threads); `connect` opens one.
 
 mod batch;
+pub mod charts;
 mod echo;
 pub mod events;
 mod histogram;
@@ -55,6 +57,8 @@ enum BenchCommand {
     Echo(echo::EchoBenchArgs),
     /// Data plane: put and get GB/s and latency by object size, next to Redis and raw TCP.
     Store(store::StoreBenchArgs),
+    /// SVG charts of a report's comparison tables, from the recorded figures (runs nothing).
+    Charts(charts::ChartsArgs),
 }
 
 /// Runs the chosen benchmark; results go to stdout, progress to the log (stderr).
@@ -65,6 +69,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Events(a) => events::run(a),
         BenchCommand::Echo(a) => echo::run(a),
         BenchCommand::Store(a) => store::run(a),
+        BenchCommand::Charts(a) => charts::run(a),
     }
 }
 
