@@ -14,6 +14,12 @@
 #   PARTS=store scripts/bench.sh                            # only the data plane (~5 minutes)
 #   DURATION=10s REPEAT=1 scripts/bench.sh                  # upstream's 10 s per shape
 #   DURATION=2s REPEAT=1 OBJECTS=1000000 scripts/bench.sh   # a quick, noisier pass
+#   scripts/bench.sh charts                                 # only redraw docs/charts/*.svg from
+#                                                           # the figures in docs/benchmarks.md
+#
+# After a run, the report's comparison tables are also drawn as SVG bar charts (moonkv beside
+# each comparator per cell) into target/bench-charts/ (CHARTS_OUT). Copy the figures into
+# docs/benchmarks.md, then `scripts/bench.sh charts` redraws docs/charts/ from them.
 #
 # Benchmarks share the machine with everything else running on it: check the load average
 # printed in the header before trusting a figure.
@@ -33,6 +39,10 @@ ENGINE_SHAPES=put:1x1,get:1x1,put:2x1,get:2x1,batch-put:1x1:b128,batch-get:1x1:b
 
 cargo build --release -p moonkv >&2
 BIN=target/release/moonkv
+if [[ ${1:-} == charts ]]; then
+    exec "$BIN" bench charts --from docs/benchmarks.md --out docs/charts
+fi
+CHARTS_OUT=${CHARTS_OUT:-target/bench-charts}
 export RUST_LOG=${RUST_LOG:-warn}
 mkdir -p "$(dirname "$OUT")"
 
@@ -120,3 +130,4 @@ ram=$(free -g 2>/dev/null | awk '/^Mem:/ {print $2}')
     echo
     echo "- load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$OUT"
+"$BIN" bench charts --from "$OUT" --out "$CHARTS_OUT" >&2 || true

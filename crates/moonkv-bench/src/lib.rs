@@ -8,6 +8,7 @@
 //! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
 //! - `readopt`: time for a restarted master to re-adopt N objects from a node (`bench readopt`).
+//! - [`charts`]: the report's comparison tables as SVG bar charts (`bench charts`).
 //! - `shape`: `OP:CxT:bB` shapes; `target`: the master over the wire or the engine in-process
 //!   behind one trait; `load`: the per-thread loop; `histogram`: latency percentiles;
 //!   `report`: markdown tables; `loopback`: the publisher → subscriber runner.
@@ -16,6 +17,7 @@
 //! protocol client (one connection shared by several threads); `connect` opens one.
 
 mod batch;
+pub mod charts;
 mod echo;
 pub mod events;
 mod histogram;
@@ -59,6 +61,8 @@ enum BenchCommand {
     Store(store::StoreBenchArgs),
     /// Restart re-adoption: time for a new master to get N objects back from a node.
     Readopt(readopt::ReadoptBenchArgs),
+    /// SVG charts of a report's comparison tables, from the recorded figures (runs nothing).
+    Charts(charts::ChartsArgs),
 }
 
 /// Runs the chosen benchmark; results go to stdout, progress to the log (stderr).
@@ -70,6 +74,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Echo(a) => echo::run(a),
         BenchCommand::Store(a) => store::run(a),
         BenchCommand::Readopt(a) => readopt::run(a),
+        BenchCommand::Charts(a) => charts::run(a),
     }
 }
 

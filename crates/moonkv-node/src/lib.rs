@@ -11,6 +11,7 @@
 //! - `timed`: I/O and idle deadlines on every connection ([`Deadlines`]).
 //! - [`server`]: the data-plane listener and per-connection request loop (bounds, grants, auth).
 //! - [`disk`]: the disk tier — replica files, their format and checksums, capacity accounting.
+//! - [`metrics`]: the node's Prometheus metrics and the small HTTP server of `/metrics`.
 //! - `offload`: the agent that copies evicted memory replicas to disk when the master asks.
 //! - [`failpoints`]: named fault points for tests (feature `failpoints`).
 //!
@@ -21,6 +22,7 @@ pub mod catalog;
 pub mod claims;
 pub mod disk;
 pub mod failpoints;
+pub mod metrics;
 pub mod node;
 mod offload;
 mod range_lock;

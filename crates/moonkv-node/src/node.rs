@@ -388,6 +388,12 @@ impl NodeHandle {
         )
     }
 
+    /// The node's Prometheus metrics (data plane, range locks, disk), for `/metrics`
+    /// ([`crate::metrics::serve`]); `None` once the node stopped serving.
+    pub fn metrics(&self) -> Option<crate::metrics::NodeMetrics> {
+        self.server.as_ref().map(DataServer::metrics)
+    }
+
     /// Data-plane endpoint clients connect to.
     pub fn endpoint(&self) -> &str {
         &self.endpoint

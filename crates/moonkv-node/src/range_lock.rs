@@ -19,6 +19,10 @@ pub(crate) struct RangeLock {
     held: Mutex<Vec<Held>>,
     released: Notify,
     next_token: AtomicU64,
+    /// Acquisitions that found their range held and had to wait.
+    waits: AtomicU64,
+    /// Time those acquisitions waited, in microseconds.
+    waited_us: AtomicU64,
 }
 
 /// A held range; released on drop.
@@ -31,6 +35,7 @@ impl RangeLock {
     /// Waits until `[start, end)` can be held (shared, or exclusive when `exclusive`).
     pub async fn acquire(&self, start: usize, end: usize, exclusive: bool) -> RangeGuard<'_> {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let mut waiting_since: Option<std::time::Instant> = None;
         loop {
             // Register interest before checking, so a release between the check and the wait is
             // not missed.
@@ -49,11 +54,29 @@ impl RangeLock {
                         end,
                         exclusive,
                     });
+                    drop(held);
+                    if let Some(since) = waiting_since {
+                        let waited = since.elapsed().as_micros();
+                        self.waited_us
+                            .fetch_add(waited.min(u64::MAX as u128) as u64, Ordering::Relaxed);
+                    }
                     return RangeGuard { lock: self, token };
                 }
             }
+            if waiting_since.is_none() {
+                waiting_since = Some(std::time::Instant::now());
+                self.waits.fetch_add(1, Ordering::Relaxed);
+            }
             notified.await;
         }
+    }
+
+    /// Acquisitions that had to wait, and the microseconds they waited in total.
+    pub fn waits(&self) -> (u64, u64) {
+        (
+            self.waits.load(Ordering::Relaxed),
+            self.waited_us.load(Ordering::Relaxed),
+        )
     }
 
     #[cfg(test)]
@@ -86,6 +109,7 @@ mod tests {
         let _c = lock.acquire(20, 30, false).await;
         let _d = lock.acquire(25, 30, false).await;
         assert_eq!(lock.held_count(), 4);
+        assert_eq!(lock.waits().0, 0);
     }
 
     #[tokio::test]
@@ -98,6 +122,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!writer.is_finished());
+        assert_eq!(lock.waits().0, 1, "the writer's wait is counted once");
         drop(reader);
         tokio::time::timeout(Duration::from_secs(5), writer)
             .await

@@ -123,6 +123,11 @@ impl SegmentMemory {
         self.layout.size() as u64
     }
 
+    /// Range-lock acquisitions that had to wait, and the microseconds they waited in total.
+    pub fn range_lock_waits(&self) -> (u64, u64) {
+        self.locks.waits()
+    }
+
     /// Checks `[address, address + length)` and returns its offset.
     pub fn check(&self, address: u64, length: u64) -> std::result::Result<usize, DataStatus> {
         check_range(self.base(), self.size(), address, length)

@@ -62,22 +62,23 @@ pub struct Access {
 /// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
 /// admits.
 pub(crate) struct Served {
-    segments: SegmentTable,
-    disk: Option<Arc<DiskStore>>,
+    pub(crate) segments: SegmentTable,
+    pub(crate) disk: Option<Arc<DiskStore>>,
     access: Access,
-    counters: Counters,
+    pub(crate) counters: Counters,
+    pub(crate) metrics: crate::metrics::DataMetrics,
 }
 
 /// The node's data-plane counters (answered to STATS requests).
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     opened: AtomicU64,
     open: AtomicU64,
     requests: AtomicU64,
 }
 
 impl Counters {
-    fn snapshot(&self) -> NodeStats {
+    pub(crate) fn snapshot(&self) -> NodeStats {
         NodeStats {
             connections_opened: self.opened.load(Ordering::Relaxed),
             connections_open: self.open.load(Ordering::Relaxed),
@@ -134,6 +135,7 @@ impl DataServer {
             disk,
             access,
             counters: Counters::default(),
+            metrics: Default::default(),
         });
         let task = tokio::spawn(accept_loop(listener, served.clone(), stopped));
         Ok(DataServer {
@@ -152,6 +154,11 @@ impl DataServer {
     /// Connections accepted and open, requests answered.
     pub fn stats(&self) -> NodeStats {
         self.served.counters.snapshot()
+    }
+
+    /// The node's Prometheus metrics (data plane, range locks, disk).
+    pub fn metrics(&self) -> crate::metrics::NodeMetrics {
+        crate::metrics::NodeMetrics::new(self.served.clone())
     }
 
     /// Stops accepting and closes every connection.
@@ -176,6 +183,7 @@ async fn accept_loop(
                     let open_now = served.counters.open.load(Ordering::Relaxed) as usize;
                     if served.access.max_connections.is_some_and(|max| open_now >= max) {
                         tracing::warn!(%peer, open_now, "data-plane connection refused: the node's connection cap is reached");
+                        served.metrics.refused_connection();
                         drop(stream);
                         continue;
                     }
@@ -213,6 +221,7 @@ async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()
             let peeked = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await;
             if !matches!(peeked, Ok(Ok(1))) || !moonkv_proto::tls::looks_like_tls(first[0]) {
                 // A plaintext caller: close without a TLS alert it could not read anyway.
+                served.metrics.refused_handshake();
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "plaintext caller on the TLS data plane",
@@ -220,7 +229,10 @@ async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()
             }
             tls.accept(stream, TLS_HANDSHAKE_TIMEOUT)
                 .await
-                .inspect_err(|e| tracing::warn!(error = %e, "data-plane TLS handshake failed"))?
+                .inspect_err(|e| {
+                    served.metrics.refused_handshake();
+                    tracing::warn!(error = %e, "data-plane TLS handshake failed")
+                })?
         }
     };
     serve_connection(stream, served).await
@@ -249,10 +261,11 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
     }
     let mut filled = HELLO_MAGIC.len();
     if raw[..HELLO_MAGIC.len()] == HELLO_MAGIC {
-        greet(stream, served.access.secret.as_ref()).await?;
+        greet(stream, served).await?;
         filled = 0;
     } else if served.access.secret.is_some() {
         // A request without the handshake: answer it by its id, then close.
+        served.metrics.refused_handshake();
         read_header(stream, &mut raw, filled).await?;
         let request_id = RequestHeader::decode(&raw).map_or_else(|id| id, |h| h.request_id);
         return refuse_connection(stream, request_id, "request without the handshake").await;
@@ -303,6 +316,7 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
                         reason = refusal.describe(),
                         "data-plane request refused"
                     );
+                    served.metrics.refused_grant(refusal);
                     refuse(stream, &header, DataStatus::Forbidden).await?;
                     continue;
                 }
@@ -310,7 +324,8 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
         }
         served.counters.requests.fetch_add(1, Ordering::Relaxed);
         let id = header.segment_id;
-        match header.op {
+        let started = std::time::Instant::now();
+        let ok = match header.op {
             op if op == DataOp::Stats as u8 => serve_stats(stream, &header, served).await?,
             op if op == DataOp::Read as u8 => {
                 serve_read(stream, &header, served.segment(id)).await?
@@ -325,8 +340,13 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
                 serve_file_write(stream, &header, served.disk(id), granted_file_size).await?
             }
             // An unknown op carries no payload by definition, so the stream is still in step.
-            _ => respond(stream, DataStatus::BadOp, header.request_id).await?,
-        }
+            _ => respond(stream, DataStatus::BadOp, header.request_id)
+                .await
+                .map(|()| false)?,
+        };
+        served
+            .metrics
+            .served(header.op, ok, header.length, started.elapsed());
     }
 }
 
@@ -352,7 +372,7 @@ async fn read_header(stream: &mut Conn, raw: &mut [u8], mut filled: usize) -> io
 /// Answers a hello (its magic already read): open without a secret; with one, sends the
 /// challenge and the node's proof, then checks the caller's proof. A failed handshake is
 /// answered `UNAUTHENTICATED` and ends the connection (`Err`).
-async fn greet(stream: &mut Conn, secret: Option<&Secret>) -> io::Result<()> {
+async fn greet(stream: &mut Conn, served: &Served) -> io::Result<()> {
     let mut hello = [0u8; HELLO_LEN];
     hello[..HELLO_MAGIC.len()].copy_from_slice(&HELLO_MAGIC);
     stream.read_exact(&mut hello[HELLO_MAGIC.len()..]).await?;
@@ -363,7 +383,7 @@ async fn greet(stream: &mut Conn, secret: Option<&Secret>) -> io::Result<()> {
             "bad data-plane hello",
         ));
     };
-    let Some(secret) = secret else {
+    let Some(secret) = served.access.secret.as_ref() else {
         return stream.write_all(&Answer::open().encode()).await;
     };
     let challenge: [u8; NONCE_LEN] = rand::random();
@@ -380,6 +400,7 @@ async fn greet(stream: &mut Conn, secret: Option<&Secret>) -> io::Result<()> {
     let mut proof = [0u8; PROOF_LEN];
     stream.read_exact(&mut proof).await?;
     if !secret.verify_client(&challenge, &client_nonce, &proof) {
+        served.metrics.refused_handshake();
         return refuse_connection(stream, 0, "wrong handshake proof").await;
     }
     Ok(())
@@ -467,9 +488,11 @@ async fn respond(stream: &mut Conn, status: DataStatus, request_id: u64) -> io::
 }
 
 /// Answers a STATS request with the counters as JSON.
-async fn serve_stats(stream: &mut Conn, h: &RequestHeader, served: &Served) -> io::Result<()> {
+async fn serve_stats(stream: &mut Conn, h: &RequestHeader, served: &Served) -> io::Result<bool> {
     if h.length != 0 {
-        return respond(stream, DataStatus::BadOp, h.request_id).await;
+        return respond(stream, DataStatus::BadOp, h.request_id)
+            .await
+            .map(|()| false);
     }
     let body = serde_json::to_vec(&served.counters.snapshot()).map_err(io::Error::other)?;
     let ok = ResponseHeader {
@@ -478,20 +501,22 @@ async fn serve_stats(stream: &mut Conn, h: &RequestHeader, served: &Served) -> i
         length: body.len() as u64,
     };
     stream.write_all(&ok.encode()).await?;
-    stream.write_all(&body).await
+    stream.write_all(&body).await.map(|()| true)
 }
 
 async fn serve_read(
     stream: &mut Conn,
     h: &RequestHeader,
     segment: Option<Arc<SegmentMemory>>,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     let Some(segment) = segment else {
-        return respond(stream, DataStatus::UnknownSegment, h.request_id).await;
+        return respond(stream, DataStatus::UnknownSegment, h.request_id)
+            .await
+            .map(|()| false);
     };
     let view = match segment.read_view(h.address, h.length).await {
         Ok(view) => view,
-        Err(status) => return respond(stream, status, h.request_id).await,
+        Err(status) => return respond(stream, status, h.request_id).await.map(|()| false),
     };
     let ok = ResponseHeader {
         status: DataStatus::Ok,
@@ -509,27 +534,27 @@ async fn serve_read(
         stream.flush().await?;
         crate::failpoints::hit(crate::failpoints::READ_MID_PAYLOAD);
     }
-    stream.write_all(&view[half..]).await
+    stream.write_all(&view[half..]).await.map(|()| true)
 }
 
 async fn serve_write(
     stream: &mut Conn,
     h: &RequestHeader,
     segment: Option<Arc<SegmentMemory>>,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     let checked = match &segment {
         None => Err(DataStatus::UnknownSegment),
         Some(segment) => segment.check(h.address, h.length).map(|_| ()),
     };
     if let Err(status) = checked {
-        return refuse_write(stream, h, status).await;
+        return refuse_write(stream, h, status).await.map(|()| false);
     }
     let Some(segment) = segment else {
-        return Ok(());
+        return Ok(false);
     };
     let mut view = match segment.write_view(h.address, h.length).await {
         Ok(view) => view,
-        Err(status) => return refuse_write(stream, h, status).await,
+        Err(status) => return refuse_write(stream, h, status).await.map(|()| false),
     };
     // Straight from the socket into segment memory; acknowledged only once all bytes landed.
     let half = view.len() / 2;
@@ -537,7 +562,9 @@ async fn serve_write(
     crate::failpoints::hit(crate::failpoints::WRITE_MID_PAYLOAD);
     stream.read_exact(&mut view[half..]).await?;
     drop(view);
-    respond(stream, DataStatus::Ok, h.request_id).await
+    respond(stream, DataStatus::Ok, h.request_id)
+        .await
+        .map(|()| true)
 }
 
 /// Answers a refused write, keeping the stream in step by discarding its payload when that is
@@ -576,15 +603,19 @@ async fn serve_file_read(
     stream: &mut Conn,
     h: &RequestHeader,
     disk: Option<&Arc<DiskStore>>,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     let Some(disk) = disk else {
-        return respond(stream, DataStatus::UnknownSegment, h.request_id).await;
+        return respond(stream, DataStatus::UnknownSegment, h.request_id)
+            .await
+            .map(|()| false);
     };
     let data = match disk.read_verified(h.address, h.length).await {
         Ok(data) => data,
         Err(e) => {
             tracing::debug!(file = h.address, error = %with_cause(&e), "disk file read refused");
-            return respond(stream, fault_status(e.fault()), h.request_id).await;
+            return respond(stream, fault_status(e.fault()), h.request_id)
+                .await
+                .map(|()| false);
         }
     };
     let ok = ResponseHeader {
@@ -594,7 +625,7 @@ async fn serve_file_read(
     }
     .encode();
     stream.write_all(&ok).await?;
-    stream.write_all(&data).await
+    stream.write_all(&data).await.map(|()| true)
 }
 
 /// Writes a disk file from the payload; acknowledged once the file is synced under its name.
@@ -604,12 +635,16 @@ async fn serve_file_write(
     h: &RequestHeader,
     disk: Option<&Arc<DiskStore>>,
     granted_size: Option<u64>,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     let Some(disk) = disk else {
-        return refuse_write(stream, h, DataStatus::UnknownSegment).await;
+        return refuse_write(stream, h, DataStatus::UnknownSegment)
+            .await
+            .map(|()| false);
     };
     if h.length < FileMeta::FIXED_LEN as u64 {
-        return refuse_write(stream, h, DataStatus::FileWriteFail).await;
+        return refuse_write(stream, h, DataStatus::FileWriteFail)
+            .await
+            .map(|()| false);
     }
     let mut fixed = [0u8; FileMeta::FIXED_LEN];
     stream.read_exact(&mut fixed).await?;
@@ -622,25 +657,35 @@ async fn serve_file_write(
         && h.address != 0;
     if !sane {
         let skipped = RequestHeader { length: rest, ..*h };
-        return refuse_write(stream, &skipped, DataStatus::FileWriteFail).await;
+        return refuse_write(stream, &skipped, DataStatus::FileWriteFail)
+            .await
+            .map(|()| false);
     }
     let mut text = vec![0u8; (tenant_len + key_len) as usize];
     stream.read_exact(&mut text).await?;
     let size = rest - tenant_len - key_len;
     if granted_size.is_some_and(|granted| granted != size) {
         let skipped = RequestHeader { length: size, ..*h };
-        return refuse_write(stream, &skipped, DataStatus::Forbidden).await;
+        return refuse_write(stream, &skipped, DataStatus::Forbidden)
+            .await
+            .map(|()| false);
     }
     let (tenant, key) = text.split_at(tenant_len as usize);
     let (Ok(tenant), Ok(key)) = (std::str::from_utf8(tenant), std::str::from_utf8(key)) else {
         let skipped = RequestHeader { length: size, ..*h };
-        return refuse_write(stream, &skipped, DataStatus::FileWriteFail).await;
+        return refuse_write(stream, &skipped, DataStatus::FileWriteFail)
+            .await
+            .map(|()| false);
     };
     match disk.write_from(h.address, tenant, key, size, stream).await {
-        Ok(()) => respond(stream, DataStatus::Ok, h.request_id).await,
+        Ok(()) => respond(stream, DataStatus::Ok, h.request_id)
+            .await
+            .map(|()| true),
         Err(WriteError::Disk(e)) => {
             tracing::debug!(file = h.address, error = %with_cause(&e), "disk file write refused");
-            respond(stream, fault_status(e.fault()), h.request_id).await
+            respond(stream, fault_status(e.fault()), h.request_id)
+                .await
+                .map(|()| false)
         }
         Err(WriteError::Payload(e)) => Err(e),
     }

@@ -133,6 +133,16 @@ async fn requests_need_a_grant_covering_them_and_refusals_keep_the_connection() 
         refused(conn.write(id, base, &[1u8; 4096], &ro).await);
         conn.read(id, base, &mut back, &ro).await.unwrap();
         assert_eq!(back, data, "the refused write changed nothing");
+        let text = f.server.metrics().encode();
+        let refused_grants: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("node_refused_grants_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum();
+        assert_eq!(refused_grants, 8, "{text}");
+        assert!(text.contains("node_refused_grants_total{reason=\"missing\"} 1\n"));
+        assert!(text.contains("node_data_request_failures_total{op=\"read\"} 0\n"));
+        assert!(text.contains("node_data_bytes_total{op=\"write\"} 4096\n"));
     })
     .await
     .unwrap();
@@ -219,6 +229,13 @@ async fn callers_without_the_right_secret_are_refused() {
         // The node still serves authenticated callers.
         let mut conn = f.connect().await;
         conn.write(id, base, b"still here", &grant).await.unwrap();
+        // Refused by the node: the request without a handshake (twice) and the wrong proof.
+        // The caller that could not verify the node left on its own.
+        let text = f.server.metrics().encode();
+        assert!(
+            text.contains("\nnode_refused_handshakes_total 3\n"),
+            "{text}"
+        );
     })
     .await
     .unwrap();

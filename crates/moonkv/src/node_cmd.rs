@@ -56,8 +56,34 @@ pub struct NodeArgs {
     /// Most data-plane connections open at once; more are closed at accept.
     #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub data_max_connections: u32,
+    /// Serve the node's Prometheus metrics on `/metrics` at this address, e.g. `0.0.0.0:9310`
+    /// (port 0 picks a free port); unset = no metrics endpoint.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub disk: DiskArgs,
+}
+
+/// Starts the node's `/metrics` endpoint on `addr`; answers the bound address and the task,
+/// which stops when aborted.
+pub async fn serve_node_metrics(
+    addr: &str,
+    node: &moonkv_node::NodeHandle,
+) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    let metrics = node
+        .metrics()
+        .ok_or_else(|| anyhow::anyhow!("the node is not serving"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics-addr {addr}: cannot listen: {e}"))?;
+    let bound = listener.local_addr()?.to_string();
+    let task = tokio::spawn(async move {
+        let never = std::future::pending::<()>();
+        if let Err(e) = moonkv_node::metrics::serve(listener, metrics, never).await {
+            tracing::error!(error = %e, "node metrics HTTP server failed");
+        }
+    });
+    Ok((bound, task))
 }
 
 /// Parses a positive duration flag such as `30s` or `500ms` (clap value parser).
@@ -167,17 +193,34 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::new)?;
     let capacity: u64 = node.segments().iter().map(|s| s.size).sum();
     let disk_capacity = node.disk().map_or(0, |d| d.capacity_bytes);
+    let metrics = match &args.metrics_addr {
+        Some(addr) => match serve_node_metrics(addr, &node).await {
+            Ok(served) => Some(served),
+            Err(e) => {
+                node.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let stop = crate::shutdown_signal();
-    crate::print_ready(&[
+    let mut ready = vec![
         ("data", node.endpoint().to_string()),
         ("master", args.master.clone()),
         ("client_id", node.client_id().to_string()),
         ("segments", node.segments().len().to_string()),
         ("capacity_bytes", capacity.to_string()),
         ("disk_capacity_bytes", disk_capacity.to_string()),
-    ]);
+    ];
+    if let Some((addr, _)) = &metrics {
+        ready.push(("metrics", addr.clone()));
+    }
+    crate::print_ready(&ready);
     stop.await;
     tracing::info!("shutting down: unmounting segments");
+    if let Some((_, task)) = metrics {
+        task.abort();
+    }
     node.shutdown().await;
     Ok(())
 }

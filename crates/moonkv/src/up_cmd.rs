@@ -20,6 +20,10 @@ pub struct UpArgs {
     /// Data-plane listen address of the embedded node (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     data_bind: String,
+    /// Serve the embedded node's Prometheus metrics on `/metrics` at this address (the
+    /// master's stay on the admin port); unset = none.
+    #[arg(long, value_name = "ADDR")]
+    node_metrics_addr: Option<String>,
     #[command(flatten)]
     disk: DiskArgs,
 }
@@ -72,14 +76,29 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
             return Err(anyhow::anyhow!("embedded node failed to start: {e}"));
         }
     };
+    let node_metrics = match &args.node_metrics_addr {
+        Some(addr) => match crate::node_cmd::serve_node_metrics(addr, &node).await {
+            Ok(served) => Some(served),
+            Err(e) => {
+                node.shutdown().await;
+                master.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let events = master.events_endpoint().unwrap_or_default();
     let stop = crate::shutdown_signal();
-    crate::print_ready(&[
+    let mut ready = vec![
         ("rpc", master.rpc_addr().to_string()),
         ("admin", master.admin_addr().to_string()),
         ("kv_events", events.clone()),
         ("data", node.endpoint().to_string()),
-    ]);
+    ];
+    if let Some((addr, _)) = &node_metrics {
+        ready.push(("node_metrics", addr.clone()));
+    }
+    crate::print_ready(&ready);
     let capacity: u64 = node.segments().iter().map(|s| s.size).sum();
     let disk = match (node.disk(), &args.disk.disk_dir) {
         (Some(disk), Some(dir)) => format!(
@@ -98,6 +117,9 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     );
     stop.await;
     tracing::info!("shutting down");
+    if let Some((_, task)) = node_metrics {
+        task.abort();
+    }
     node.shutdown().await;
     master.shutdown().await;
     Ok(())

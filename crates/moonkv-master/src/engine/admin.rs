@@ -85,6 +85,10 @@ pub struct EngineStats {
     pub offloads_completed: u64,
     /// Offloads that failed, were refused or expired.
     pub offloads_failed: u64,
+    /// Objects with a readable memory replica (upstream's `mem_cache_nums_`).
+    pub mem_cache_objects: u64,
+    /// Objects with a readable disk replica (upstream's `file_cache_nums_`).
+    pub disk_cache_objects: u64,
 }
 
 /// Result of one eviction round.
@@ -196,8 +200,12 @@ impl Engine {
                 let n = t.objects.len() as u64;
                 stats.key_count += n;
                 *stats.tenant_key_counts.entry(name.clone()).or_default() += n;
-                stats.soft_pin_key_count +=
-                    t.objects.values().filter(|o| o.soft_pinned(now)).count() as u64;
+                for o in t.objects.values() {
+                    stats.soft_pin_key_count += o.soft_pinned(now) as u64;
+                    let media = o.media();
+                    stats.mem_cache_objects += media.contains(Medium::Cpu) as u64;
+                    stats.disk_cache_objects += media.contains(Medium::Disk) as u64;
+                }
             }
         }
         let c = &self.counters;

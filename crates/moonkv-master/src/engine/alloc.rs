@@ -137,7 +137,11 @@ impl Allocator {
         let Some(end) = offset.checked_add(len) else {
             return false;
         };
-        if len == 0 || end > self.capacity || !offset.is_multiple_of(ALIGN) || !len.is_multiple_of(ALIGN) {
+        if len == 0
+            || end > self.capacity
+            || !offset.is_multiple_of(ALIGN)
+            || !len.is_multiple_of(ALIGN)
+        {
             return false;
         }
         let Some((&f_off, &f_len)) = self.by_offset.range(..=offset).next_back() else {

@@ -1,9 +1,15 @@
 //! Prometheus metrics: per-operation counters and latency histograms, plus gauges and counters
 //! read from the engine and the event publisher at scrape time.
 
+mod call_metrics;
+
 use super::events::EventHook;
-use crate::engine::Engine;
-use moonkv_proto::msg::Op;
+use crate::engine::{Engine, EngineStats};
+pub(crate) use call_metrics::Reply;
+use call_metrics::{encode_literal, BatchMetrics, ReplyMetrics};
+use moonkv_proto::msg::{Op, Request};
+use moonkv_proto::Error;
+use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -19,12 +25,17 @@ struct OpMetrics {
     requests: Counter,
     failures: Counter,
     latency: Histogram,
+    /// Item counters of a batch operation.
+    batch: Option<BatchMetrics>,
 }
 
 /// Request metrics of the RPC server and the registry that exposes everything.
 pub struct Metrics {
     ops: Vec<OpMetrics>,
     malformed: Counter,
+    replies: ReplyMetrics,
+    /// The engine stats of the scrape in progress, taken once by [`EngineCollector`].
+    last_stats: Arc<Mutex<EngineStats>>,
     registry: Registry,
 }
 
@@ -50,6 +61,9 @@ impl Metrics {
                 failures: Counter::default(),
                 // 5 µs .. ~2.6 s
                 latency: Histogram::new(exponential_buckets(5e-6, 2.0, 20)),
+                batch: name
+                    .starts_with("batch_")
+                    .then(|| BatchMetrics::register(&mut registry, name)),
             };
             registry.register(
                 format!("master_{name}_requests"),
@@ -58,7 +72,7 @@ impl Metrics {
             );
             registry.register(
                 format!("master_{name}_failures"),
-                format!("{name} requests that failed"),
+                format!("{name} requests that failed (a batch: every key failed)"),
                 m.failures.clone(),
             );
             registry.register(
@@ -74,16 +88,24 @@ impl Metrics {
             "requests whose body could not be decoded",
             malformed.clone(),
         );
-        registry.register_collector(Box::new(EngineCollector { engine }));
+        let replies = ReplyMetrics::register(&mut registry);
+        let last_stats = Arc::new(Mutex::new(EngineStats::default()));
+        registry.register_collector(Box::new(EngineCollector {
+            engine,
+            last_stats: last_stats.clone(),
+        }));
         registry.register_collector(Box::new(EventsCollector { events }));
         Self {
             ops,
             malformed,
+            replies,
+            last_stats,
             registry,
         }
     }
 
-    /// Counts one handled request.
+    /// Counts one request refused before it ran (`ok` false) or answered without an engine
+    /// result.
     pub fn record(&self, op: Op, ok: bool, elapsed: Duration) {
         let m = &self.ops[op_index(op)];
         m.requests.inc();
@@ -91,6 +113,39 @@ impl Metrics {
             m.failures.inc();
         }
         m.latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one answered request: its op counters, the items of a batch, and what the answer
+    /// shows (read hits, object sizes, grants). `encoded` is false when the answer could not be
+    /// encoded and an error went out instead.
+    pub(crate) fn record_reply<T: Reply>(
+        &self,
+        request: &Request,
+        reply: &Result<T, Error>,
+        encoded: bool,
+        elapsed: Duration,
+    ) {
+        let failed_items = self.replies.observe(request, reply);
+        let m = &self.ops[op_index(request.op())];
+        let all_failed = match (&m.batch, call_metrics::batch_len(request)) {
+            (Some(batch), Some(len)) => batch.count(len, failed_items),
+            _ => false,
+        };
+        self.record(
+            request.op(),
+            encoded && reply.is_ok() && !all_failed,
+            elapsed,
+        );
+    }
+
+    /// Counts a connection refused at the hello.
+    pub(crate) fn record_refused_handshake(&self) {
+        self.replies.refused_handshake();
+    }
+
+    /// Counts a connection closed at accept (too many open).
+    pub(crate) fn record_refused_connection(&self) {
+        self.replies.refused_connection();
     }
 
     /// Counts a request whose body did not decode.
@@ -103,7 +158,54 @@ impl Metrics {
         let mut text = String::with_capacity(64 * 1024);
         if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
             text.clear();
+            return text;
         }
+        let s = self.last_stats.lock().clone();
+        let mut literal = self.replies.literal_counters().to_vec();
+        // Every eviction here is a memory eviction, so upstream's `_mem` forms equal the totals.
+        literal.extend([
+            (
+                "master_evicted_key_count",
+                "objects evicted",
+                s.evicted_key_count,
+            ),
+            (
+                "master_evicted_key_count_mem",
+                "objects evicted from memory",
+                s.evicted_key_count,
+            ),
+            (
+                "master_evicted_size_bytes",
+                "bytes evicted",
+                s.evicted_size_bytes,
+            ),
+            (
+                "master_evicted_size_bytes_mem",
+                "bytes evicted from memory",
+                s.evicted_size_bytes,
+            ),
+            (
+                "master_successful_evictions_mem",
+                "memory eviction rounds that freed space",
+                s.evictions_total,
+            ),
+            (
+                "master_attempted_evictions_mem",
+                "memory eviction rounds started",
+                s.attempted_evictions,
+            ),
+            (
+                "master_put_start_discard_cnt",
+                "stalled writes preempted",
+                s.put_start_discard_cnt,
+            ),
+            (
+                "master_put_start_release_cnt",
+                "parked buffers released",
+                s.put_start_release_cnt,
+            ),
+        ]);
+        encode_literal(&mut text, &literal);
         text
     }
 }
@@ -130,6 +232,7 @@ fn counter(
 
 struct EngineCollector {
     engine: Arc<Engine>,
+    last_stats: Arc<Mutex<EngineStats>>,
 }
 
 impl std::fmt::Debug for EngineCollector {
@@ -141,6 +244,7 @@ impl std::fmt::Debug for EngineCollector {
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.engine.stats();
+        *self.last_stats.lock() = s.clone();
         let e = &mut encoder;
         gauge(
             e,
@@ -169,6 +273,18 @@ impl Collector for EngineCollector {
         )?;
         gauge(
             e,
+            "mem_cache_nums_",
+            "objects with a readable memory replica",
+            s.mem_cache_objects,
+        )?;
+        gauge(
+            e,
+            "file_cache_nums_",
+            "objects with a readable disk replica",
+            s.disk_cache_objects,
+        )?;
+        gauge(
+            e,
             "master_put_start_discarded_staging_size",
             "bytes parked from preempted writes",
             s.discarded_staging_bytes,
@@ -184,30 +300,6 @@ impl Collector for EngineCollector {
             "master_attempted_evictions",
             "eviction rounds started",
             s.attempted_evictions,
-        )?;
-        counter(
-            e,
-            "master_evicted_key_count",
-            "objects evicted",
-            s.evicted_key_count,
-        )?;
-        counter(
-            e,
-            "master_evicted_size_bytes",
-            "bytes evicted",
-            s.evicted_size_bytes,
-        )?;
-        counter(
-            e,
-            "master_put_start_discard_cnt",
-            "stalled writes preempted",
-            s.put_start_discard_cnt,
-        )?;
-        counter(
-            e,
-            "master_put_start_release_cnt",
-            "parked buffers released",
-            s.put_start_release_cnt,
         )?;
         counter(
             e,
@@ -341,6 +433,12 @@ impl Collector for EventsCollector {
             "kv_events_dropped_events",
             "events dropped (each leaves a sequence gap)",
             s.dropped_events,
+        )?;
+        gauge(
+            e,
+            "kv_events_queue_len",
+            "events accepted but not sent yet",
+            s.queue_len,
         )?;
         counter(
             e,

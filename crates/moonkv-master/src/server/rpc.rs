@@ -178,19 +178,25 @@ fn node_only(op: moonkv_proto::msg::Op) -> bool {
 
 macro_rules! gen_dispatch {
     ($($code:literal => $name:ident($req:ty) -> $resp:ty, $method:ident;)*) => {
-        /// Runs one request and appends its response frame; returns whether it succeeded.
-        pub(crate) fn dispatch(engine: &Engine, request_id: u64, request: &Request, out: &mut Vec<u8>) -> bool {
+        /// Runs one request, appends its response frame and counts it in `metrics`.
+        pub(crate) fn dispatch(shared: &RpcShared, request_id: u64, request: &Request, out: &mut Vec<u8>) {
+            let started = Instant::now();
             match request {
-                $(Request::$name(r) => respond(out, request_id, engine.$method(r)),)*
+                $(Request::$name(r) => {
+                    let reply = shared.engine.$method(r);
+                    let encoded = respond(out, request_id, &reply);
+                    shared.metrics.record_reply(request, &reply, encoded, started.elapsed());
+                })*
             }
         }
     };
 }
 moonkv_proto::for_each_op!(gen_dispatch);
 
-fn respond<T: Serialize>(out: &mut Vec<u8>, request_id: u64, result: Result<T, Error>) -> bool {
+/// Appends the answer frame; false when the value could not be encoded (an error went out).
+fn respond<T: Serialize>(out: &mut Vec<u8>, request_id: u64, result: &Result<T, Error>) -> bool {
     match result {
-        Ok(value) => match frame::encode_ok(out, request_id, &value) {
+        Ok(value) => match frame::encode_ok(out, request_id, value) {
             Ok(()) => true,
             Err(e) => {
                 frame::encode_err(out, request_id, &e);
@@ -198,8 +204,8 @@ fn respond<T: Serialize>(out: &mut Vec<u8>, request_id: u64, result: Result<T, E
             }
         },
         Err(e) => {
-            frame::encode_err(out, request_id, &e);
-            false
+            frame::encode_err(out, request_id, e);
+            true
         }
     }
 }
@@ -224,6 +230,7 @@ pub(crate) async fn serve(
                 Ok((stream, peer)) => {
                     let Ok(slot) = shared.connections.clone().try_acquire_owned() else {
                         tracing::warn!(%peer, "connection refused: max_connections reached");
+                        shared.metrics.record_refused_connection();
                         drop(stream);
                         continue;
                     };
@@ -362,7 +369,10 @@ fn process_input(
         let Handshake::Ready(role) = *handshake else {
             match greet(&frame, shared, handshake, output) {
                 Ok(next) => *handshake = next,
-                Err(reason) => break Err(reason),
+                Err(reason) => {
+                    shared.metrics.record_refused_handshake();
+                    break Err(reason);
+                }
             }
             continue;
         };
@@ -419,8 +429,11 @@ fn process_input(
             tokio::spawn(async move {
                 let started = Instant::now();
                 let mut out = Vec::new();
-                let ok = respond(&mut out, request_id, sync_catalog(&shared, &req).await);
-                shared.metrics.record(op, ok, started.elapsed());
+                let reply = sync_catalog(&shared, &req).await;
+                let encoded = respond(&mut out, request_id, &reply);
+                shared
+                    .metrics
+                    .record_reply(&request, &reply, encoded, started.elapsed());
                 let _ = done_tx.send((out, slot));
             });
             continue;
@@ -431,12 +444,10 @@ fn process_input(
             let done_tx = done_tx.clone();
             let runtime = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || {
-                let started = Instant::now();
                 let mut out = Vec::new();
-                let (ok, fence) = crate::engine::fence_scope(|| {
-                    dispatch(&shared.engine, request_id, &request, &mut out)
+                let ((), fence) = crate::engine::fence_scope(|| {
+                    dispatch(&shared, request_id, &request, &mut out)
                 });
-                shared.metrics.record(op, ok, started.elapsed());
                 if fence.is_empty() {
                     let _ = done_tx.send((out, slot));
                 } else {
@@ -448,13 +459,10 @@ fn process_input(
             });
             continue;
         }
-        let started = Instant::now();
         if let Some(slot) = slot {
             let mut out = Vec::new();
-            let (ok, fence) = crate::engine::fence_scope(|| {
-                dispatch(&shared.engine, request_id, &request, &mut out)
-            });
-            shared.metrics.record(op, ok, started.elapsed());
+            let ((), fence) =
+                crate::engine::fence_scope(|| dispatch(shared, request_id, &request, &mut out));
             if fence.is_empty() {
                 output.extend_from_slice(&out);
             } else {
@@ -467,8 +475,7 @@ fn process_input(
             }
             continue;
         }
-        let ok = dispatch(&shared.engine, request_id, &request, output);
-        shared.metrics.record(op, ok, started.elapsed());
+        dispatch(shared, request_id, &request, output);
     };
     input.drain(..consumed);
     if result.is_ok() {
