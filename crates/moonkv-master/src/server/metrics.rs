@@ -2,7 +2,7 @@
 //! read from the engine and the event publisher at scrape time.
 
 use super::events::EventHook;
-use crate::engine::Engine;
+use super::ha::Gate;
 use moonkv_proto::msg::Op;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -40,7 +40,7 @@ fn op_index(op: Op) -> usize {
 
 impl Metrics {
     /// Registers every metric; engine and publisher values are read at each scrape.
-    pub fn new(engine: Arc<Engine>, events: Arc<EventHook>) -> Self {
+    pub fn new(engine: Arc<Gate>, events: Arc<EventHook>) -> Self {
         let mut registry = Registry::default();
         let mut ops = Vec::with_capacity(Op::ALL.len());
         for op in Op::ALL {
@@ -129,7 +129,8 @@ fn counter(
 }
 
 struct EngineCollector {
-    engine: Arc<Engine>,
+    /// Read at each scrape: the engine of the current term.
+    engine: Arc<Gate>,
 }
 
 impl std::fmt::Debug for EngineCollector {
@@ -140,7 +141,8 @@ impl std::fmt::Debug for EngineCollector {
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.engine.stats();
+        let engine = self.engine.engine();
+        let s = engine.stats();
         let e = &mut encoder;
         gauge(
             e,
@@ -263,7 +265,7 @@ impl Collector for EngineCollector {
             "offloads to disk that failed or expired",
             s.offloads_failed,
         )?;
-        let segments = self.engine.segments();
+        let segments = engine.segments();
         let mut used = e.encode_descriptor(
             "segment_allocated_bytes",
             "allocated bytes per segment",
@@ -284,7 +286,7 @@ impl Collector for EngineCollector {
             let labels = [("segment", seg.segment.name.as_str())];
             ConstGauge::new(seg.capacity_bytes as i64).encode(cap.encode_family(&labels)?)?;
         }
-        let disks = self.engine.disk_segments();
+        let disks = engine.disk_segments();
         let mut used = e.encode_descriptor(
             "disk_segment_allocated_bytes",
             "bytes charged per disk",

@@ -5,6 +5,7 @@
 //! RemoveAll) run on the blocking pool and answer when done, so responses may come back out of
 //! order; clients match them by request id.
 
+use super::ha::Gate;
 use super::metrics::Metrics;
 use crate::engine::Engine;
 use moonkv_proto::auth::{Secret, NONCE_LEN};
@@ -20,7 +21,8 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 /// State every connection shares.
 pub(crate) struct RpcShared {
-    pub engine: Arc<Engine>,
+    /// Admits each request (HA: only a leader within its write deadline) and holds the engine.
+    pub gate: Arc<Gate>,
     pub metrics: Arc<Metrics>,
     pub max_frame_bytes: u32,
     /// An incomplete frame that gets no new bytes this long closes its connection.
@@ -165,6 +167,7 @@ async fn serve_connection(
     let mut input: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut output: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut handshake = Handshake::New;
+    let mut serving = Serving::new(&shared.gate);
     // Set while frames wait in `input` for a scan slot: the socket is not read meanwhile, so a
     // client that sends scans and never reads their answers stalls itself, not the master.
     let mut paused = false;
@@ -174,9 +177,11 @@ async fn serve_connection(
                 if read? == 0 {
                     return Ok(());
                 }
-                let verdict =
-                    process_input(&shared, &mut input, &mut output, &mut handshake, &done_tx, &scans);
+                let verdict = process_input(
+                    &shared, &mut serving, &mut input, &mut output, &mut handshake, &done_tx, &scans,
+                );
                 if !output.is_empty() {
+                    serving.seal(&shared.gate, &mut output);
                     writer.write_all(&output).await?;
                     output.clear();
                 }
@@ -188,9 +193,10 @@ async fn serve_connection(
                 drop(slot);
                 if paused {
                     let verdict = process_input(
-                        &shared, &mut input, &mut output, &mut handshake, &done_tx, &scans,
+                        &shared, &mut serving, &mut input, &mut output, &mut handshake, &done_tx, &scans,
                     );
                     if !output.is_empty() {
+                        serving.seal(&shared.gate, &mut output);
                         writer.write_all(&output).await?;
                         output.clear();
                     }
@@ -233,6 +239,7 @@ type ScanDone = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
 /// it stopped at a scan for want of a scan slot (the frame stays in `input`).
 fn process_input(
     shared: &Arc<RpcShared>,
+    serving: &mut Serving,
     input: &mut Vec<u8>,
     output: &mut Vec<u8>,
     handshake: &mut Handshake,
@@ -285,6 +292,12 @@ fn process_input(
             }
         };
         let op = request.op();
+        let started = Instant::now();
+        if let Err(refusal) = serving.admit(&shared.gate, started, output.len()) {
+            shared.metrics.record(op, false, std::time::Duration::ZERO);
+            frame::encode_err(output, frame.request_id, &refusal);
+            continue;
+        }
         if role == Role::Client && node_only(op) {
             shared.metrics.record(op, false, std::time::Duration::ZERO);
             frame::encode_err(
@@ -306,17 +319,23 @@ fn process_input(
             let shared = shared.clone();
             let done_tx = done_tx.clone();
             let request_id = frame.request_id;
+            let term = serving.term;
+            let engine = serving.engine.clone();
             tokio::task::spawn_blocking(move || {
-                let started = Instant::now();
                 let mut out = Vec::new();
-                let ok = dispatch(&shared.engine, request_id, &request, &mut out);
+                let mut ok = dispatch(&engine, request_id, &request, &mut out);
+                // The answer leaves only if this master still serves the term it started in.
+                if !shared.gate.still_serving(term, Instant::now()) {
+                    out.clear();
+                    frame::encode_err(&mut out, request_id, &shared.gate.refusal());
+                    ok = false;
+                }
                 shared.metrics.record(op, ok, started.elapsed());
                 let _ = done_tx.send((out, slot));
             });
             continue;
         }
-        let started = Instant::now();
-        let ok = dispatch(&shared.engine, frame.request_id, &request, output);
+        let ok = dispatch(&serving.engine, frame.request_id, &request, output);
         shared.metrics.record(op, ok, started.elapsed());
     };
     input.drain(..consumed);
@@ -324,6 +343,70 @@ fn process_input(
         reserve_for_next_frame(input, shared.max_frame_bytes);
     }
     result
+}
+
+/// A connection's view of the gate: the engine of the term it last saw, and which terms the
+/// answers waiting in its output buffer were admitted under.
+struct Serving {
+    term: u64,
+    engine: Arc<Engine>,
+    /// Where in the output buffer the first answer admitted under `term` starts (HA only).
+    pending: Option<usize>,
+    /// Answers in the output buffer were admitted under more than one term.
+    mixed: bool,
+}
+
+impl Serving {
+    fn new(gate: &Gate) -> Serving {
+        let (term, engine) = gate.current();
+        Serving {
+            term,
+            engine,
+            pending: None,
+            mixed: false,
+        }
+    }
+
+    /// Admits a request starting at `now` whose answer will start at `at` in the output
+    /// buffer; `self.engine` is then the engine of the term it runs under.
+    #[inline]
+    fn admit(&mut self, gate: &Gate, now: Instant, at: usize) -> Result<(), Error> {
+        let term = gate.admit(now)?;
+        if term != self.term {
+            self.mixed |= self.pending.is_some();
+            let (current, engine) = gate.current();
+            self.term = current;
+            self.engine = engine;
+        }
+        if gate.is_ha() && self.pending.is_none() {
+            self.pending = Some(at);
+        }
+        Ok(())
+    }
+
+    /// Right before the output buffer is written: if this master stopped serving the term its
+    /// answers were admitted under (the write deadline passed, or it stepped down), every
+    /// answer in it becomes the refusal, so no write that crossed the deadline is reported OK.
+    fn seal(&mut self, gate: &Gate, output: &mut Vec<u8>) {
+        let Some(from) = self.pending.take() else {
+            return;
+        };
+        let mixed = std::mem::take(&mut self.mixed);
+        if !mixed && gate.still_serving(self.term, Instant::now()) {
+            return;
+        }
+        let refusal = gate.refusal();
+        let mut ids = Vec::new();
+        let mut at = from;
+        while let Ok(Some((frame, used))) = frame::decode(&output[at..], u32::MAX) {
+            ids.push(frame.request_id);
+            at += used;
+        }
+        output.truncate(from);
+        for id in ids {
+            frame::encode_err(output, id, &refusal);
+        }
+    }
 }
 
 /// When a large frame is partly read, make room for all of it at once (the length was checked).
