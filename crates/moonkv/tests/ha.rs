@@ -346,6 +346,52 @@ fn a_frozen_leader_accepts_no_write_after_it_wakes() {
 }
 
 #[test]
+fn a_leader_past_its_deadline_refuses_writes_before_it_steps_down() {
+    let etcd = Etcd::start();
+    // This leader's election task never steps down (fault point): only the write deadline,
+    // checked on every request, keeps it from accepting writes once its lease may be gone.
+    let mut cmd = MOONKV.command(&[
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--enable-ha",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--cluster-id",
+        "deadline",
+    ]);
+    cmd.env(
+        "FAILPOINTS",
+        format!("{}=return", moonkv_master::server::ha::HOLD_AFTER_DEADLINE),
+    );
+    let held = Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"));
+    wait_for(ELECTION_WITHIN, "the first master to lead", || {
+        (role(&held).as_deref() == Some("leader")).then_some(())
+    });
+    let mut m = vec![held];
+    m.extend(masters(&etcd, "deadline", 2));
+    let c = wire::connect(&m[0].field("rpc"));
+    write_on(&c, "before-freeze").expect("the leader takes writes");
+    m[0].freeze();
+    let new = leader_among(&m, &[1, 2], ELECTION_WITHIN);
+    try_write(&m[new].field("rpc"), "on-the-new-leader").expect("the new leader takes writes");
+    m[0].thaw();
+    assert_not_leader(
+        write_on(&c, "after-thaw"),
+        None,
+        "the old leader, old connection",
+    );
+    assert_not_leader(
+        try_write(&m[0].field("rpc"), "after-thaw"),
+        None,
+        "the old leader, new connection",
+    );
+    assert_eq!(role(&m[0]).as_deref(), Some("standby"));
+}
+
+#[test]
 fn an_etcd_outage_steps_the_leader_down_until_etcd_is_back() {
     let mut etcd = Etcd::start();
     let m = masters(&etcd, "outage", 3);

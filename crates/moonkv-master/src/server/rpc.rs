@@ -528,3 +528,77 @@ fn greet(
         .map_err(|e| CloseReason::Protocol(e.to_string()))?;
     Ok(next)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineConfig, ManualClock, NoopSink};
+    use moonkv_proto::ha::{is_not_leader, LeaderRecord};
+    use std::time::Duration;
+
+    fn ha_gate() -> Gate {
+        Gate::for_ha(|| {
+            Engine::new(
+                EngineConfig::default(),
+                Arc::new(ManualClock::new(0)),
+                Arc::new(NoopSink),
+            )
+        })
+    }
+
+    fn lead(gate: &Gate, term: u64) {
+        let record = LeaderRecord {
+            term,
+            rpc_addr: "127.0.0.1:1".into(),
+            admin_addr: "127.0.0.1:2".into(),
+            events_endpoint: None,
+        };
+        gate.become_leader(term, Instant::now() + Duration::from_secs(60), record);
+    }
+
+    /// The frames in `out`: (request id, error code).
+    fn frames(out: &[u8]) -> Vec<(u64, i32)> {
+        let mut at = 0;
+        let mut seen = Vec::new();
+        while let Ok(Some((f, used))) = frame::decode(&out[at..], u32::MAX) {
+            seen.push((f.request_id, f.code));
+            at += used;
+        }
+        seen
+    }
+
+    #[test]
+    fn answers_of_a_term_that_ended_before_they_left_become_refusals() {
+        let gate = ha_gate();
+        lead(&gate, 1);
+        let mut serving = Serving::new(&gate);
+        let mut out = Vec::new();
+        // An answer written before the first admitted request (a hello ack) stays as it is.
+        frame::encode_ok(&mut out, 1, &()).unwrap();
+        serving.admit(&gate, Instant::now(), out.len()).unwrap();
+        frame::encode_ok(&mut out, 2, &()).unwrap();
+        serving.admit(&gate, Instant::now(), out.len()).unwrap();
+        frame::encode_ok(&mut out, 3, &()).unwrap();
+        gate.step_down("lease lapsed");
+        serving.seal(&gate, &mut out);
+        let code = ErrorCode::UNAVAILABLE_IN_CURRENT_MODE.as_i32();
+        assert_eq!(frames(&out), [(1, 0), (2, code), (3, code)]);
+        assert!(is_not_leader(&gate.refusal()));
+    }
+
+    #[test]
+    fn answers_of_the_live_term_leave_untouched() {
+        let gate = ha_gate();
+        lead(&gate, 4);
+        let mut serving = Serving::new(&gate);
+        let mut out = Vec::new();
+        serving.admit(&gate, Instant::now(), out.len()).unwrap();
+        frame::encode_ok(&mut out, 7, &()).unwrap();
+        let before = out.clone();
+        serving.seal(&gate, &mut out);
+        assert_eq!(out, before);
+        // A closed gate admits nothing.
+        gate.step_down("etcd unreachable");
+        assert!(serving.admit(&gate, Instant::now(), 0).is_err());
+    }
+}

@@ -17,6 +17,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+/// Fault point: a leader whose write deadline passed does not step down (as if its election
+/// task had not run yet), so the gate must refuse requests by the deadline alone.
+pub const HOLD_AFTER_DEADLINE: &str = "master::ha_hold_after_deadline";
+
+/// Whether [`HOLD_AFTER_DEADLINE`] is set (never without the `failpoints` feature).
+fn hold_after_deadline() -> bool {
+    #[cfg(feature = "failpoints")]
+    if fail::eval(HOLD_AFTER_DEADLINE, |_| ()).is_some() {
+        return true;
+    }
+    false
+}
+
 /// Why one pass of the loop ended.
 type Step = Result<(), String>;
 
@@ -233,6 +246,9 @@ impl Election {
         self.gate.become_leader(term, deadline, self.record(term));
         let mut deadline = deadline;
         let reason = self.keep_alive(client, lease, term, &mut deadline).await;
+        while hold_after_deadline() {
+            tokio::time::sleep(self.settings.keep_alive_period()).await;
+        }
         self.gate
             .step_down(&format!("stepped down from term {term}: {reason}"));
         tracing::warn!(term, %reason, "HA: stepped down; metadata dropped");

@@ -11,6 +11,7 @@
 mod elect;
 pub mod gate;
 
+pub use elect::HOLD_AFTER_DEADLINE;
 pub(crate) use elect::{run, Advertised};
 pub use gate::{Gate, HaState, HaView};
 
