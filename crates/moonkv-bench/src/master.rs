@@ -39,6 +39,11 @@ pub struct MasterBenchArgs {
     /// Call the engine directly, no network and no serialization: the engine's ceiling.
     #[arg(long)]
     in_process: bool,
+    /// With `--spawn`: also run every shape on a master with HA on, elected through the etcd at
+    /// these endpoints (`host:port[;host:port]`), interleaved with the HA-off runs (off, on,
+    /// then on, off, ...), and print the HA-on / HA-off ratio per shape.
+    #[arg(long, value_name = "ENDPOINTS", requires = "spawn")]
+    compare_ha: Option<String>,
     /// Shapes to run, `OP:CxT[:bB]` with OP one of put, get, batch-put, batch-get (comma
     /// separated or repeated). Default: the eight shapes of the upstream comparison.
     #[arg(long = "shape", value_delimiter = ',', value_name = "SHAPE")]
@@ -126,14 +131,34 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
         None
     };
     let remote = args.master.as_deref().map(resolve).transpose()?;
+    let mut ratios = Vec::new();
     for shape in &shapes {
         let mut runs = Vec::with_capacity(args.repeat);
-        for _ in 0..args.repeat {
-            let r = if let Some(rt) = &rt {
-                let master = rt.block_on(server::start(MasterConfig::ephemeral()))?;
-                let outcome = run_on_wire(master.rpc_addr(), *shape, &settings, "spawn", false);
-                rt.block_on(master.shutdown());
-                outcome?
+        let mut ha_runs = Vec::with_capacity(args.repeat);
+        for round in 0..args.repeat {
+            let r = if let (Some(rt), Some(etcd)) = (&rt, &args.compare_ha) {
+                // Alternate the order so neither mode always runs on a warmer machine.
+                let ha_first = round % 2 == 1;
+                let mut pair = Vec::with_capacity(2);
+                for ha in [ha_first, !ha_first] {
+                    let config = if ha {
+                        ha_config(etcd)?
+                    } else {
+                        MasterConfig::ephemeral()
+                    };
+                    pair.push((ha, spawn_and_run(rt, config, *shape, &settings)?));
+                }
+                let (ha, off): (Vec<_>, Vec<_>) = pair.into_iter().partition(|(ha, _)| *ha);
+                let mut ha_result = ha.into_iter().map(|(_, r)| r).next().expect("an HA run");
+                ha_result.mode = "spawn+ha".into();
+                emit(&ha_result);
+                ha_runs.push(ha_result);
+                off.into_iter()
+                    .map(|(_, r)| r)
+                    .next()
+                    .expect("an HA-off run")
+            } else if let Some(rt) = &rt {
+                spawn_and_run(rt, MasterConfig::ephemeral(), *shape, &settings)?
             } else if let Some(addr) = remote {
                 run_on_wire(addr, *shape, &settings, "wire", true)?
             } else {
@@ -142,19 +167,62 @@ pub fn run(args: MasterBenchArgs) -> anyhow::Result<()> {
             emit(&r);
             runs.push(r);
         }
-        results.extend(ShapeResult::median(runs));
+        let off = ShapeResult::median(runs);
+        let on = ShapeResult::median(ha_runs);
+        if let (Some(off), Some(on)) = (&off, &on) {
+            ratios.push((off.shape.clone(), on.keys_per_s / off.keys_per_s.max(1e-9)));
+        }
+        results.extend(off);
+        results.extend(on);
     }
     if !args.json {
         print!(
             "{}",
             report::shape_table(&results, &baselines, &args.baseline_name)
         );
+        for (shape, ratio) in &ratios {
+            println!("HA on / HA off  {shape:<16} {ratio:.3}");
+        }
     }
     let failed: u64 = results.iter().map(|r| r.errors).sum();
     if failed > 0 {
         tracing::warn!(failed, "some calls failed; their keys are not counted");
     }
     Ok(())
+}
+
+/// Starts a master in this process with `config`, runs one shape on it, shuts it down.
+fn spawn_and_run(
+    rt: &tokio::runtime::Runtime,
+    config: MasterConfig,
+    shape: Shape,
+    settings: &LoadSettings,
+) -> anyhow::Result<ShapeResult> {
+    let ha = config.enable_ha;
+    let master = rt.block_on(server::start(config))?;
+    if ha {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !master.gate().serving() {
+            if Instant::now() > deadline {
+                rt.block_on(master.shutdown());
+                anyhow::bail!("the HA master was not elected leader within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let outcome = run_on_wire(master.rpc_addr(), shape, settings, "spawn", false);
+    rt.block_on(master.shutdown());
+    outcome
+}
+
+/// An ephemeral master with HA on, alone in a cluster of its own on `etcd`.
+fn ha_config(etcd: &str) -> anyhow::Result<MasterConfig> {
+    let mut config = MasterConfig::ephemeral();
+    config.enable_ha = true;
+    config.etcd_endpoints = etcd.to_string();
+    config.cluster_id = format!("bench-{:08x}", super::nonce() as u32);
+    config.validate()?;
+    Ok(config)
 }
 
 fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {

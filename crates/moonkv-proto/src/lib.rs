@@ -8,6 +8,7 @@
 //! - [`auth`]: shared-secret challenge-response proofs used by the handshakes.
 //! - [`grant`]: capability grants on replica ranges, issued by the master, checked by nodes.
 //! - [`tls`]: optional TLS settings; with the `tls` feature, PEM loading into rustls configs.
+//! - [`ha`]: the `etcd://` master address, the leader record in etcd, the standby refusal.
 //! - [`units`]: the one parser and printer of human sizes (`64MiB`) and durations (`10s`).
 //!
 //! This crate does no network I/O; it only defines and encodes (and reads secret and PEM files).
@@ -18,6 +19,7 @@ pub mod auth;
 pub mod error;
 pub mod frame;
 pub mod grant;
+pub mod ha;
 pub mod ids;
 pub mod msg;
 pub mod tls;

@@ -103,11 +103,13 @@ impl<'py> RawSetup<'py> {
         let master_server_addr = self
             .master_server_addr
             .unwrap_or_else(|| DEFAULT_MASTER.to_string());
-        if master_server_addr.starts_with("etcd://") || master_server_addr.starts_with("redis://") {
-            return Err(invalid(format!(
-                "master_server_addr '{master_server_addr}': moonkv takes the master as host:port"
-            )));
-        }
+        // host:port, or etcd://host:port[;host:port...] to follow an HA cluster's leader.
+        moonkv_proto::ha::MasterAddr::parse(&master_server_addr).map_err(|e| {
+            invalid(format!(
+                "master_server_addr '{master_server_addr}': {}",
+                e.message
+            ))
+        })?;
         Ok(Settings {
             local_hostname: local_hostname.trim().to_string(),
             global_segment_size: size("global_segment_size", self.global_segment_size.as_ref())?,

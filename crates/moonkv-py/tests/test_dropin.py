@@ -74,7 +74,8 @@ def test_setup_dict_form_with_human_sizes(master, key):
         {"local_buffer_size": "12 parsecs"},
         {"local_hostname": None},
         {"metadata_server": None},
-        {"master_server_addr": "etcd://127.0.0.1:2379"},
+        {"master_server_addr": "redis://127.0.0.1:6379"},
+        {"master_server_addr": "etcd://"},
         {"enable_ssd_offload": True},
     ],
 )

@@ -11,6 +11,7 @@
 //! - [`fake_master`]: a scripted master that answers each request as a closure decides.
 //! - [`events`]: a master with the event stream on, a model of what it should hold, and
 //!   `moonkv events` child processes.
+//! - [`etcd`]: a real etcd member for HA tests, killed and restartable on the same ports.
 //! - [`payload`]: self-checking object bytes and a small deterministic generator.
 //! - [`peer`]: runs the independent Python peers of `tests/peer/`.
 //!
@@ -19,6 +20,7 @@
 
 pub mod admin;
 pub mod cluster;
+pub mod etcd;
 pub mod events;
 pub mod fake_master;
 pub mod payload;

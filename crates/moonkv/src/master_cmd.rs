@@ -67,6 +67,9 @@ impl clap::Args for MasterFlags {
                 Arg::new(key.name)
                     .long(long)
                     .value_name("VALUE")
+                    // `--enable-ha` alone means `--enable-ha true`; other keys refuse "true".
+                    .num_args(0..=1)
+                    .default_missing_value("true")
                     .help(key.help),
             )
         })

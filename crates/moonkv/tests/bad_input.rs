@@ -118,7 +118,7 @@ fn config_key() -> impl Strategy<Value = String> {
     prop_oneof![
         4 => proptest::sample::select(CONFIG_KEYS.iter().map(|k| k.name.to_string()).collect::<Vec<_>>()),
         1 => "[a-z_]{0,24}",
-        1 => Just("enable_ha".to_string()),
+        1 => Just("enable_oplog".to_string()),
     ]
 }
 

@@ -9,6 +9,13 @@
 //! the master every second and, when the master answers `NEED_REMOUNT` (it restarted or expired
 //! this client), re-registers them with `ReMountSegment`.
 //!
+//! The master address is `host:port`, or `etcd://host:port[;host:port...][/cluster_id]` for an
+//! HA cluster: the client reads the leader from etcd, connects to it, and when the connection
+//! breaks, a call times out or a master answers that it is not the leader, it reads the leader
+//! again and reconnects (bounded backoff). A refusal by a standby means the request did not run,
+//! so that call is retried on the new leader within its deadline; the heartbeat then re-mounts
+//! this client's segments on the new leader (it answers `NEED_REMOUNT`).
+//!
 //! [`blocking`] is the same protocol over `std::net` for threads that have no runtime (the
 //! benchmarks, tests); both clients run the one hello exchange of [`handshake`].
 
@@ -16,9 +23,12 @@ pub mod blocking;
 mod connection;
 pub mod handshake;
 mod heartbeat;
+mod leader;
 
 use connection::Connection;
+use leader::LeaderLookup;
 use moonkv_proto::frame;
+use moonkv_proto::ha::{is_not_leader, MasterAddr};
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::{ClientId, Error, ErrorCode, Result, SegmentId};
@@ -34,7 +44,8 @@ const MAX_RESPONSE_BYTES: u32 = 1 << 30;
 /// How a [`MasterClient`] talks to the master.
 #[derive(Clone, Debug)]
 pub struct MasterClientConfig {
-    /// Master RPC address, `host:port`.
+    /// Master RPC address, `host:port`, or `etcd://host:port[;host:port...][/cluster_id]` to
+    /// follow the leader of an HA cluster.
     pub master_addr: String,
     /// Identity of this process towards the master (writer id, segment owner).
     pub client_id: ClientId,
@@ -80,6 +91,10 @@ pub struct MasterClient {
 
 struct Inner {
     config: MasterClientConfig,
+    /// `config.master_addr`, parsed (or why it could not be).
+    addr: std::result::Result<MasterAddr, Error>,
+    /// Set for an `etcd://` address.
+    lookup: Option<LeaderLookup>,
     /// `config.tls`, loaded (or why it could not be).
     tls: std::result::Result<Option<moonkv_dataplane::stream::TlsConnector>, String>,
     conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
@@ -130,8 +145,18 @@ impl MasterClient {
 
     /// Builds a client that connects on its first call.
     pub fn lazy(config: MasterClientConfig) -> MasterClient {
+        let addr = MasterAddr::parse(&config.master_addr);
+        let lookup = match &addr {
+            Ok(MasterAddr::Etcd {
+                endpoints,
+                cluster_id,
+            }) => Some(LeaderLookup::new(endpoints.clone(), cluster_id.clone())),
+            _ => None,
+        };
         MasterClient {
             inner: Arc::new(Inner {
+                addr,
+                lookup,
                 tls: moonkv_dataplane::stream::TlsConnector::load_if_set(config.tls.as_ref())
                     .map_err(|e| e.to_string()),
                 config,
@@ -168,15 +193,35 @@ impl MasterClient {
                 format!("TLS settings for the master: {why}"),
             )
         })?;
+        if let Err(e) = &self.inner.addr {
+            return Err(e.clone());
+        }
+        // Following a leader: keep trying through a failover (about 10 s at most), since a new
+        // leader is normally elected within one lease TTL.
+        let (attempts, max_backoff) = match &self.inner.lookup {
+            Some(_) => (config.connect_attempts.max(20), Duration::from_millis(500)),
+            None => (config.connect_attempts.max(1), Duration::from_secs(2)),
+        };
         let mut backoff = Duration::from_millis(50);
         let mut last_error = None;
-        for attempt in 0..config.connect_attempts.max(1) {
+        for attempt in 0..attempts {
             if attempt > 0 {
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                backoff = (backoff * 2).min(max_backoff);
             }
+            let addr = match &self.inner.lookup {
+                None => config.master_addr.clone(),
+                Some(lookup) => match lookup.resolve(config.connect_timeout).await {
+                    Ok(leader) => leader.rpc_addr,
+                    Err(e) => {
+                        tracing::debug!(attempt, error = %e, "no leader to connect to yet");
+                        last_error = Some(e);
+                        continue;
+                    }
+                },
+            };
             match Connection::open(
-                &config.master_addr,
+                &addr,
                 &config.client_name,
                 config.connect_timeout,
                 config.auth_secret.as_ref(),
@@ -190,7 +235,7 @@ impl MasterClient {
                     return Ok(conn);
                 }
                 Err(e) => {
-                    tracing::debug!(addr = %config.master_addr, attempt, error = %e, "master connect failed");
+                    tracing::debug!(%addr, attempt, error = %e, "master connect failed");
                     // A refused hello (wrong protocol version) will not get better by retrying.
                     if e.code != ErrorCode::RPC_FAIL && e.code != ErrorCode::RPC_TIMEOUT {
                         return Err(e);
@@ -211,9 +256,48 @@ impl MasterClient {
     }
 
     /// Sends one request and decodes its response, within `deadline`.
+    ///
+    /// Following a leader (`etcd://`), a refusal by a master that is not the leader is retried
+    /// on the leader registered now, and a broken or silent connection is dropped so the next
+    /// call looks the leader up again.
     pub async fn call_with_timeout<T: DeserializeOwned>(
         &self,
         request: Request,
+        deadline: Duration,
+    ) -> Result<T> {
+        if self.inner.lookup.is_none() {
+            return self.call_once(&request, deadline).await;
+        }
+        let until = tokio::time::Instant::now() + deadline;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let result = self.call_once(&request, left).await;
+            let Err(e) = &result else { return result };
+            let retry = is_not_leader(e);
+            if retry || matches!(e.code, ErrorCode::RPC_FAIL | ErrorCode::RPC_TIMEOUT) {
+                self.drop_connection().await;
+            }
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if !retry || left <= backoff {
+                return result;
+            }
+            tracing::debug!(error = %e, "the master is not the leader; looking the leader up again");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Closes the current connection, so the next call connects (and resolves) anew.
+    async fn drop_connection(&self) {
+        if let Some(conn) = self.inner.conn.lock().await.take() {
+            conn.close();
+        }
+    }
+
+    async fn call_once<T: DeserializeOwned>(
+        &self,
+        request: &Request,
         deadline: Duration,
     ) -> Result<T> {
         let op = request.op();
@@ -221,7 +305,7 @@ impl MasterClient {
             let conn = self.connection().await?;
             let request_id = self.inner.next_request_id.fetch_add(1, Ordering::Relaxed);
             let mut out = Vec::new();
-            frame::encode_request(&mut out, request_id, &request)?;
+            frame::encode_request(&mut out, request_id, request)?;
             if out.len() > conn.max_frame_bytes as usize {
                 return Err(Error::new(
                     ErrorCode::INVALID_PARAMS,

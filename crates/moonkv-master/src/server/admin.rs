@@ -3,8 +3,9 @@
 //! Paths and JSON shapes follow the upstream master so dashboards and scripts keep working.
 
 use super::events::EventHook;
+use super::ha::{Gate, HaState};
 use super::metrics::Metrics;
-use crate::engine::{Engine, Medium};
+use crate::engine::Medium;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +22,8 @@ use std::sync::Arc;
 /// What the handlers share.
 #[derive(Clone)]
 pub(crate) struct AdminState {
-    pub engine: Arc<Engine>,
+    /// Whether this master serves (HA role) and the engine of its current term.
+    pub gate: Arc<Gate>,
     pub metrics: Arc<Metrics>,
     pub events: Arc<EventHook>,
     pub backend_id: String,
@@ -80,9 +82,8 @@ pub(crate) fn router(state: AdminState) -> Router {
             state.clone(),
             require_secret_to_reveal,
         ));
-    Router::new()
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
+    // Upstream's service plane: only the serving leader answers it.
+    let service = Router::new()
         .route("/kv_events/status", get(events_status))
         .merge(revealing)
         .route("/get_all_segments", get(get_all_segments))
@@ -91,7 +92,33 @@ pub(crate) fn router(state: AdminState) -> Router {
             "/api/v1/tenant_quotas",
             get(get_quotas).put(put_quota).delete(delete_quota),
         )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_serving,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .route("/role", get(role))
+        .route("/ha_status", get(ha_status))
+        .route("/leader", get(leader))
+        .route("/metrics", get(metrics))
+        .merge(service)
         .with_state(state)
+}
+
+/// A standby answers the service-plane endpoints as upstream does: 503, `-1011`.
+async fn require_serving(
+    State(state): State<AdminState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if state.gate.serving() {
+        return next.run(request).await;
+    }
+    let refusal = state.gate.refusal();
+    let body = json!({"success": false, "error_code": ErrorCode::UNAVAILABLE_IN_CURRENT_MODE.as_i32(),
+        "error_message": format!("service plane is not active: {}", refusal.message)});
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
 /// Maps an error to upstream's HTTP status and JSON body.
@@ -114,8 +141,57 @@ fn bad_request(message: impl Into<String>) -> Response {
     error_response(&Error::new(ErrorCode::INVALID_PARAMS, message.into()))
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok", "role": "leader", "ha_state": "serving", "service_ready": true}))
+/// `leader` while serving (always without HA), `standby` otherwise.
+fn role_name(gate: &Gate) -> &'static str {
+    if gate.serving() {
+        "leader"
+    } else {
+        "standby"
+    }
+}
+
+async fn health(State(s): State<AdminState>) -> Json<Value> {
+    let serving = s.gate.serving();
+    let view = s.gate.view();
+    let state = if serving {
+        HaState::Serving
+    } else if view.state == HaState::Serving {
+        HaState::Standby
+    } else {
+        view.state
+    };
+    let mut body = json!({"status": "ok", "role": role_name(&s.gate), "ha_state": state.as_str(),
+        "service_ready": serving});
+    if let Some(leader) = view.leader.filter(|_| s.gate.is_ha()) {
+        body["leader_address"] = json!(leader.rpc_addr);
+        body["view_version"] = json!(leader.term);
+    }
+    Json(body)
+}
+
+async fn role(State(s): State<AdminState>) -> &'static str {
+    role_name(&s.gate)
+}
+
+async fn ha_status(State(s): State<AdminState>) -> &'static str {
+    match s.gate.view().state {
+        HaState::Serving if !s.gate.serving() => HaState::Standby.as_str(),
+        state => state.as_str(),
+    }
+}
+
+/// Upstream's `{present, leader_address?, view_version?}`, plus where the leader's admin
+/// port and event stream are (subscribers follow the leader's events endpoint).
+async fn leader(State(s): State<AdminState>) -> Json<Value> {
+    let view = s.gate.view();
+    match view.leader.filter(|_| s.gate.is_ha()) {
+        Some(l) => Json(
+            json!({"present": true, "leader_address": l.rpc_addr, "view_version": l.term,
+            "admin_address": l.admin_addr, "events_endpoint": l.events_endpoint}),
+        ),
+        None if !s.gate.is_ha() => Json(json!({"present": true, "view_version": 0})),
+        None => Json(json!({"present": false})),
+    }
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
@@ -142,7 +218,7 @@ struct TenantParam {
 }
 
 async fn events_snapshot(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> Response {
-    let engine = s.engine.clone();
+    let engine = s.gate.engine();
     let tenant = p.tenant_id.filter(|t| !t.is_empty());
     let snap =
         match tokio::task::spawn_blocking(move || engine.placement_snapshot(tenant.as_deref()))
@@ -183,7 +259,8 @@ async fn query_key(State(s): State<AdminState>, Query(p): Query<KeyParam>) -> Re
         return bad_request("missing `key` query parameter");
     };
     match s
-        .engine
+        .gate
+        .engine()
         .query_key(p.tenant_id.as_deref().unwrap_or(""), &key)
     {
         Ok(resp) => {
@@ -210,7 +287,7 @@ async fn query_key(State(s): State<AdminState>, Query(p): Query<KeyParam>) -> Re
 }
 
 async fn get_all_keys(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> String {
-    let engine = s.engine.clone();
+    let engine = s.gate.engine();
     let tenant = p.tenant_id.unwrap_or_default();
     let keys = tokio::task::spawn_blocking(move || engine.all_keys(&tenant))
         .await
@@ -225,7 +302,7 @@ async fn get_all_keys(State(s): State<AdminState>, Query(p): Query<TenantParam>)
 
 async fn get_all_segments(State(s): State<AdminState>) -> String {
     let mut text = String::new();
-    for seg in s.engine.segments() {
+    for seg in s.gate.engine().segments() {
         if seg.status == SegmentStatus::Ok {
             text.push_str(&seg.segment.name);
             text.push('\n');
@@ -244,7 +321,8 @@ fn status_name(s: SegmentStatus) -> &'static str {
 
 async fn get_segments_detail(State(s): State<AdminState>) -> Json<Value> {
     let segments: Vec<Value> = s
-        .engine
+        .gate
+        .engine()
         .segments()
         .iter()
         .map(|seg| {
@@ -269,7 +347,7 @@ async fn get_segments_detail(State(s): State<AdminState>) -> Json<Value> {
                 "medium": "cpu",
             })
         })
-        .chain(s.engine.disk_segments().iter().map(|disk| {
+        .chain(s.gate.engine().disk_segments().iter().map(|disk| {
             let pct = disk.used_bytes as f64 * 100.0 / disk.capacity_bytes.max(1) as f64;
             json!({
                 "segment_name": disk.disk.name,
@@ -299,7 +377,7 @@ async fn remove_all(
         return refused;
     }
     let force = matches!(p.get("force").map(String::as_str), Some("true") | Some("1"));
-    let engine = s.engine.clone();
+    let engine = s.gate.engine();
     let tenant = p.get("tenant_id").cloned();
     let result = tokio::task::spawn_blocking(move || match tenant {
         Some(tenant) => engine.remove_all(&RemoveAllRequest { tenant, force }),
@@ -315,7 +393,7 @@ async fn remove_all(
 
 async fn get_quotas(State(s): State<AdminState>, Query(p): Query<TenantParam>) -> Response {
     let single = p.tenant_id.is_some();
-    match s.engine.tenant_quotas(p.tenant_id.as_deref()) {
+    match s.gate.engine().tenant_quotas(p.tenant_id.as_deref()) {
         Ok(list) if single => Json(json!({"success": true, "data": list.first()})).into_response(),
         Ok(list) => Json(json!({"success": true, "data": list})).into_response(),
         Err(e) => error_response(&e),
@@ -348,7 +426,8 @@ async fn put_quota(
         }
     };
     match s
-        .engine
+        .gate
+        .engine()
         .set_tenant_quota(&tenant, body.requested_quota_bytes)
     {
         Ok(snap) => Json(json!({"success": true, "data": snap})).into_response(),
@@ -367,7 +446,7 @@ async fn delete_quota(
     let Some(tenant) = p.tenant_id else {
         return bad_request("missing `tenant_id` query parameter");
     };
-    match s.engine.delete_tenant_quota(&tenant) {
+    match s.gate.engine().delete_tenant_quota(&tenant) {
         Ok(()) => Json(json!({"success": true})).into_response(),
         Err(e) => error_response(&e),
     }

@@ -4,7 +4,8 @@
 mod call_metrics;
 
 use super::events::EventHook;
-use crate::engine::{Engine, EngineStats};
+use super::ha::Gate;
+use crate::engine::EngineStats;
 pub(crate) use call_metrics::Reply;
 use call_metrics::{encode_literal, BatchMetrics, ReplyMetrics};
 use moonkv_proto::msg::{Op, Request};
@@ -51,7 +52,7 @@ fn op_index(op: Op) -> usize {
 
 impl Metrics {
     /// Registers every metric; engine and publisher values are read at each scrape.
-    pub fn new(engine: Arc<Engine>, events: Arc<EventHook>) -> Self {
+    pub fn new(engine: Arc<Gate>, events: Arc<EventHook>) -> Self {
         let mut registry = Registry::default();
         let mut ops = Vec::with_capacity(Op::ALL.len());
         for op in Op::ALL {
@@ -231,7 +232,8 @@ fn counter(
 }
 
 struct EngineCollector {
-    engine: Arc<Engine>,
+    /// Read at each scrape: the engine of the current term.
+    engine: Arc<Gate>,
     last_stats: Arc<Mutex<EngineStats>>,
 }
 
@@ -243,7 +245,8 @@ impl std::fmt::Debug for EngineCollector {
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.engine.stats();
+        let engine = self.engine.engine();
+        let s = engine.stats();
         *self.last_stats.lock() = s.clone();
         let e = &mut encoder;
         gauge(
@@ -355,7 +358,7 @@ impl Collector for EngineCollector {
             "offloads to disk that failed or expired",
             s.offloads_failed,
         )?;
-        let segments = self.engine.segments();
+        let segments = engine.segments();
         let mut used = e.encode_descriptor(
             "segment_allocated_bytes",
             "allocated bytes per segment",
@@ -376,7 +379,7 @@ impl Collector for EngineCollector {
             let labels = [("segment", seg.segment.name.as_str())];
             ConstGauge::new(seg.capacity_bytes as i64).encode(cap.encode_family(&labels)?)?;
         }
-        let disks = self.engine.disk_segments();
+        let disks = engine.disk_segments();
         let mut used = e.encode_descriptor(
             "disk_segment_allocated_bytes",
             "bytes charged per disk",

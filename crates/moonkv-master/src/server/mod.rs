@@ -6,10 +6,12 @@
 //! - `admin`: HTTP endpoints.
 //! - [`events`]: engine changes → KV event publisher.
 //! - [`metrics`]: Prometheus registry.
+//! - [`ha`]: leader election on etcd and the serving gate every request passes.
 
 mod admin;
 pub mod config;
 pub mod events;
+pub mod ha;
 pub mod metrics;
 mod rpc;
 mod tls;
@@ -18,6 +20,7 @@ pub use config::{ConfigError, KvEventsSettings, MasterConfig, CONFIG_KEYS};
 
 use crate::engine::{Engine, SystemClock};
 use events::EventHook;
+use ha::Gate;
 use metrics::Metrics;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +38,7 @@ const SWEEP_PERIOD: Duration = Duration::from_secs(1);
 pub struct MasterHandle {
     rpc_addr: SocketAddr,
     admin_addr: SocketAddr,
-    engine: Arc<Engine>,
+    gate: Arc<Gate>,
     events: Arc<EventHook>,
     stop: watch::Sender<bool>,
     maintenance_stop: Arc<AtomicBool>,
@@ -59,9 +62,15 @@ impl MasterHandle {
         self.events.endpoint()
     }
 
-    /// The engine, for embedding and tests.
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+    /// The engine of the current term, for embedding and tests (with HA, an empty one while
+    /// this master does not lead).
+    pub fn engine(&self) -> Arc<Engine> {
+        self.gate.engine()
+    }
+
+    /// Whether this master serves, its HA state and term ([`ha::Gate`]).
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
     }
 
     /// Stops accepting, closes connections, stops maintenance, drains the event queue.
@@ -97,12 +106,25 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
             .clone()
             .or_else(|| config.auth_secret.clone());
     }
-    let engine = Arc::new(Engine::new(
-        engine_config,
-        Arc::new(SystemClock),
-        events.clone(),
-    ));
-    let metrics = Arc::new(Metrics::new(engine.clone(), events.clone()));
+    let ha_settings = config.ha()?;
+    let catalog = Arc::new(rpc::CatalogSignals::default());
+    let gate = Arc::new(if ha_settings.is_some() {
+        let sink = events.clone();
+        let catalog = catalog.clone();
+        Gate::for_ha(move |term| {
+            // A leader's term orders its writes after every earlier leader's (re-adoption).
+            let mut config = engine_config.clone();
+            config.epoch = term.max(1);
+            let engine = Engine::new(config, Arc::new(SystemClock), sink.clone());
+            catalog.wire(&engine);
+            engine
+        })
+    } else {
+        let engine = Engine::new(engine_config, Arc::new(SystemClock), events.clone());
+        catalog.wire(&engine);
+        Gate::always_open(Arc::new(engine))
+    });
+    let metrics = Arc::new(Metrics::new(gate.clone(), events.clone()));
 
     let rpc_listener = tokio::net::TcpListener::bind(config.rpc_addr)
         .await
@@ -117,7 +139,7 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
     let (stop, stop_rx) = watch::channel(false);
 
     let shared = Arc::new(rpc::RpcShared {
-        engine: engine.clone(),
+        gate: gate.clone(),
         metrics: metrics.clone(),
         max_frame_bytes: config.max_frame_bytes,
         io_timeout: std::time::Duration::from_millis(config.rpc_io_timeout_ms),
@@ -130,12 +152,12 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
             .and(config.grant_secret.clone())
             .filter(|node| Some(node) != config.auth_secret.as_ref()),
         tls,
-        catalog: rpc::CatalogSignals::wired_to(&engine),
+        catalog,
     });
     let rpc_task = tokio::spawn(rpc::serve(rpc_listener, shared, stop_rx.clone()));
 
     let state = admin::AdminState {
-        engine: engine.clone(),
+        gate: gate.clone(),
         metrics,
         events: events.clone(),
         backend_id: config.kv_events.backend_id.clone(),
@@ -153,33 +175,51 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
     });
 
     let maintenance_stop = Arc::new(AtomicBool::new(false));
-    let maintenance = spawn_maintenance(engine.clone(), maintenance_stop.clone())?;
+    let maintenance = spawn_maintenance(gate.clone(), maintenance_stop.clone())?;
+    let mut tasks = vec![rpc_task, admin_task];
+    if let Some(settings) = ha_settings {
+        let me = ha::Advertised {
+            rpc_addr: rpc_addr.to_string(),
+            admin_addr: admin_addr.to_string(),
+            events_endpoint: events.endpoint(),
+        };
+        tracing::info!(cluster_id = %settings.cluster_id, endpoints = ?settings.endpoints, "HA on: campaigning through etcd");
+        // Last in the list: shutdown stops the servers first, then gives the leader key up.
+        tasks.push(tokio::spawn(ha::run(
+            settings,
+            me,
+            gate.clone(),
+            stop_rx.clone(),
+        )));
+    }
     let tls_on = config.tls().is_some();
     tracing::info!(%rpc_addr, %admin_addr, tls = tls_on, events = ?events.endpoint(), "master ready");
     Ok(MasterHandle {
         rpc_addr,
         admin_addr,
-        engine,
+        gate,
         events,
         stop,
         maintenance_stop,
         maintenance: Some(maintenance),
-        tasks: vec![rpc_task, admin_task],
+        tasks,
     })
 }
 
 /// Runs eviction every 10 ms and the slower sweeps every second on a thread of its own, so
 /// long scans never occupy an RPC worker.
-fn spawn_maintenance(
-    engine: Arc<Engine>,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<JoinHandle<()>> {
+fn spawn_maintenance(gate: Arc<Gate>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("moonkv-maintenance".into())
         .spawn(move || {
             let mut last_sweep = Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(EVICTION_PERIOD);
+                // A standby holds no metadata; its maintenance waits for a term of its own.
+                if !gate.serving() {
+                    continue;
+                }
+                let engine = gate.engine();
                 engine.run_eviction();
                 if last_sweep.elapsed() >= SWEEP_PERIOD {
                     last_sweep = Instant::now();

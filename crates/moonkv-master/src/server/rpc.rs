@@ -5,6 +5,7 @@
 //! RemoveAll) run on the blocking pool and answer when done, so responses may come back out of
 //! order; clients match them by request id.
 
+use super::ha::Gate;
 use super::metrics::Metrics;
 use crate::engine::Engine;
 use moonkv_proto::auth::{Secret, NONCE_LEN};
@@ -20,7 +21,8 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 /// State every connection shares.
 pub(crate) struct RpcShared {
-    pub engine: Arc<Engine>,
+    /// Admits each request (HA: only a leader within its write deadline) and holds the engine.
+    pub gate: Arc<Gate>,
     pub metrics: Arc<Metrics>,
     pub max_frame_bytes: u32,
     /// An incomplete frame that gets no new bytes this long closes its connection.
@@ -49,16 +51,14 @@ pub(crate) struct CatalogSignals {
 }
 
 impl CatalogSignals {
-    /// Signals wired to `engine`'s notice queue.
-    pub(crate) fn wired_to(engine: &Engine) -> Arc<CatalogSignals> {
-        let signals = Arc::new(CatalogSignals::default());
-        let weak = Arc::downgrade(&signals);
+    /// Wires `engine`'s notice queue to these signals (every engine of every term).
+    pub(crate) fn wire(self: &Arc<Self>, engine: &Engine) {
+        let weak = Arc::downgrade(self);
         engine.set_catalog_waker(Arc::new(move || {
             if let Some(s) = weak.upgrade() {
                 s.notices.notify_waiters();
             }
         }));
-        signals
     }
 }
 
@@ -89,14 +89,23 @@ fn is_fenced(op: Op) -> bool {
     )
 }
 
+/// A deferred answer leaves only if this master still serves the term it was admitted under;
+/// otherwise it becomes the refusal (HA fencing, as `Serving::seal` does for inline answers).
+fn seal_deferred(shared: &RpcShared, term: u64, request_id: u64, out: &mut Vec<u8>) {
+    if !shared.gate.still_serving(term, Instant::now()) {
+        out.clear();
+        frame::encode_err(out, request_id, &shared.gate.refusal());
+    }
+}
+
 /// Waits (bounded) until the drop notices of `fence` were acknowledged.
-async fn wait_fence(shared: &RpcShared, fence: crate::engine::CatalogFence) {
+async fn wait_fence(shared: &RpcShared, engine: &Engine, fence: crate::engine::CatalogFence) {
     let deadline = tokio::time::Instant::now() + FENCE_TIMEOUT;
     loop {
         let acked = shared.catalog.acks.notified();
         tokio::pin!(acked);
         acked.as_mut().enable();
-        if shared.engine.catalog_fence_passed(&fence, FENCE_STALE_MS) {
+        if engine.catalog_fence_passed(&fence, FENCE_STALE_MS) {
             return;
         }
         if tokio::time::timeout_at(deadline, acked).await.is_err() {
@@ -113,6 +122,7 @@ async fn wait_fence(shared: &RpcShared, fence: crate::engine::CatalogFence) {
 /// queued or the node's wait ends.
 async fn sync_catalog(
     shared: &RpcShared,
+    engine: &Engine,
     req: &SyncCatalogRequest,
 ) -> Result<SyncCatalogResponse, Error> {
     let wait = std::time::Duration::from_millis(u64::from(req.wait_ms)).min(MAX_CATALOG_WAIT);
@@ -122,7 +132,7 @@ async fn sync_catalog(
         let queued = shared.catalog.notices.notified();
         tokio::pin!(queued);
         queued.as_mut().enable();
-        let answer = shared.engine.sync_catalog(req)?;
+        let answer = engine.sync_catalog(req)?;
         if first {
             // This poll acknowledged notices: removals waiting for them may answer.
             shared.catalog.acks.notify_waiters();
@@ -132,7 +142,7 @@ async fn sync_catalog(
             return Ok(answer);
         }
         if tokio::time::timeout_at(deadline, queued).await.is_err() {
-            return shared.engine.sync_catalog(req);
+            return engine.sync_catalog(req);
         }
     }
 }
@@ -179,11 +189,11 @@ fn node_only(op: moonkv_proto::msg::Op) -> bool {
 macro_rules! gen_dispatch {
     ($($code:literal => $name:ident($req:ty) -> $resp:ty, $method:ident;)*) => {
         /// Runs one request, appends its response frame and counts it in `metrics`.
-        pub(crate) fn dispatch(shared: &RpcShared, request_id: u64, request: &Request, out: &mut Vec<u8>) {
+        pub(crate) fn dispatch(shared: &RpcShared, engine: &Engine, request_id: u64, request: &Request, out: &mut Vec<u8>) {
             let started = Instant::now();
             match request {
                 $(Request::$name(r) => {
-                    let reply = shared.engine.$method(r);
+                    let reply = engine.$method(r);
                     let encoded = respond(out, request_id, &reply);
                     shared.metrics.record_reply(request, &reply, encoded, started.elapsed());
                 })*
@@ -274,6 +284,7 @@ async fn serve_connection(
     let mut input: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut output: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut handshake = Handshake::New;
+    let mut serving = Serving::new(&shared.gate);
     // Set while frames wait in `input` for a scan slot: the socket is not read meanwhile, so a
     // client that sends scans and never reads their answers stalls itself, not the master.
     let mut paused = false;
@@ -283,9 +294,11 @@ async fn serve_connection(
                 if read? == 0 {
                     return Ok(());
                 }
-                let verdict =
-                    process_input(&shared, &mut input, &mut output, &mut handshake, &done_tx, &scans);
+                let verdict = process_input(
+                    &shared, &mut serving, &mut input, &mut output, &mut handshake, &done_tx, &scans,
+                );
                 if !output.is_empty() {
+                    serving.seal(&shared.gate, &mut output);
                     writer.write_all(&output).await?;
                     output.clear();
                 }
@@ -297,9 +310,10 @@ async fn serve_connection(
                 drop(slot);
                 if paused {
                     let verdict = process_input(
-                        &shared, &mut input, &mut output, &mut handshake, &done_tx, &scans,
+                        &shared, &mut serving, &mut input, &mut output, &mut handshake, &done_tx, &scans,
                     );
                     if !output.is_empty() {
+                        serving.seal(&shared.gate, &mut output);
                         writer.write_all(&output).await?;
                         output.clear();
                     }
@@ -342,6 +356,7 @@ type ScanDone = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
 /// it stopped at a scan for want of a scan slot (the frame stays in `input`).
 fn process_input(
     shared: &Arc<RpcShared>,
+    serving: &mut Serving,
     input: &mut Vec<u8>,
     output: &mut Vec<u8>,
     handshake: &mut Handshake,
@@ -397,6 +412,12 @@ fn process_input(
             }
         };
         let op = request.op();
+        let started = Instant::now();
+        if let Err(refusal) = serving.admit(&shared.gate, started, output.len()) {
+            shared.metrics.record(op, false, std::time::Duration::ZERO);
+            frame::encode_err(output, frame.request_id, &refusal);
+            continue;
+        }
         if role == Role::Client && node_only(op) {
             shared.metrics.record(op, false, std::time::Duration::ZERO);
             frame::encode_err(
@@ -426,14 +447,17 @@ fn process_input(
             let shared = shared.clone();
             let done_tx = done_tx.clone();
             let req = req.clone();
+            let term = serving.term;
+            let engine = serving.engine.clone();
             tokio::spawn(async move {
                 let started = Instant::now();
                 let mut out = Vec::new();
-                let reply = sync_catalog(&shared, &req).await;
+                let reply = sync_catalog(&shared, &engine, &req).await;
                 let encoded = respond(&mut out, request_id, &reply);
                 shared
                     .metrics
                     .record_reply(&request, &reply, encoded, started.elapsed());
+                seal_deferred(&shared, term, request_id, &mut out);
                 let _ = done_tx.send((out, slot));
             });
             continue;
@@ -443,16 +467,21 @@ fn process_input(
             let shared = shared.clone();
             let done_tx = done_tx.clone();
             let runtime = tokio::runtime::Handle::current();
+            let term = serving.term;
+            let engine = serving.engine.clone();
             tokio::task::spawn_blocking(move || {
                 let mut out = Vec::new();
                 let ((), fence) = crate::engine::fence_scope(|| {
-                    dispatch(&shared, request_id, &request, &mut out)
+                    dispatch(&shared, &engine, request_id, &request, &mut out)
                 });
                 if fence.is_empty() {
+                    // The answer leaves only if this master still serves the term it started in.
+                    seal_deferred(&shared, term, request_id, &mut out);
                     let _ = done_tx.send((out, slot));
                 } else {
                     runtime.spawn(async move {
-                        wait_fence(&shared, fence).await;
+                        wait_fence(&shared, &engine, fence).await;
+                        seal_deferred(&shared, term, request_id, &mut out);
                         let _ = done_tx.send((out, slot));
                     });
                 }
@@ -461,27 +490,96 @@ fn process_input(
         }
         if let Some(slot) = slot {
             let mut out = Vec::new();
-            let ((), fence) =
-                crate::engine::fence_scope(|| dispatch(shared, request_id, &request, &mut out));
+            let engine = &serving.engine;
+            let ((), fence) = crate::engine::fence_scope(|| {
+                dispatch(shared, engine, request_id, &request, &mut out)
+            });
             if fence.is_empty() {
                 output.extend_from_slice(&out);
             } else {
                 let shared = shared.clone();
                 let done_tx = done_tx.clone();
+                let term = serving.term;
+                let engine = engine.clone();
                 tokio::spawn(async move {
-                    wait_fence(&shared, fence).await;
+                    wait_fence(&shared, &engine, fence).await;
+                    seal_deferred(&shared, term, request_id, &mut out);
                     let _ = done_tx.send((out, slot));
                 });
             }
             continue;
         }
-        dispatch(shared, request_id, &request, output);
+        dispatch(shared, &serving.engine, request_id, &request, output);
     };
     input.drain(..consumed);
     if result.is_ok() {
         reserve_for_next_frame(input, shared.max_frame_bytes);
     }
     result
+}
+
+/// A connection's view of the gate: the engine of the term it last saw, and which terms the
+/// answers waiting in its output buffer were admitted under.
+struct Serving {
+    term: u64,
+    engine: Arc<Engine>,
+    /// Where in the output buffer the first answer admitted under `term` starts (HA only).
+    pending: Option<usize>,
+    /// Answers in the output buffer were admitted under more than one term.
+    mixed: bool,
+}
+
+impl Serving {
+    fn new(gate: &Gate) -> Serving {
+        let (term, engine) = gate.current();
+        Serving {
+            term,
+            engine,
+            pending: None,
+            mixed: false,
+        }
+    }
+
+    /// Admits a request starting at `now` whose answer will start at `at` in the output
+    /// buffer; `self.engine` is then the engine of the term it runs under.
+    #[inline]
+    fn admit(&mut self, gate: &Gate, now: Instant, at: usize) -> Result<(), Error> {
+        let term = gate.admit(now)?;
+        if term != self.term {
+            self.mixed |= self.pending.is_some();
+            let (current, engine) = gate.current();
+            self.term = current;
+            self.engine = engine;
+        }
+        if gate.is_ha() && self.pending.is_none() {
+            self.pending = Some(at);
+        }
+        Ok(())
+    }
+
+    /// Right before the output buffer is written: if this master stopped serving the term its
+    /// answers were admitted under (the write deadline passed, or it stepped down), every
+    /// answer in it becomes the refusal, so no write that crossed the deadline is reported OK.
+    fn seal(&mut self, gate: &Gate, output: &mut Vec<u8>) {
+        let Some(from) = self.pending.take() else {
+            return;
+        };
+        let mixed = std::mem::take(&mut self.mixed);
+        if !mixed && gate.still_serving(self.term, Instant::now()) {
+            return;
+        }
+        let refusal = gate.refusal();
+        let mut ids = Vec::new();
+        let mut at = from;
+        while let Ok(Some((frame, used))) = frame::decode(&output[at..], u32::MAX) {
+            ids.push(frame.request_id);
+            at += used;
+        }
+        output.truncate(from);
+        for id in ids {
+            frame::encode_err(output, id, &refusal);
+        }
+    }
 }
 
 /// When a large frame is partly read, make room for all of it at once (the length was checked).
@@ -602,4 +700,78 @@ fn greet(
     frame::encode_ok(output, frame.request_id, &ack)
         .map_err(|e| CloseReason::Protocol(e.to_string()))?;
     Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineConfig, ManualClock, NoopSink};
+    use moonkv_proto::ha::{is_not_leader, LeaderRecord};
+    use std::time::Duration;
+
+    fn ha_gate() -> Gate {
+        Gate::for_ha(|_| {
+            Engine::new(
+                EngineConfig::default(),
+                Arc::new(ManualClock::new(0)),
+                Arc::new(NoopSink),
+            )
+        })
+    }
+
+    fn lead(gate: &Gate, term: u64) {
+        let record = LeaderRecord {
+            term,
+            rpc_addr: "127.0.0.1:1".into(),
+            admin_addr: "127.0.0.1:2".into(),
+            events_endpoint: None,
+        };
+        gate.become_leader(term, Instant::now() + Duration::from_secs(60), record);
+    }
+
+    /// The frames in `out`: (request id, error code).
+    fn frames(out: &[u8]) -> Vec<(u64, i32)> {
+        let mut at = 0;
+        let mut seen = Vec::new();
+        while let Ok(Some((f, used))) = frame::decode(&out[at..], u32::MAX) {
+            seen.push((f.request_id, f.code));
+            at += used;
+        }
+        seen
+    }
+
+    #[test]
+    fn answers_of_a_term_that_ended_before_they_left_become_refusals() {
+        let gate = ha_gate();
+        lead(&gate, 1);
+        let mut serving = Serving::new(&gate);
+        let mut out = Vec::new();
+        // An answer written before the first admitted request (a hello ack) stays as it is.
+        frame::encode_ok(&mut out, 1, &()).unwrap();
+        serving.admit(&gate, Instant::now(), out.len()).unwrap();
+        frame::encode_ok(&mut out, 2, &()).unwrap();
+        serving.admit(&gate, Instant::now(), out.len()).unwrap();
+        frame::encode_ok(&mut out, 3, &()).unwrap();
+        gate.step_down("lease lapsed");
+        serving.seal(&gate, &mut out);
+        let code = ErrorCode::UNAVAILABLE_IN_CURRENT_MODE.as_i32();
+        assert_eq!(frames(&out), [(1, 0), (2, code), (3, code)]);
+        assert!(is_not_leader(&gate.refusal()));
+    }
+
+    #[test]
+    fn answers_of_the_live_term_leave_untouched() {
+        let gate = ha_gate();
+        lead(&gate, 4);
+        let mut serving = Serving::new(&gate);
+        let mut out = Vec::new();
+        serving.admit(&gate, Instant::now(), out.len()).unwrap();
+        frame::encode_ok(&mut out, 7, &()).unwrap();
+        let before = out.clone();
+        serving.seal(&gate, &mut out);
+        assert_eq!(out, before);
+        // A closed gate admits nothing.
+        gate.step_down("etcd unreachable");
+        assert!(serving.admit(&gate, Instant::now(), 0).is_err());
+    }
 }

@@ -21,10 +21,8 @@ pub struct ConfigKey {
 
 /// Upstream keys recognised but not offered here, so a ported config fails with a useful message.
 pub(super) const UPSTREAM_ONLY_KEYS: &[&str] = &[
-    "enable_ha",
     "ha_backend_type",
     "ha_backend_connstring",
-    "etcd_endpoints",
     "enable_oplog",
     "enable_snapshot",
     "enable_snapshot_restore",
@@ -34,7 +32,6 @@ pub(super) const UPSTREAM_ONLY_KEYS: &[&str] = &[
     "memory_allocator",
     "enable_http_metadata_server",
     "nof_eviction_ratio",
-    "cluster_id",
 ];
 
 /// The text of a doc comment: rustdoc keeps the space after each `///`, which also joins the
@@ -162,6 +159,16 @@ config_keys! {
     adopt_timeout_sec: Int<1, 3_600> => |c, v| c.engine.adopt_timeout_ms = v.0 * 1000;
     /// require tenant registration and enforce quotas (default false)
     enable_multi_tenants: Flag => |c, v| c.engine.enable_multi_tenants = v.0;
+    /// elect one leader among several masters through an etcd lease; standbys refuse requests
+    /// naming the leader (default false)
+    enable_ha: Flag => |c, v| c.enable_ha = v.0;
+    /// etcd client endpoints for HA, host:port separated by `;` (an http:// prefix is accepted)
+    etcd_endpoints: Text => |c, v| c.etcd_endpoints = v.0;
+    /// names this cluster's keys in etcd, /moonkv/<cluster_id>/ (default mooncake_cluster)
+    cluster_id: Text => |c, v| c.cluster_id = v.0;
+    /// HA leader lease in seconds: a dead leader is replaced within about this long, and a
+    /// leader that cannot renew it stops serving a sixth of it earlier (default 3)
+    ha_lease_ttl_sec: Int<2, 60> => |c, v| c.ha_lease_ttl_sec = v.0 as i64;
     /// publish the KV event stream over ZMQ (default false)
     enable_kv_events: Flag => |c, v| c.kv_events.enabled = v.0;
     /// ZMQ endpoint the publisher binds, e.g. tcp://127.0.0.1:5557

@@ -97,6 +97,14 @@ pub struct MasterConfig {
     pub tls_key_file: Option<PathBuf>,
     /// `tls_client_ca_file`: clients must present a certificate this CA signed.
     pub tls_client_ca_file: Option<PathBuf>,
+    /// `enable_ha`: elect a leader through etcd ([`MasterConfig::ha`]).
+    pub enable_ha: bool,
+    /// `etcd_endpoints`, as given.
+    pub etcd_endpoints: String,
+    /// `cluster_id`.
+    pub cluster_id: String,
+    /// `ha_lease_ttl_sec`.
+    pub ha_lease_ttl_sec: i64,
 }
 
 impl Default for MasterConfig {
@@ -116,6 +124,10 @@ impl Default for MasterConfig {
             tls_cert_file: None,
             tls_key_file: None,
             tls_client_ca_file: None,
+            enable_ha: false,
+            etcd_endpoints: String::new(),
+            cluster_id: moonkv_proto::ha::DEFAULT_CLUSTER_ID.to_string(),
+            ha_lease_ttl_sec: crate::server::ha::DEFAULT_LEASE_TTL_SEC,
         }
     }
 }
@@ -278,6 +290,7 @@ impl MasterConfig {
             .validate()
             .map_err(|e| bad(e.key(), e.to_string()))?;
         self.check_tls()?;
+        self.ha()?;
         let ev = &self.kv_events;
         if ev.enabled {
             if ev.bind_endpoint.is_empty() {
@@ -298,6 +311,31 @@ impl MasterConfig {
 }
 
 impl MasterConfig {
+    /// The HA settings when `enable_ha` is on, checked; `None` = a single master.
+    pub fn ha(&self) -> Result<Option<crate::server::ha::HaSettings>, ConfigError> {
+        use moonkv_proto::ha::{parse_endpoints, validate_cluster_id};
+        if !self.enable_ha {
+            return Ok(None);
+        }
+        if self.etcd_endpoints.trim().is_empty() {
+            return Err(bad("etcd_endpoints", "required when enable_ha is true"));
+        }
+        let endpoints =
+            parse_endpoints(&self.etcd_endpoints).map_err(|e| bad("etcd_endpoints", e))?;
+        validate_cluster_id(&self.cluster_id).map_err(|e| bad("cluster_id", e))?;
+        if self.rpc_addr.ip().is_unspecified() {
+            return Err(bad(
+                "rpc_address",
+                "with enable_ha the leader key advertises this address: give the address clients reach, not 0.0.0.0",
+            ));
+        }
+        Ok(Some(crate::server::ha::HaSettings {
+            endpoints,
+            cluster_id: self.cluster_id.clone(),
+            lease_ttl_sec: self.ha_lease_ttl_sec,
+        }))
+    }
+
     /// The TLS settings of the RPC port; `None` = plaintext.
     pub fn tls(&self) -> Option<TlsServerConfig> {
         Some(TlsServerConfig {
@@ -382,7 +420,7 @@ mod tests {
             "no_such_key"
         );
         assert!(c
-            .apply("enable_ha", &json!(true))
+            .apply("enable_oplog", &json!(true))
             .unwrap_err()
             .reason
             .contains("not supported"));
@@ -404,6 +442,29 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().key, "kv_events_backend_id");
         c.apply("kv_events_backend_id", &json!("b0")).unwrap();
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn ha_needs_endpoints_a_cluster_id_and_an_advertised_address() {
+        let mut c = MasterConfig::default();
+        c.apply("enable_ha", &json!(true)).unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "etcd_endpoints");
+        c.apply("etcd_endpoints", &json!("127.0.0.1")).unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "etcd_endpoints");
+        c.apply(
+            "etcd_endpoints",
+            &json!("http://127.0.0.1:2379;127.0.0.2:2379"),
+        )
+        .unwrap();
+        c.apply("cluster_id", &json!("a/b")).unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "cluster_id");
+        c.apply("cluster_id", &json!("prod-1")).unwrap();
+        let ha = c.ha().unwrap().unwrap();
+        assert_eq!(ha.endpoints, ["127.0.0.1:2379", "127.0.0.2:2379"]);
+        assert_eq!(ha.lease_ttl_sec, 3);
+        assert!(c.apply("ha_lease_ttl_sec", &json!(1)).is_err());
+        c.apply("rpc_address", &json!("0.0.0.0")).unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "rpc_address");
     }
 
     #[test]
@@ -434,8 +495,8 @@ mod tests {
         let err = c.apply("evicton_ratio", &json!(0.1)).unwrap_err();
         assert_eq!(err.key, "evicton_ratio");
         assert!(err.reason.starts_with("unknown key"), "{err}");
-        let err = c.apply("enable_ha", &json!(false)).unwrap_err();
-        assert_eq!(err.key, "enable_ha");
+        let err = c.apply("enable_oplog", &json!(false)).unwrap_err();
+        assert_eq!(err.key, "enable_oplog");
         assert!(err.reason.contains("not supported"), "{err}");
         for key in CONFIG_KEYS {
             // Every listed key reaches its value type, which refuses null.
