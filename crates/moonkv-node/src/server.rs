@@ -264,6 +264,7 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
             stream.flush().await?;
         }
         // Waiting for the next request may take long; once it is here, it must keep moving.
+        stream.get_mut().get_mut().end_request();
         stream.get_mut().get_mut().set_limit(deadlines.idle);
         let arrived = read_header(stream, &mut raw, filled).await;
         stream.get_mut().get_mut().set_limit(deadlines.io);
@@ -309,6 +310,12 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
             }
         }
         served.counters.requests.fetch_add(1, Ordering::Relaxed);
+        // From its first transfer on (after any wait for a range lock), the request has a time
+        // cap: a caller trickling its payload cannot keep the lock past it.
+        stream
+            .get_mut()
+            .get_mut()
+            .begin_request(deadlines.request_cap(header.length));
         let id = header.segment_id;
         match header.op {
             op if op == DataOp::Stats as u8 => serve_stats(stream, &header, served).await?,

@@ -91,8 +91,13 @@ pub(crate) fn router(state: AdminState) -> Router {
             "/api/v1/tenant_quotas",
             get(get_quotas).put(put_quota).delete(delete_quota),
         )
+        // Admin bodies are small JSON documents; a larger one is refused before it is buffered.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
+
+/// Largest admin request body accepted (axum's default would be 2 MiB per connection).
+const MAX_BODY_BYTES: usize = 64 << 10;
 
 /// Maps an error to upstream's HTTP status and JSON body.
 fn error_response(e: &Error) -> Response {
