@@ -162,8 +162,9 @@ async fn serve_connection(
     let (mut reader, mut writer) = super::tls::accept(stream, shared.tls.as_ref()).await?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<ScanDone>();
     let scans = Arc::new(Semaphore::new(MAX_SCANS_IN_FLIGHT));
-    let mut input: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let mut output: Vec<u8> = Vec::with_capacity(64 * 1024);
+    // Both start empty, so an idle connection costs little (see `READ_ROOM`).
+    let mut input: Vec<u8> = Vec::new();
+    let mut output: Vec<u8> = Vec::new();
     let mut handshake = Handshake::New;
     // Set while frames wait in `input` for a scan slot: the socket is not read meanwhile, so a
     // client that sends scans and never reads their answers stalls itself, not the master.
@@ -179,6 +180,7 @@ async fn serve_connection(
                 if !output.is_empty() {
                     writer.write_all(&output).await?;
                     output.clear();
+                    give_back_if_large(&mut output);
                 }
                 paused = verdict?;
             }
@@ -193,12 +195,27 @@ async fn serve_connection(
                     if !output.is_empty() {
                         writer.write_all(&output).await?;
                         output.clear();
+                        give_back_if_large(&mut output);
                     }
                     paused = verdict?;
                 }
             }
             _ = shutdown.changed() => return Ok(()),
         }
+    }
+}
+
+/// Room a read asks for when the input buffer is full: as much as the buffer holds, from 1 KiB
+/// to 64 KiB. Buffers start empty and double by reads, so thousands of idle connections cost
+/// little, and a busy one's grows to its bursts.
+const READ_ROOM: std::ops::RangeInclusive<usize> = 1 << 10..=64 << 10;
+/// A buffer that grew past this (a large frame or answer) is given back once it is empty, so a
+/// connection does not keep a 16 MiB frame's buffer for the rest of its life.
+const KEEP_BUFFER: usize = 256 << 10;
+
+fn give_back_if_large(buffer: &mut Vec<u8>) {
+    if buffer.is_empty() && buffer.capacity() > KEEP_BUFFER {
+        *buffer = Vec::new();
     }
 }
 
@@ -210,6 +227,9 @@ async fn read_more(
     input: &mut Vec<u8>,
     limit: std::time::Duration,
 ) -> std::io::Result<usize> {
+    if input.len() == input.capacity() {
+        input.reserve(input.capacity().clamp(*READ_ROOM.start(), *READ_ROOM.end()));
+    }
     if input.is_empty() {
         return reader.read_buf(input).await;
     }
@@ -320,6 +340,7 @@ fn process_input(
         shared.metrics.record(op, ok, started.elapsed());
     };
     input.drain(..consumed);
+    give_back_if_large(input);
     if result.is_ok() {
         reserve_for_next_frame(input, shared.max_frame_bytes);
     }
