@@ -129,7 +129,19 @@ pub(crate) async fn serve(
                     let shutdown = shutdown.clone();
                     tokio::spawn(async move {
                         let _slot = slot;
-                        if let Err(e) = serve_connection(stream, shared, shutdown).await {
+                        // Until its first byte a connection costs only this small task: the
+                        // connection's state (TLS included) is allocated once the client speaks.
+                        let mut first = [0u8; 1];
+                        let mut stop = shutdown.clone();
+                        tokio::select! {
+                            peeked = stream.peek(&mut first) => {
+                                if !matches!(peeked, Ok(n) if n > 0) {
+                                    return;
+                                }
+                            }
+                            _ = stop.changed() => return,
+                        }
+                        if let Err(e) = Box::pin(serve_connection(stream, shared, shutdown)).await {
                             tracing::debug!(%peer, error = %e, "connection closed");
                         }
                     });
@@ -244,7 +256,7 @@ async fn read_more(
 }
 
 /// Scans one connection may have running or answered-but-unsent at a time.
-const MAX_SCANS_IN_FLIGHT: usize = 4;
+const MAX_SCANS_IN_FLIGHT: usize = 2;
 
 /// A finished scan's response frame and the slot it held.
 type ScanDone = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);

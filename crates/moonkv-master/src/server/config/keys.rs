@@ -129,7 +129,7 @@ config_keys! {
     /// admin HTTP: a connection on which no byte moves either way this long is closed (a body
     /// that stops coming, an answer nobody reads); in ms or with a unit (default 60s)
     admin_idle_timeout: Millis => |c, v| c.admin_idle_timeout_ms = v.0.max(1);
-    /// most admin HTTP connections open at once; more are closed at once (default 1024)
+    /// most admin HTTP connections open at once; more are closed at once (default 256)
     admin_max_connections: Int<1, 1000000> => |c, v| c.admin_max_connections = v.0 as usize;
     /// file holding the shared secret clients must prove (also MOONKV_AUTH_SECRET[_FILE]);
     /// unset = no authentication

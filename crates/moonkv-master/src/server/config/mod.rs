@@ -119,7 +119,7 @@ impl Default for MasterConfig {
             max_connections: 10_000,
             admin_header_timeout_ms: 30_000,
             admin_idle_timeout_ms: 60_000,
-            admin_max_connections: 1024,
+            admin_max_connections: 256,
             engine: EngineConfig::default(),
             kv_events: KvEventsSettings::default(),
             auth_secret: None,
