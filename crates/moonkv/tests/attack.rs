@@ -415,7 +415,7 @@ fn a_minute_of_every_attack_leaves_memory_flat_and_an_honest_client_working() {
         master_peak = master_peak.max(m);
         node_peak = node_peak.max(n);
         samples += 1;
-        if trace && samples % 10 == 0 {
+        if trace && samples.is_multiple_of(10) {
             println!("{:>3} s: master {m} KiB, node {n} KiB", samples / 10);
         }
         std::thread::sleep(Duration::from_millis(100));
