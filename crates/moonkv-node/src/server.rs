@@ -212,8 +212,25 @@ async fn accept_loop(
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Performs the TLS handshake when the node requires it, then serves the connection.
+///
+/// Until the caller has sent a byte, the connection costs only this small future: the TLS
+/// state, the request loop and its buffers (`CONNECTION_BUFFER` each way) are allocated once
+/// a byte has come, so a flood of connections that stay silent, or close, costs next to
+/// nothing.
 async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
     stream.set_nodelay(true)?;
+    let mut first = [0u8; 1];
+    // Like the rest of a request's header, the first byte must come within the I/O deadline.
+    match tokio::time::timeout(served.access.deadlines.io, stream.peek(&mut first)).await {
+        Ok(Ok(0)) | Err(_) => return Ok(()),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(e),
+    }
+    Box::pin(open_and_serve_sending(stream, served)).await
+}
+
+/// [`open_and_serve`] once the caller has sent its first byte.
+async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
     let stream = match &served.access.tls {
         None => Stream::Plain(stream),
         Some(tls) => {
@@ -277,6 +294,7 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
             stream.flush().await?;
         }
         // Waiting for the next request may take long; once it is here, it must keep moving.
+        stream.get_mut().get_mut().end_request();
         stream.get_mut().get_mut().set_limit(deadlines.idle);
         let arrived = read_header(stream, &mut raw, filled).await;
         stream.get_mut().get_mut().set_limit(deadlines.io);
@@ -323,6 +341,12 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
             }
         }
         served.counters.requests.fetch_add(1, Ordering::Relaxed);
+        // From its first transfer on (after any wait for a range lock), the request has a time
+        // cap: a caller trickling its payload cannot keep the lock past it.
+        stream
+            .get_mut()
+            .get_mut()
+            .begin_request(deadlines.request_cap(header.length));
         let id = header.segment_id;
         let started = std::time::Instant::now();
         let ok = match header.op {

@@ -91,7 +91,26 @@ fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
         .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))
 }
 
+/// For the long-running servers (master, node, `up`): glibc's malloc raises its mmap threshold
+/// after each large free (up to 32 MiB), after which large buffers (scan answers, 16 MiB
+/// frames) come from heaps it rarely gives back, and a burst's memory stays resident for good.
+/// A fixed threshold keeps every buffer of 256 KiB or more in its own mapping, returned to the
+/// system when freed. Called before the runtime starts any thread.
+fn return_large_buffers_when_freed() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; no other thread is running yet.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if matches!(
+        cli.command,
+        Command::Up(_) | Command::Node(_) | Command::Master(_)
+    ) {
+        return_large_buffers_when_freed();
+    }
     match cli.command {
         Command::Up(args) => {
             let config = args.config()?;

@@ -53,6 +53,14 @@ pub struct NodeArgs {
     /// A data-plane connection idle this long between requests is closed.
     #[arg(long, value_name = "DURATION", default_value = "600s", value_parser = duration_arg)]
     pub data_idle_timeout: std::time::Duration,
+    /// Every data-plane request's transfers may take this long, plus its length at
+    /// --data-min-rate; a caller slower than that is disconnected and its range released.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration_arg)]
+    pub data_request_floor: std::time::Duration,
+    /// The slowest transfer rate, per second, a data-plane request is allowed on top of
+    /// --data-request-floor, e.g. `1MiB`.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = rate_arg)]
+    pub data_min_rate: u64,
     /// Most data-plane connections open at once; more are closed at accept.
     #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub data_max_connections: u32,
@@ -122,6 +130,15 @@ pub fn size_arg(text: &str) -> Result<u64, String> {
     parse_size(text).map_err(|e| e.message.into_owned())
 }
 
+/// Parses a positive rate flag such as `1MiB` (bytes per second; clap value parser).
+pub fn rate_arg(text: &str) -> Result<u64, String> {
+    match parse_size(text) {
+        Ok(0) => Err("must be more than zero".into()),
+        Ok(rate) => Ok(rate),
+        Err(e) => Err(e.message.into_owned()),
+    }
+}
+
 /// Best-effort host name, without extra dependencies.
 pub fn host_name() -> String {
     std::env::var("HOSTNAME")
@@ -141,6 +158,8 @@ impl NodeArgs {
         config.data_deadlines = moonkv_node::Deadlines {
             io: self.data_io_timeout,
             idle: self.data_idle_timeout,
+            request_floor: self.data_request_floor,
+            min_rate: self.data_min_rate,
         };
         config.data_max_connections = self.data_max_connections as usize;
         config.data_bind = self.data_bind.clone();

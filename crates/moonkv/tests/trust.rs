@@ -2,7 +2,10 @@
 //! (client) secret and a separate grant (node) secret, on loopback:
 //! - a grant dies with its replica: tenant A's write and read grants, kept after A's object was
 //!   removed, neither overwrite nor read the bytes of tenant B's object placed in the same range;
-//! - a client credential can neither mount a segment (posing as a node) nor unmount a node's.
+//! - a client credential can neither mount a segment (posing as a node) nor unmount a node's;
+//! - no connection exhausts a process: unread answers, half-sent frames and HTTP requests,
+//!   connection floods, stalled and trickling data-plane callers (`attack.rs` runs them all at
+//!   once for a minute).
 
 use moonkv_client::store::{Store, StoreConfig};
 use moonkv_dataplane::DataConnection;
@@ -571,4 +574,184 @@ fn a_node_whose_segment_is_unmounted_behind_its_back_mounts_it_again() {
             && now["segments"][0]["segment_id"] == victim["segment_id"])
             .then_some(())
     });
+}
+
+/// Whether the server closed `stream`: a read gives the end of the stream or an error, after
+/// whatever answer came first (a 408, say). Does not wait.
+fn closed_by_peer(stream: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    stream.set_nonblocking(true).unwrap();
+    let mut scratch = [0u8; 4096];
+    loop {
+        match stream.read(&mut scratch) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return true,
+        }
+    }
+}
+
+#[test]
+fn half_sent_admin_requests_are_closed_after_the_header_and_idle_timeouts() {
+    use std::io::Write;
+    let master = start(&[
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--admin-header-timeout",
+        "1s",
+        "--admin-idle-timeout",
+        "2s",
+    ]);
+    let admin = master.field("admin");
+    // Requests whose headers never end, and requests whose body stops after a few bytes.
+    let mut held: Vec<std::net::TcpStream> = (0..500)
+        .map(|i| {
+            let mut stream = std::net::TcpStream::connect(&admin).unwrap();
+            let head = format!("GET /health HTTP/1.1\r\nHost: moonkv\r\nX-Slow-{i}: ");
+            stream.write_all(head.as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    held.extend((0..20).map(|_| {
+        let mut stream = std::net::TcpStream::connect(&admin).unwrap();
+        let head = "PUT /api/v1/tenant_quotas?tenant_id=t HTTP/1.1\r\nHost: moonkv\r\n\
+                    Content-Length: 1000\r\n\r\n{\"requested";
+        stream.write_all(head.as_bytes()).unwrap();
+        stream
+    }));
+    // Meanwhile an honest request is answered.
+    let (status, body) = moonkv_testkit::http(&admin, "GET", "/health", "");
+    assert_eq!(status, 200, "{body}");
+    // Every held connection is closed by the master, none by the test.
+    moonkv_testkit::wait_for(
+        Duration::from_secs(30),
+        "the master to close every half-sent request",
+        || {
+            held.retain_mut(|stream| !closed_by_peer(stream));
+            held.is_empty().then_some(())
+        },
+    );
+    let (status, _) = moonkv_testkit::http(&admin, "GET", "/health", "");
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn the_admin_port_caps_its_connections() {
+    use std::io::Read;
+    let master = start(&[
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--admin-max-connections",
+        "8",
+    ]);
+    let admin = master.field("admin");
+    let held: Vec<_> = (0..8)
+        .map(|_| std::net::TcpStream::connect(&admin).unwrap())
+        .collect();
+    // The master counts a connection once it accepted it; the ninth is closed at accept, which
+    // a read shows as the end of the stream.
+    let mut refused = false;
+    for _ in 0..50 {
+        let mut extra = std::net::TcpStream::connect(&admin).unwrap();
+        extra
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        if matches!(extra.read(&mut byte), Ok(0)) {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "a ninth admin connection was kept open");
+    // Once the held connections are gone, the port takes new ones again.
+    drop(held);
+    moonkv_testkit::wait_for(Duration::from_secs(10), "/health after the cap", || {
+        moonkv_testkit::http_get(&admin, "/health")
+    });
+}
+
+#[test]
+fn a_caller_that_trickles_its_payload_loses_its_range_lock_at_the_request_cap() {
+    use moonkv_dataplane::header::{DataOp, RequestHeader};
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let _node = start(&[
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "8MiB",
+        "--data-io-timeout",
+        "1s",
+        "--data-request-floor",
+        "2s",
+        "--data-min-rate",
+        "1GiB",
+    ]);
+    let (status, body) = moonkv_testkit::http(&admin, "GET", "/get_segments_detail", "");
+    assert_eq!(status, 200, "{body}");
+    let detail: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let segment = &detail["segments"][0];
+    let id = SegmentId(Uuid::parse(segment["segment_id"].as_str().unwrap()).unwrap());
+    let base = u64::from_str_radix(
+        segment["base_address"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("0x"),
+        16,
+    )
+    .unwrap();
+    let size = segment["size_bytes"].as_u64().unwrap();
+    // A write of the whole segment whose payload comes one byte every 200 ms: well inside the
+    // 1 s I/O deadline each time, so only the request's cap can end it.
+    let mut trickler =
+        std::net::TcpStream::connect(segment["te_endpoint"].as_str().unwrap()).unwrap();
+    trickler
+        .write_all(&RequestHeader::new(DataOp::Write, 1, id, base, size).encode())
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickle = {
+        let mut stream = trickler.try_clone().unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            for _ in 0..150 {
+                if stop.load(Ordering::Relaxed) || stream.write_all(&[7u8]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+
+    let runtime = runtime();
+    runtime.block_on(async {
+        let mut config = StoreConfig::new(&rpc);
+        config.auth_secret = None;
+        config.transfer_timeout = Duration::from_secs(10);
+        let honest = Store::connect(config).await.unwrap();
+        let value = vec![5u8; 64 << 10];
+        // Without the cap this put waits on the trickler's lock until its own deadline and
+        // fails; with it, the node drops the trickler 2 s into its payload.
+        honest
+            .put("after-the-trickle", &value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(honest.get("after-the-trickle").await.unwrap(), value);
+    });
+    // The node, not the test, ended the trickler's connection.
+    let closed = closed_by_peer(&mut trickler);
+    stop.store(true, Ordering::Relaxed);
+    trickle.join().unwrap();
+    assert!(closed, "the trickling writer's connection is still open");
 }

@@ -103,8 +103,13 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/leader", get(leader))
         .route("/metrics", get(metrics))
         .merge(service)
+        // Admin bodies are small JSON documents; a larger one is refused before it is buffered.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
+
+/// Largest admin request body accepted (axum's default would be 2 MiB per connection).
+const MAX_BODY_BYTES: usize = 64 << 10;
 
 /// A standby answers the service-plane endpoints as upstream does: 503, `-1011`.
 async fn require_serving(

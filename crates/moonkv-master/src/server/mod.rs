@@ -4,6 +4,7 @@
 //! - `rpc`: the framed TCP protocol (`docs/protocol.md`).
 //! - `tls`: the RPC port's optional TLS (plain or TLS halves for `rpc`).
 //! - `admin`: HTTP endpoints.
+//! - `http`: the admin HTTP listener and its connection limits.
 //! - [`events`]: engine changes → KV event publisher.
 //! - [`metrics`]: Prometheus registry.
 //! - [`ha`]: leader election on etcd and the serving gate every request passes.
@@ -12,6 +13,7 @@ mod admin;
 pub mod config;
 pub mod events;
 pub mod ha;
+mod http;
 pub mod metrics;
 mod rpc;
 mod tls;
@@ -163,16 +165,17 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
         backend_id: config.kv_events.backend_id.clone(),
         secret: config.auth_secret.clone(),
     };
-    let mut admin_stop = stop_rx.clone();
-    let admin_task = tokio::spawn(async move {
-        let serve =
-            axum::serve(admin_listener, admin::router(state)).with_graceful_shutdown(async move {
-                let _ = admin_stop.changed().await;
-            });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "admin HTTP server failed");
-        }
-    });
+    let limits = http::Limits {
+        header_timeout: Duration::from_millis(config.admin_header_timeout_ms),
+        idle_timeout: Duration::from_millis(config.admin_idle_timeout_ms),
+        max_connections: config.admin_max_connections,
+    };
+    let admin_task = tokio::spawn(http::serve(
+        admin_listener,
+        admin::router(state),
+        limits,
+        stop_rx.clone(),
+    ));
 
     let maintenance_stop = Arc::new(AtomicBool::new(false));
     let maintenance = spawn_maintenance(gate.clone(), maintenance_stop.clone())?;

@@ -248,7 +248,19 @@ pub(crate) async fn serve(
                     let shutdown = shutdown.clone();
                     tokio::spawn(async move {
                         let _slot = slot;
-                        if let Err(e) = serve_connection(stream, shared, shutdown).await {
+                        // Until its first byte a connection costs only this small task: the
+                        // connection's state (TLS included) is allocated once the client speaks.
+                        let mut first = [0u8; 1];
+                        let mut stop = shutdown.clone();
+                        tokio::select! {
+                            peeked = stream.peek(&mut first) => {
+                                if !matches!(peeked, Ok(n) if n > 0) {
+                                    return;
+                                }
+                            }
+                            _ = stop.changed() => return,
+                        }
+                        if let Err(e) = Box::pin(serve_connection(stream, shared, shutdown)).await {
                             tracing::debug!(%peer, error = %e, "connection closed");
                         }
                     });
@@ -281,8 +293,9 @@ async fn serve_connection(
     let (mut reader, mut writer) = super::tls::accept(stream, shared.tls.as_ref()).await?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<ScanDone>();
     let scans = Arc::new(Semaphore::new(MAX_SCANS_IN_FLIGHT));
-    let mut input: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let mut output: Vec<u8> = Vec::with_capacity(64 * 1024);
+    // Both start empty, so an idle connection costs little (see `READ_ROOM`).
+    let mut input: Vec<u8> = Vec::new();
+    let mut output: Vec<u8> = Vec::new();
     let mut handshake = Handshake::New;
     let mut serving = Serving::new(&shared.gate);
     // Set while frames wait in `input` for a scan slot: the socket is not read meanwhile, so a
@@ -301,6 +314,7 @@ async fn serve_connection(
                     serving.seal(&shared.gate, &mut output);
                     writer.write_all(&output).await?;
                     output.clear();
+                    give_back_if_large(&mut output);
                 }
                 paused = verdict?;
             }
@@ -316,12 +330,27 @@ async fn serve_connection(
                         serving.seal(&shared.gate, &mut output);
                         writer.write_all(&output).await?;
                         output.clear();
+                        give_back_if_large(&mut output);
                     }
                     paused = verdict?;
                 }
             }
             _ = shutdown.changed() => return Ok(()),
         }
+    }
+}
+
+/// Room a read asks for when the input buffer is full: as much as the buffer holds, from 1 KiB
+/// to 64 KiB. Buffers start empty and double by reads, so thousands of idle connections cost
+/// little, and a busy one's grows to its bursts.
+const READ_ROOM: std::ops::RangeInclusive<usize> = 1 << 10..=64 << 10;
+/// A buffer that grew past this (a large frame or answer) is given back once it is empty, so a
+/// connection does not keep a 16 MiB frame's buffer for the rest of its life.
+const KEEP_BUFFER: usize = 256 << 10;
+
+fn give_back_if_large(buffer: &mut Vec<u8>) {
+    if buffer.is_empty() && buffer.capacity() > KEEP_BUFFER {
+        *buffer = Vec::new();
     }
 }
 
@@ -333,6 +362,9 @@ async fn read_more(
     input: &mut Vec<u8>,
     limit: std::time::Duration,
 ) -> std::io::Result<usize> {
+    if input.len() == input.capacity() {
+        input.reserve(input.capacity().clamp(*READ_ROOM.start(), *READ_ROOM.end()));
+    }
     if input.is_empty() {
         return reader.read_buf(input).await;
     }
@@ -347,7 +379,7 @@ async fn read_more(
 }
 
 /// Scans one connection may have running or answered-but-unsent at a time.
-const MAX_SCANS_IN_FLIGHT: usize = 4;
+const MAX_SCANS_IN_FLIGHT: usize = 2;
 
 /// A finished scan's response frame and the slot it held.
 type ScanDone = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
@@ -512,6 +544,7 @@ fn process_input(
         dispatch(shared, &serving.engine, request_id, &request, output);
     };
     input.drain(..consumed);
+    give_back_if_large(input);
     if result.is_ok() {
         reserve_for_next_frame(input, shared.max_frame_bytes);
     }

@@ -119,6 +119,15 @@ config_keys! {
     rpc_io_timeout: Millis => |c, v| c.rpc_io_timeout_ms = v.0.max(1);
     /// most client and node connections open at once; more are closed at once (default 10000)
     max_connections: Int<1, 1000000> => |c, v| c.max_connections = v.0 as usize;
+    /// admin HTTP: a request's headers must arrive within this long of the connection opening
+    /// or of the previous answer, else the connection is closed; in ms or with a unit (default
+    /// 30s)
+    admin_header_timeout: Millis => |c, v| c.admin_header_timeout_ms = v.0.max(1);
+    /// admin HTTP: a connection on which no byte moves either way this long is closed (a body
+    /// that stops coming, an answer nobody reads); in ms or with a unit (default 60s)
+    admin_idle_timeout: Millis => |c, v| c.admin_idle_timeout_ms = v.0.max(1);
+    /// most admin HTTP connections open at once; more are closed at once (default 256)
+    admin_max_connections: Int<1, 1000000> => |c, v| c.admin_max_connections = v.0 as usize;
     /// file holding the shared secret clients must prove (also MOONKV_AUTH_SECRET[_FILE]);
     /// unset = no authentication
     auth_secret_file: Text => |c, v| c.auth_secret = Some(secret_file(&v.0)?);

@@ -82,6 +82,14 @@ pub struct MasterConfig {
     pub rpc_io_timeout_ms: u64,
     /// `max_connections`: RPC connections open at once.
     pub max_connections: usize,
+    /// `admin_header_timeout`: an admin HTTP request's headers must arrive within this long of
+    /// the connection opening or of the previous answer.
+    pub admin_header_timeout_ms: u64,
+    /// `admin_idle_timeout`: an admin HTTP connection on which no byte moves this long is
+    /// closed.
+    pub admin_idle_timeout_ms: u64,
+    /// `admin_max_connections`: admin HTTP connections open at once.
+    pub admin_max_connections: usize,
     /// Engine settings.
     pub engine: EngineConfig,
     /// Event stream settings.
@@ -117,6 +125,9 @@ impl Default for MasterConfig {
             max_frame_bytes: moonkv_proto::frame::DEFAULT_MAX_FRAME_BYTES,
             rpc_io_timeout_ms: 30_000,
             max_connections: 10_000,
+            admin_header_timeout_ms: 30_000,
+            admin_idle_timeout_ms: 60_000,
+            admin_max_connections: 256,
             engine: EngineConfig::default(),
             kv_events: KvEventsSettings::default(),
             auth_secret: None,
