@@ -2,9 +2,11 @@
 //! in the directory), then polling for offload tasks and file deletions.
 //!
 //! Every `disk_poll_interval` the node asks `OffloadHeartbeat`: it deletes the listed files,
-//! copies each task's memory replica (a segment of this node) into a file and reports the
-//! outcomes with `NotifyOffload`; a file the master refuses is deleted. When the master no longer
-//! knows the disk (it restarted, or expired this node), the node rescans the directory and
+//! copies each task's memory replica (a segment of this node) into a file — up to
+//! [`PARALLEL_COPIES`] at a time, each reported with `NotifyOffload` as soon as its group is
+//! done — and asks again at once while tasks keep coming, so a backlog drains at disk speed
+//! rather than one heartbeat at a time. A file the master refuses is deleted. When the master no
+//! longer knows the disk (it restarted, or expired this node), the node rescans the directory and
 //! mounts it again.
 
 use crate::disk::{with_cause, DiskStore};
@@ -15,6 +17,9 @@ use moonkv_proto::types::{DiskFile, DiskSegment, OffloadResult, OffloadTask};
 use moonkv_proto::{ErrorCode, Result};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Offload copies one node runs at once (their file syncs overlap).
+pub(crate) const PARALLEL_COPIES: usize = 4;
 
 /// What the loop needs.
 pub(crate) struct DiskAgent {
@@ -52,10 +57,17 @@ impl DiskAgent {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failures = 0u32;
+        let mut busy = false;
         loop {
-            ticker.tick().await;
+            if !busy {
+                ticker.tick().await;
+            }
+            busy = false;
             match self.poll().await {
-                Ok(()) => failures = 0,
+                Ok(had_tasks) => {
+                    failures = 0;
+                    busy = had_tasks;
+                }
                 Err(e) => {
                     failures += 1;
                     if failures == 1 || failures.is_multiple_of(50) {
@@ -66,7 +78,8 @@ impl DiskAgent {
         }
     }
 
-    async fn poll(&self) -> Result<()> {
+    /// One heartbeat and its work; true when it brought offload tasks.
+    async fn poll(&self) -> Result<bool> {
         let request = OffloadHeartbeatRequest {
             client_id: self.master.client_id(),
         };
@@ -75,7 +88,7 @@ impl DiskAgent {
             Err(e) if e.code == ErrorCode::SEGMENT_NOT_FOUND => {
                 tracing::info!("the master does not know this disk; mounting it again");
                 let (files, _) = self.disk.scan(false)?;
-                return self.mount(files).await;
+                return self.mount(files).await.map(|()| false);
             }
             Err(e) => return Err(e),
         };
@@ -83,17 +96,41 @@ impl DiskAgent {
             self.disk.delete(id);
         }
         if work.tasks.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
-        let mut results = Vec::with_capacity(work.tasks.len());
-        for task in &work.tasks {
-            results.push(OffloadResult {
+        for group in work.tasks.chunks(PARALLEL_COPIES) {
+            self.offload_group(group).await?;
+        }
+        Ok(true)
+    }
+
+    /// Copies a group of tasks concurrently and reports them.
+    async fn offload_group(&self, group: &[OffloadTask]) -> Result<()> {
+        let mut copies = tokio::task::JoinSet::new();
+        for (i, task) in group.iter().enumerate() {
+            let copier = Copier {
+                disk: self.disk.clone(),
+                segments: self.segments.clone(),
+            };
+            let task = task.clone();
+            copies.spawn(async move { (i, copier.offload(&task).await) });
+        }
+        let mut done = vec![false; group.len()];
+        while let Some(joined) = copies.join_next().await {
+            if let Ok((i, ok)) = joined {
+                done[i] = ok;
+            }
+        }
+        let results: Vec<OffloadResult> = group
+            .iter()
+            .zip(done)
+            .map(|(task, ok)| OffloadResult {
                 tenant: task.tenant.clone(),
                 key: task.key.clone(),
                 disk_replica_id: task.disk_replica_id,
-                ok: self.offload(task).await,
-            });
-        }
+                ok,
+            })
+            .collect();
         let answers = self
             .master
             .notify_offload(NotifyOffloadRequest {
@@ -109,8 +146,17 @@ impl DiskAgent {
         }
         Ok(())
     }
+}
 
-    /// Copies one memory replica of this node into a disk file.
+/// What one offload copy needs.
+struct Copier {
+    disk: Arc<DiskStore>,
+    segments: SegmentTable,
+}
+
+impl Copier {
+    /// Copies one memory replica of this node into a disk file, straight from the segment (the
+    /// range stays read-locked while it streams to the file).
     async fn offload(&self, task: &OffloadTask) -> bool {
         let source = &task.source;
         let segment = self.segments.read().get(&source.segment_id).cloned();
@@ -118,8 +164,8 @@ impl DiskAgent {
             tracing::warn!(key = %task.key, "offload source is not a segment of this node");
             return false;
         };
-        let bytes = match segment.read_view(source.address, source.size).await {
-            Ok(view) => view.to_vec(),
+        let view = match segment.read_view(source.address, source.size).await {
+            Ok(view) => view,
             Err(status) => {
                 tracing::warn!(key = %task.key, error = status.describe(), "offload source unreadable");
                 return false;
@@ -132,9 +178,10 @@ impl DiskAgent {
                 &task.tenant,
                 &task.key,
                 source.size,
-                &mut bytes.as_slice(),
+                &mut &view[..],
             )
             .await;
+        drop(view);
         match written {
             Ok(()) => true,
             Err(e) => {

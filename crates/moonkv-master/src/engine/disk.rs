@@ -9,7 +9,7 @@
 use moonkv_proto::{ClientId, DiskSegment, SegmentId};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// Bytes charged per file on top of the object size: the file header and block rounding.
@@ -94,6 +94,9 @@ pub(crate) struct DiskSlot {
     pub(crate) detach_deadline_ms: AtomicU64,
     used: AtomicU64,
     pub(crate) memory: Arc<DiskMemory>,
+    /// Set when disk eviction could not free the room an offload needed: memory copies bound
+    /// for this disk are dropped instead of waiting for room.
+    full: AtomicBool,
 }
 
 impl DiskSlot {
@@ -105,6 +108,7 @@ impl DiskSlot {
             detach_deadline_ms: AtomicU64::new(u64::MAX),
             used: AtomicU64::new(0),
             memory,
+            full: AtomicBool::new(false),
         }
     }
 
@@ -118,6 +122,15 @@ impl DiskSlot {
 
     pub(crate) fn set_state(&self, state: DiskState) {
         self.state.store(state as u8, Ordering::Release);
+    }
+
+    /// Whether disk eviction found nothing more to free for a pending offload.
+    pub(crate) fn is_full(&self) -> bool {
+        self.full.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_full(&self, full: bool) {
+        self.full.store(full, Ordering::Release);
     }
 
     pub(crate) fn is_mounted(&self) -> bool {
@@ -251,6 +264,26 @@ impl DiskRegistry {
     }
 }
 
+/// Offloads started and not yet landed, failed or cancelled: how many, and the memory bytes
+/// they will free when they land.
+#[derive(Debug, Default)]
+pub(crate) struct OffloadBacklog {
+    count: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl OffloadBacklog {
+    /// Offloads in flight.
+    pub(crate) fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Object bytes of the offloads in flight.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+}
+
 /// An offload in progress: the disk replica being written from a pinned memory replica. Kept
 /// beside the object's replicas, so it is neither readable nor seen by writes until it lands.
 #[derive(Debug)]
@@ -261,34 +294,41 @@ pub(crate) struct PendingOffload {
     _count: OffloadCount,
 }
 
-/// One unit of the engine's in-flight offload counter, returned when the offload ends.
+/// One entry of the engine's offload backlog, returned when the offload ends.
 #[derive(Debug)]
-struct OffloadCount(Arc<AtomicU64>);
+struct OffloadCount {
+    backlog: Arc<OffloadBacklog>,
+    bytes: u64,
+}
 
 impl Drop for OffloadCount {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.backlog.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.backlog.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl PendingOffload {
+    /// An offload of an object of `bytes` bytes, counted in `backlog` until it ends.
     pub(crate) fn new(
         replica: super::object::Replica,
         source: moonkv_proto::ReplicaId,
         deadline_ms: u64,
-        counter: Arc<AtomicU64>,
+        backlog: Arc<OffloadBacklog>,
+        bytes: u64,
     ) -> Self {
-        counter.fetch_add(1, Ordering::AcqRel);
+        backlog.count.fetch_add(1, Ordering::AcqRel);
+        backlog.bytes.fetch_add(bytes, Ordering::AcqRel);
         Self {
             replica,
             source,
             deadline_ms,
-            _count: OffloadCount(counter),
+            _count: OffloadCount { backlog, bytes },
         }
     }
 
-    /// The disk replica, and the offload's unit of the pending count: drop it once the memory
-    /// copy is freed, so eviction never sees the offload done while its memory is still used.
+    /// The disk replica, and the offload's entry in the backlog: drop it once the memory copy
+    /// is freed, so eviction never sees the offload done while its memory is still used.
     pub(crate) fn into_replica(self) -> (super::object::Replica, impl Drop) {
         (self.replica, self._count)
     }
@@ -340,7 +380,7 @@ mod tests {
 
     #[test]
     fn pending_offloads_are_counted_until_resolved() {
-        let counter = Arc::new(AtomicU64::new(0));
+        let counter = Arc::new(OffloadBacklog::default());
         let s = slot(1 << 20);
         let replica = |id| super::super::object::Replica {
             id: moonkv_proto::ReplicaId(id),
@@ -351,14 +391,26 @@ mod tests {
                 10,
             ))),
         };
-        let a = PendingOffload::new(replica(1), moonkv_proto::ReplicaId(9), 0, counter.clone());
-        let b = PendingOffload::new(replica(2), moonkv_proto::ReplicaId(9), 0, counter.clone());
-        assert_eq!(counter.load(Ordering::SeqCst), 2);
+        let a = PendingOffload::new(
+            replica(1),
+            moonkv_proto::ReplicaId(9),
+            0,
+            counter.clone(),
+            100,
+        );
+        let b = PendingOffload::new(
+            replica(2),
+            moonkv_proto::ReplicaId(9),
+            0,
+            counter.clone(),
+            30,
+        );
+        assert_eq!((counter.count(), counter.bytes()), (2, 130));
         drop(a);
         let (r, count) = b.into_replica();
-        assert_eq!(counter.load(Ordering::SeqCst), 1);
+        assert_eq!((counter.count(), counter.bytes()), (1, 30));
         drop(count);
-        assert_eq!(counter.load(Ordering::SeqCst), 0);
+        assert_eq!((counter.count(), counter.bytes()), (0, 0));
         assert_eq!(r.id, moonkv_proto::ReplicaId(2));
         assert_eq!(Arc::strong_count(&counter), 1);
     }

@@ -22,6 +22,17 @@ use moonkv_proto::{
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
+/// What [`Engine::try_start_offload`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OffloadStart {
+    /// An offload is in flight for the object.
+    Started,
+    /// The disk of the object's node lacks this many bytes; disk eviction may free them.
+    NeedsRoom(moonkv_proto::SegmentId, u64),
+    /// No disk can take the object: evict it plainly.
+    Impossible,
+}
+
 fn no_disk() -> Error {
     Error::new(
         ErrorCode::SEGMENT_NOT_FOUND,
@@ -58,39 +69,48 @@ impl Engine {
     }
 
     /// Starts an offload of `obj` (under its shard lock) instead of dropping its last memory
-    /// copy. False when plain eviction applies: the object already has a disk replica, or the
-    /// node of its memory copy has no mounted disk with room.
+    /// copy. [`OffloadStart::Impossible`] when plain eviction applies: the object already has
+    /// a disk replica, or the node of its memory copy has no mounted disk, or its disk is full
+    /// and disk eviction cannot make room; [`OffloadStart::NeedsRoom`] when its disk is short
+    /// of room that disk eviction may free.
     pub(crate) fn try_start_offload(
         &self,
         tenant: &TenantId,
         key: &str,
         obj: &mut ObjectMeta,
         now: u64,
-    ) -> bool {
+    ) -> OffloadStart {
         if obj.has_offload() {
-            return true;
+            return OffloadStart::Started;
         }
         if obj
             .replicas
             .iter()
             .any(|r| r.kind() == ReplicaKind::LocalDisk)
         {
-            return false;
+            return OffloadStart::Impossible;
         }
         let Some((source, owner)) = obj.replicas.iter().find_map(|r| match &r.placement {
             Placement::Memory(buf) if r.is_readable() => Some((r, buf.segment.owner)),
             _ => None,
         }) else {
-            return false;
+            return OffloadStart::Impossible;
         };
         let slot = {
             let registry = self.disks.read();
             registry.of_client(owner).cloned()
         };
         let charge = disk_charge(obj.size);
-        let Some(slot) = slot.filter(|s| s.try_reserve(charge)) else {
-            return false;
+        let Some(slot) = slot else {
+            return OffloadStart::Impossible;
         };
+        if !slot.try_reserve(charge) {
+            return if slot.is_full() || charge > slot.info.capacity_bytes {
+                OffloadStart::Impossible
+            } else {
+                OffloadStart::NeedsRoom(slot.info.id, charge)
+            };
+        }
         let id = self.replica_ids.next_id();
         let task = OffloadTask {
             tenant: tenant.0.clone(),
@@ -104,8 +124,13 @@ impl Engine {
             placement: Placement::Disk(Box::new(DiskHandle::reserved(slot, id.0, charge))),
         };
         let deadline = now.saturating_add(self.config.put_start_release_timeout_ms);
-        let pending =
-            PendingOffload::new(replica, source.id, deadline, self.pending_offloads.clone());
+        let pending = PendingOffload::new(
+            replica,
+            source.id,
+            deadline,
+            self.pending_offloads.clone(),
+            obj.size,
+        );
         obj.set_offload(Box::new(pending));
         self.offload_mailboxes
             .lock()
@@ -115,7 +140,7 @@ impl Engine {
         self.counters
             .offloads_started
             .fetch_add(1, Ordering::Relaxed);
-        true
+        OffloadStart::Started
     }
 
     /// Drops the object's readable memory replicas, reporting the media it lost. Returns the
@@ -131,6 +156,9 @@ impl Engine {
         obj.replicas
             .retain(|r| !(r.kind() == ReplicaKind::Memory && r.is_readable()));
         let dropped = (count - obj.replicas.len()) as u64;
+        if dropped > 0 {
+            self.count_dropped(obj);
+        }
         if obj
             .offload()
             .is_some_and(|p| !obj.replicas.iter().any(|r| r.id == p.source))
@@ -271,6 +299,10 @@ impl Engine {
         self.counters
             .offloads_completed
             .fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .tier
+            .offloaded_bytes
+            .fetch_add(obj.size, Ordering::Relaxed);
         // A reader that got the memory replica meanwhile keeps it until a later eviction round.
         if evictable {
             self.count_evicted(self.drop_memory_copies(tenant, key, obj));
@@ -292,7 +324,7 @@ impl Engine {
 
     /// Cancels offloads not reported by their deadline. Returns how many.
     pub(crate) fn expire_offloads(&self, now: u64) -> usize {
-        if self.pending_offloads.load(Ordering::Acquire) == 0 {
+        if self.pending_offloads.count() == 0 {
             return 0;
         }
         let mut cancelled: HashSet<u64> = HashSet::new();

@@ -263,6 +263,7 @@ impl Collector for EngineCollector {
             "offloads to disk that failed or expired",
             s.offloads_failed,
         )?;
+        encode_disk_tier(e, &self.engine.tier_stats())?;
         let segments = self.engine.segments();
         let mut used = e.encode_descriptor(
             "segment_allocated_bytes",
@@ -350,4 +351,60 @@ impl Collector for EventsCollector {
         )?;
         Ok(())
     }
+}
+
+/// The disk tier under pressure: where memory went (offloaded or dropped), the offload backlog,
+/// disk eviction and puts held for space.
+fn encode_disk_tier(
+    e: &mut DescriptorEncoder,
+    t: &crate::engine::TierStats,
+) -> Result<(), std::fmt::Error> {
+    counter(
+        e,
+        "master_offloaded_bytes",
+        "object bytes moved from memory to disk by offload",
+        t.offloaded_bytes,
+    )?;
+    gauge(
+        e,
+        "master_offload_backlog_bytes",
+        "object bytes of the offloads in flight",
+        t.offload_backlog_bytes,
+    )?;
+    counter(
+        e,
+        "master_dropped_objects",
+        "objects evicted with no copy left in memory or on disk",
+        t.dropped_objects,
+    )?;
+    counter(
+        e,
+        "master_dropped_bytes",
+        "bytes of the objects dropped by eviction",
+        t.dropped_bytes,
+    )?;
+    counter(
+        e,
+        "master_disk_evicted_objects",
+        "disk replicas removed by disk eviction",
+        t.disk_evicted_objects,
+    )?;
+    counter(
+        e,
+        "master_disk_evicted_bytes",
+        "object bytes of the disk replicas removed by disk eviction",
+        t.disk_evicted_bytes,
+    )?;
+    counter(
+        e,
+        "master_put_space_waits",
+        "PutStarts held until offloads freed memory",
+        t.put_space_waits,
+    )?;
+    counter(
+        e,
+        "master_put_space_wait_timeouts",
+        "held PutStarts that gave up waiting for memory",
+        t.put_space_wait_timeouts,
+    )
 }

@@ -12,6 +12,7 @@ pub mod config;
 pub mod events;
 pub mod metrics;
 mod rpc;
+mod space_wait;
 mod tls;
 
 pub use config::{ConfigError, KvEventsSettings, MasterConfig, CONFIG_KEYS};

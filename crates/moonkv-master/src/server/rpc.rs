@@ -316,6 +316,31 @@ fn process_input(
             continue;
         }
         let started = Instant::now();
+        // A Start that found no memory may wait for the disk tier to free some.
+        match super::space_wait::first_try(&shared.engine, &request) {
+            Ok(None) => {}
+            Ok(Some(result)) => {
+                let ok = respond(output, frame.request_id, result);
+                shared.metrics.record(op, ok, started.elapsed());
+                continue;
+            }
+            Err(deadline) => {
+                let Ok(slot) = scans.clone().try_acquire_owned() else {
+                    consumed -= used;
+                    break Ok(true);
+                };
+                let (shared, done_tx, request_id) =
+                    (shared.clone(), done_tx.clone(), frame.request_id);
+                tokio::spawn(async move {
+                    let result = super::space_wait::retry(&shared.engine, &request, deadline).await;
+                    let mut out = Vec::new();
+                    let ok = respond(&mut out, request_id, result);
+                    shared.metrics.record(op, ok, started.elapsed());
+                    let _ = done_tx.send((out, slot));
+                });
+                continue;
+            }
+        }
         let ok = dispatch(&shared.engine, frame.request_id, &request, output);
         shared.metrics.record(op, ok, started.elapsed());
     };

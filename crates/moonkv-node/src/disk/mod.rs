@@ -8,6 +8,7 @@
 
 mod error;
 pub mod format;
+pub mod guard;
 
 pub use error::{with_cause, DiskError, DiskFault, FileError, WriteError};
 use format::{FileHeader, FIXED_LEN, MAX_TENANT_LEN};
@@ -38,6 +39,8 @@ pub struct DiskStore {
     /// Bytes of files on disk plus writes in progress.
     used: AtomicU64,
     recently_deleted: Mutex<(HashSet<u64>, VecDeque<u64>)>,
+    /// Held while the store lives: no other node serves this directory.
+    lock: Mutex<guard::DirLock>,
 }
 
 impl DiskStore {
@@ -60,6 +63,7 @@ impl DiskStore {
             }
         }
         probe_writable(dir)?;
+        let lock = guard::DirLock::acquire(dir)?;
         let id = load_or_create_id(dir)?;
         let store = DiskStore {
             dir: dir.to_path_buf(),
@@ -67,11 +71,34 @@ impl DiskStore {
             capacity,
             used: AtomicU64::new(0),
             recently_deleted: Mutex::new((HashSet::new(), VecDeque::new())),
+            lock: Mutex::new(lock),
         };
         let (files, bytes) = store.scan(true)?;
+        let free = guard::free_space(dir).map_err(|source| DiskError::FreeSpace {
+            dir: dir.into(),
+            source,
+        })?;
+        let available = free.saturating_add(bytes);
+        if capacity > available {
+            return Err(DiskError::CapacityAboveFree {
+                dir: dir.into(),
+                capacity,
+                available,
+                free,
+                existing: bytes,
+            });
+        }
         store.used.store(bytes, Ordering::Release);
         tracing::info!(dir = %shown, files = files.len(), bytes, capacity, "disk opened");
         Ok((store, files))
+    }
+
+    /// Names this node's data-plane endpoint in the lock file, for the error a second node on
+    /// the directory gets.
+    pub fn record_holder(&self, endpoint: &str) {
+        if let Err(e) = self.lock.lock().record(Some(endpoint)) {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot update the lock file");
+        }
     }
 
     /// The disk id (persisted in the directory).

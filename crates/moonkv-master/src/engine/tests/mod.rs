@@ -9,6 +9,7 @@ mod events;
 mod evict;
 mod grants;
 mod model;
+mod pressure;
 mod put_get;
 mod remove;
 mod rfc;

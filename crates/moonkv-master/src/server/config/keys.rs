@@ -158,6 +158,22 @@ config_keys! {
     /// seconds a gone node's disk replicas stay revivable before they are dropped (default 300)
     disk_detach_grace_sec: Int<0, { 86_400 * 30 }> =>
         |c, v| c.engine.disk_detach_grace_ms = v.0 * 1000;
+    /// with a disk tier: memory use above which objects are offloaded to disk ahead of demand,
+    /// in [0, 1] (default 0.80)
+    offload_high_watermark_ratio: Ratio => |c, v| c.engine.offload_high_watermark_ratio = v.0;
+    /// offloading ahead of demand stops at this memory use, less offloads in flight, in [0, 1]
+    /// (default 0.60)
+    offload_low_watermark_ratio: Ratio => |c, v| c.engine.offload_low_watermark_ratio = v.0;
+    /// how long a put that found no memory waits for offloads to disk before it fails, in ms or
+    /// with a unit; 0 = fail at once (default 10s)
+    put_space_wait: Millis => |c, v| c.engine.put_space_wait_ms = v.0;
+    /// disk use above which a disk evicts its least recently used replicas, in [0, 1]
+    /// (default 0.95)
+    disk_eviction_high_watermark_ratio: Ratio =>
+        |c, v| c.engine.disk_eviction_high_watermark_ratio = v.0;
+    /// disk eviction stops at this disk use, in [0, 1] (default 0.85)
+    disk_eviction_low_watermark_ratio: Ratio =>
+        |c, v| c.engine.disk_eviction_low_watermark_ratio = v.0;
     /// require tenant registration and enforce quotas (default false)
     enable_multi_tenants: Flag => |c, v| c.engine.enable_multi_tenants = v.0;
     /// publish the KV event stream over ZMQ (default false)
