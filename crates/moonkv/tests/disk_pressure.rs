@@ -1,0 +1,291 @@
+//! The disk tier under pressure, as an operator runs it: a real master (events on) and a real
+//! node with a 16 MiB memory segment and a disk directory with room, 4 parallel `moonkv put`
+//! writers. Every put succeeds, nothing is dropped while the disk has room, every object reads
+//! back byte-exact, and a subscriber that saw only the event stream holds exactly the master's
+//! placement. Also: a second node on the same disk directory, and a budget above the
+//! filesystem's free space, are refused at start with the numbers and the holder named.
+//!
+//! Every wait is a bounded poll; nothing asserts on timing.
+
+use moonkv_client::{Store, StoreConfig};
+use moonkv_events::{IndexSync, Snapshot, Subscriber};
+use moonkv_testkit::admin::metric;
+use moonkv_testkit::events::{placement_of_index, placement_of_snapshot, Placement, BACKEND};
+use moonkv_testkit::payload::payload;
+use moonkv_testkit::{http, output_of, Moonkv, Proc};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A fresh directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let path =
+            std::env::temp_dir().join(format!("moonkv-disk-pressure-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn master(extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--enable-kv-events",
+        "true",
+        "--kv-events-bind-endpoint",
+        "tcp://127.0.0.1:0",
+        "--kv-events-backend-id",
+        BACKEND,
+    ];
+    args.extend_from_slice(extra);
+    MOONKV.start(&args)
+}
+
+fn node(master: &Proc, name: &str, dir: &Path, capacity: &str) -> Result<Proc, String> {
+    let dir = dir.to_str().unwrap();
+    Proc::start(MOONKV.node_command(
+        &master.field("rpc"),
+        name,
+        "16MiB",
+        &["--disk-dir", dir, "--disk-capacity", capacity],
+    ))
+}
+
+/// A subscriber on its own thread whose index is built from the event stream alone (no
+/// snapshot): what it holds is what the events said.
+struct Follower {
+    placement: Arc<Mutex<(Placement, Option<u64>)>>,
+    stop: Arc<AtomicBool>,
+    gaps: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Follower {
+    fn start(endpoint: &str) -> Follower {
+        let mut sub = Subscriber::connect(endpoint, Duration::from_millis(50))
+            .unwrap()
+            .with_index(IndexSync::new(None, None));
+        let placement: Arc<Mutex<(Placement, Option<u64>)>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let gaps = Arc::new(AtomicU64::new(0));
+        let (p, s, g) = (placement.clone(), stop.clone(), gaps.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let _ = sub.poll();
+                let counters = sub.counters();
+                g.store(counters.gaps + counters.missed_sequences, Ordering::Relaxed);
+                let index = placement_of_index(sub.index().unwrap());
+                *p.lock().unwrap() = (index, counters.last_sequence);
+            }
+        });
+        Follower {
+            placement,
+            stop,
+            gaps,
+            thread: Some(thread),
+        }
+    }
+
+    fn placement(&self) -> (Placement, Option<u64>) {
+        self.placement.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn until<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let limit = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(Instant::now() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn snapshot(admin: &str) -> Snapshot {
+    let (code, body) = http(admin, "GET", "/kv_events/snapshot", "");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn last_sequence(admin: &str) -> u64 {
+    let (code, body) = http(admin, "GET", "/kv_events/status", "");
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    status["last_sequence"].as_u64().unwrap_or(0)
+}
+
+fn counter(admin: &str, name: &str) -> f64 {
+    metric(admin, name).unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+/// Puts a probe until the follower saw it (ZMQ's slow joiner), then removes it.
+async fn subscribed(store: &Store, follower: &Follower) {
+    let limit = Instant::now() + WAIT;
+    for i in 0.. {
+        let key = format!("probe-{i}");
+        store.put(&key, b"p", &Default::default()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let seen = follower.placement().0.iter().any(|(_, k, _)| *k == key);
+        store.remove(&key, true).await.unwrap();
+        if seen {
+            return;
+        }
+        assert!(Instant::now() < limit, "the subscriber never saw an event");
+    }
+}
+
+/// `moonkv put key -` for every (key, bytes), spread over `writers` parallel threads; returns
+/// the failures (key and stderr).
+fn put_all(rpc: &str, objects: &[(String, Vec<u8>)], writers: usize) -> Vec<(String, String)> {
+    let failures: Mutex<Vec<(String, String)>> = Mutex::default();
+    std::thread::scope(|scope| {
+        for w in 0..writers {
+            let failures = &failures;
+            scope.spawn(move || {
+                for (key, bytes) in objects.iter().skip(w).step_by(writers) {
+                    let out = output_of(MOONKV.client(rpc, &["put", key, "-"]), bytes);
+                    if !out.status.success() {
+                        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+                        failures.lock().unwrap().push((key.clone(), err));
+                    }
+                }
+            });
+        }
+    });
+    failures.into_inner().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_writers_over_a_small_segment_lose_nothing_while_the_disk_has_room() {
+    let dir = TempDir::new("run");
+    let master = master(&[]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let _node = node(&master, "n0", &dir.0, "256MiB").unwrap_or_else(|e| panic!("{e}"));
+    let follower = Follower::start(&master.field("kv_events"));
+    let mut config = StoreConfig::new(rpc.clone());
+    config.transfer_timeout = Duration::from_secs(30);
+    let store = Store::connect(config).await.unwrap();
+    subscribed(&store, &follower).await;
+
+    // 60 × 1 MiB (almost four times the segment), then 200 small objects.
+    let mut objects: Vec<(String, Vec<u8>)> = (0..60u32)
+        .map(|i| (format!("big-{i}"), payload(i, 1, 1 << 20)))
+        .collect();
+    objects.extend((0..200u32).map(|i| (format!("small-{i}"), payload(1000 + i, 1, 24 * 1024))));
+    let failures = put_all(&rpc, &objects, 4);
+    assert!(failures.is_empty(), "puts failed: {failures:?}");
+
+    until("the offload backlog to drain", || {
+        (counter(&admin, "master_offloads_pending") == 0.0).then_some(())
+    });
+    assert_eq!(counter(&admin, "master_dropped_objects"), 0.0);
+    assert_eq!(counter(&admin, "master_put_space_wait_timeouts"), 0.0);
+    let offloaded = counter(&admin, "master_offloads_completed");
+    assert!(
+        offloaded >= 40.0,
+        "most big objects went to disk: {offloaded}"
+    );
+    assert!(counter(&admin, "master_offloaded_bytes") >= 40.0 * (1 << 20) as f64);
+    let disk_used = counter(&admin, "master_allocated_file_size_bytes");
+    assert!(disk_used < (256u64 << 20) as f64, "the disk had room");
+
+    // The stream alone says what the master holds.
+    let master_view = until("the follower to match the master", || {
+        let want = last_sequence(&admin);
+        let (index, seen) = follower.placement();
+        let snap = placement_of_snapshot(&snapshot(&admin));
+        (seen == Some(want) && index == snap && snap == placement_of_snapshot(&snapshot(&admin)))
+            .then_some(snap)
+    });
+    assert_eq!(follower.gaps.load(Ordering::Relaxed), 0);
+    assert_eq!(master_view.len(), objects.len(), "every object is there");
+    let on_disk = master_view
+        .iter()
+        .filter(|(_, _, media)| media.iter().any(|m| m == "disk"))
+        .count();
+    assert!(on_disk >= 40, "{on_disk} objects on disk");
+
+    for (key, bytes) in &objects {
+        let back = store
+            .get(key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(back == *bytes, "{key} reads back byte-exact");
+    }
+}
+
+#[test]
+fn a_second_node_on_a_locked_disk_directory_fails_naming_the_holder() {
+    let dir = TempDir::new("lock");
+    let master = master(&[]);
+    let first = node(&master, "n0", &dir.0, "16MiB").unwrap_or_else(|e| panic!("{e}"));
+    let err = match node(&master, "n1", &dir.0, "16MiB") {
+        Ok(_) => panic!("a second node started on {}", dir.arg()),
+        Err(e) => e,
+    };
+    assert!(err.contains("in use by another node"), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", first.pid())),
+        "names the holder: {err}"
+    );
+    assert!(
+        err.contains(&first.field("data")),
+        "names its endpoint: {err}"
+    );
+    // Once the holder is gone, the directory is free again.
+    drop(first);
+    let again = node(&master, "n2", &dir.0, "16MiB");
+    assert!(again.is_ok(), "{:?}", again.err());
+}
+
+#[test]
+fn a_disk_budget_above_the_free_space_is_refused_naming_both_numbers() {
+    let dir = TempDir::new("capacity");
+    let master = master(&[]);
+    let err = match node(&master, "n0", &dir.0, "9000TB") {
+        Ok(_) => panic!("a 9000 TB budget was accepted"),
+        Err(e) => e,
+    };
+    assert!(err.contains("exceeds the space available"), "{err}");
+    let tb = 9000u64 * 1_000_000_000_000;
+    let tib = 9000u64 << 40;
+    assert!(
+        err.contains(&tb.to_string()) || err.contains(&tib.to_string()),
+        "names the budget: {err}"
+    );
+    assert!(
+        err.contains("free on the filesystem"),
+        "names the free space: {err}"
+    );
+}
