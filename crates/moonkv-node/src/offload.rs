@@ -58,15 +58,18 @@ impl DiskAgent {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failures = 0u32;
         let mut busy = false;
+        // Deletions carried out and not yet acknowledged to the master.
+        let mut deleted: Vec<u64> = Vec::new();
         loop {
             if !busy {
                 ticker.tick().await;
             }
             busy = false;
-            match self.poll().await {
-                Ok(had_tasks) => {
+            match self.poll(&mut deleted).await {
+                Ok(more) => {
                     failures = 0;
-                    busy = had_tasks;
+                    // Offload tasks, or deletions to acknowledge: ask again at once.
+                    busy = more || !deleted.is_empty();
                 }
                 Err(e) => {
                     failures += 1;
@@ -78,13 +81,19 @@ impl DiskAgent {
         }
     }
 
-    /// One heartbeat and its work; true when it brought offload tasks.
-    async fn poll(&self) -> Result<bool> {
+    /// One heartbeat and its work; true when it brought offload tasks. `deleted` goes out as
+    /// acknowledgments and comes back with the deletions this heartbeat carried out (kept for
+    /// the next one if the heartbeat failed).
+    async fn poll(&self, deleted: &mut Vec<u64>) -> Result<bool> {
         let request = OffloadHeartbeatRequest {
             client_id: self.master.client_id(),
+            deleted: deleted.clone(),
         };
         let work = match self.master.offload_heartbeat(request).await {
-            Ok(work) => work,
+            Ok(work) => {
+                deleted.clear();
+                work
+            }
             Err(e) if e.code == ErrorCode::SEGMENT_NOT_FOUND => {
                 tracing::info!("the master does not know this disk; mounting it again");
                 let (files, _) = self.disk.scan(false)?;
@@ -92,8 +101,11 @@ impl DiskAgent {
             }
             Err(e) => return Err(e),
         };
-        for id in work.deletions {
-            self.disk.delete(id);
+        if !work.deletions.is_empty() {
+            // Acknowledged only once the files are gone for good (directory synced): the master
+            // holds the removal's answer until then.
+            self.disk.delete_all(&work.deletions).await;
+            deleted.extend_from_slice(&work.deletions);
         }
         if work.tasks.is_empty() {
             return Ok(false);

@@ -289,3 +289,76 @@ fn a_disk_budget_above_the_free_space_is_refused_naming_both_numbers() {
         "names the free space: {err}"
     );
 }
+
+fn mkv_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "mkv"))
+        .count()
+}
+
+#[test]
+fn a_removal_is_answered_once_its_file_is_gone_so_a_master_restart_cannot_bring_it_back() {
+    let dir = TempDir::new("removal");
+    let [rpc_port, admin_port, events_port] = moonkv_testkit::free_ports::<3>();
+    let args = [
+        "master".to_string(),
+        "--rpc-port".into(),
+        rpc_port.to_string(),
+        "--metrics-port".into(),
+        admin_port.to_string(),
+        "--enable-kv-events".into(),
+        "true".into(),
+        "--kv-events-bind-endpoint".into(),
+        format!("tcp://127.0.0.1:{events_port}"),
+        "--kv-events-backend-id".into(),
+        BACKEND.into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let first = MOONKV.start(&args);
+    let (rpc, admin) = (first.field("rpc"), first.field("admin"));
+    let _node = node(&first, "n0", &dir.0, "64MiB").unwrap_or_else(|e| panic!("{e}"));
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let out = output_of(
+            MOONKV.client(&rpc, &["put", "--disk", key, "-"]),
+            &payload(i as u32, 1, 4096),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(mkv_files(&dir.0), keys.len());
+    // Each removal answers only once the node has deleted the file: no wait needed to see it.
+    for (i, key) in keys.iter().take(6).enumerate() {
+        let out = output_of(MOONKV.client(&rpc, &["rm", key]), b"");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            mkv_files(&dir.0),
+            keys.len() - i - 1,
+            "the file of {key} is gone when rm returns"
+        );
+    }
+    // The master dies at once; a fresh one knows nothing and takes the files back.
+    drop(first);
+    let _second = MOONKV.master_again(&args[1..]);
+    until("the node to mount its disk on the new master", || {
+        metric(&admin, "master_total_file_capacity_bytes").filter(|c| *c > 0.0)
+    });
+    let listed = until("the disk objects to be re-admitted", || {
+        let keys = moonkv_testkit::admin::all_keys(&admin)?;
+        (keys.len() >= 6).then_some(keys)
+    });
+    let mut listed = listed;
+    listed.sort();
+    let mut want: Vec<String> = keys[6..].to_vec();
+    want.sort();
+    assert_eq!(listed, want, "removed objects stay removed");
+}

@@ -54,13 +54,17 @@ pub struct EngineConfig {
     /// at most this (`offload_low_watermark_ratio`).
     pub offload_low_watermark_ratio: f64,
     /// How long a PutStart that found no memory waits for offloads to free some before it
-    /// fails (`put_space_wait`); 0 = fail at once.
+    /// fails (`put_space_wait`); 0 = fail at once. Keep it, plus `disk_removal_ack_wait_ms`,
+    /// below the clients' RPC timeout (5 s by default).
     pub put_space_wait_ms: u64,
     /// Disk use above which a disk evicts its least recently used replicas
     /// (`disk_eviction_high_watermark_ratio`).
     pub disk_eviction_high_watermark_ratio: f64,
     /// Disk eviction stops at this use (`disk_eviction_low_watermark_ratio`).
     pub disk_eviction_low_watermark_ratio: f64,
+    /// How long the answer to a request that removed disk replicas waits for their nodes to
+    /// delete the files (`disk_removal_ack_wait`); 0 = answer at once.
+    pub disk_removal_ack_wait_ms: u64,
 }
 
 /// How much longer than the read lease a read grant lives by default, so a transfer that
@@ -87,9 +91,10 @@ impl Default for EngineConfig {
             read_grant_ttl_ms: None,
             offload_high_watermark_ratio: 0.80,
             offload_low_watermark_ratio: 0.60,
-            put_space_wait_ms: 10_000,
+            put_space_wait_ms: 3_000,
             disk_eviction_high_watermark_ratio: 0.95,
             disk_eviction_low_watermark_ratio: 0.85,
+            disk_removal_ack_wait_ms: 1_000,
         }
     }
 }

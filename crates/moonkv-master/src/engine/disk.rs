@@ -27,11 +27,34 @@ pub(crate) fn disk_charge(size: u64) -> u64 {
     size.saturating_add(DISK_FILE_OVERHEAD)
 }
 
-/// What outlives one mount of a disk id: tombstones and undelivered deletions.
+/// Heartbeats after which a deletion handed out and not acknowledged is handed out again (the
+/// answer carrying it may have been lost).
+const RESEND_AFTER_BEATS: u64 = 20;
+
+/// Numbers every deletion queued in this process, so a caller can wait for the deletions its
+/// request caused ([`DiskMemory::unacked_through`]).
+static DELETION_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The sequence number of the latest deletion queued.
+pub(crate) fn deletion_seq() -> u64 {
+    DELETION_SEQ.load(Ordering::Acquire)
+}
+
+/// What outlives one mount of a disk id: tombstones and deletions the owner has not yet
+/// acknowledged.
 #[derive(Debug, Default)]
 pub(crate) struct DiskMemory {
     tombstones: Mutex<Tombstones>,
-    deletions: Mutex<VecDeque<u64>>,
+    deletions: Mutex<Deletions>,
+}
+
+/// Deletions of one disk: queued (not yet handed out) and handed out but not acknowledged.
+#[derive(Debug, Default)]
+struct Deletions {
+    queued: VecDeque<(u64, u64)>,
+    /// seq → (file id, heartbeat it was handed out in).
+    sent: std::collections::BTreeMap<u64, (u64, u64)>,
+    beats: u64,
 }
 
 #[derive(Debug, Default)]
@@ -54,10 +77,11 @@ impl DiskMemory {
                 }
             }
         }
+        let seq = DELETION_SEQ.fetch_add(1, Ordering::AcqRel) + 1;
         let mut d = self.deletions.lock();
-        d.push_back(id);
-        if d.len() > MAX_PENDING_DELETIONS {
-            d.pop_front();
+        d.queued.push_back((seq, id));
+        if d.queued.len() > MAX_PENDING_DELETIONS {
+            d.queued.pop_front();
         }
     }
 
@@ -66,9 +90,48 @@ impl DiskMemory {
         self.tombstones.lock().set.contains(&id)
     }
 
-    /// Takes every pending deletion.
+    /// The deletions to hand out now: every queued one, and those handed out long ago without
+    /// an acknowledgment.
     pub(crate) fn take_deletions(&self) -> Vec<u64> {
-        self.deletions.lock().drain(..).collect()
+        let mut d = self.deletions.lock();
+        d.beats += 1;
+        let beat = d.beats;
+        let mut out: Vec<u64> = Vec::new();
+        for (_, (id, sent_at)) in d.sent.iter_mut() {
+            if beat.saturating_sub(*sent_at) >= RESEND_AFTER_BEATS {
+                *sent_at = beat;
+                out.push(*id);
+            }
+        }
+        while let Some((seq, id)) = d.queued.pop_front() {
+            d.sent.insert(seq, (id, beat));
+            out.push(id);
+        }
+        if d.sent.len() > MAX_PENDING_DELETIONS {
+            let first = d.sent.keys().next().copied();
+            if let Some(first) = first {
+                d.sent.remove(&first);
+            }
+        }
+        out
+    }
+
+    /// The owner carried out these deletions.
+    pub(crate) fn ack_deletions(&self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let done: HashSet<u64> = ids.iter().copied().collect();
+        let mut d = self.deletions.lock();
+        d.sent.retain(|_, (id, _)| !done.contains(id));
+        d.queued.retain(|(_, id)| !done.contains(id));
+    }
+
+    /// Whether a deletion numbered `seq` or lower is still not acknowledged.
+    pub(crate) fn unacked_through(&self, seq: u64) -> bool {
+        let d = self.deletions.lock();
+        d.sent.keys().next().is_some_and(|s| *s <= seq)
+            || d.queued.front().is_some_and(|(s, _)| *s <= seq)
     }
 }
 
@@ -362,7 +425,20 @@ mod tests {
         drop(h);
         assert_eq!(s.used_bytes(), 0);
         assert!(s.memory.is_tombstoned(42));
+        let seq = deletion_seq();
+        assert!(s.memory.unacked_through(seq));
         assert_eq!(s.memory.take_deletions(), vec![42]);
+        assert!(s.memory.take_deletions().is_empty());
+        assert!(
+            s.memory.unacked_through(seq),
+            "handed out, not acknowledged"
+        );
+        for _ in 2..RESEND_AFTER_BEATS {
+            assert!(s.memory.take_deletions().is_empty());
+        }
+        assert_eq!(s.memory.take_deletions(), vec![42], "handed out again");
+        s.memory.ack_deletions(&[42]);
+        assert!(!s.memory.unacked_through(seq));
         assert!(s.memory.take_deletions().is_empty());
         s.set_state(DiskState::Detached);
         assert!(!s.try_reserve(1), "a detached disk takes no new files");

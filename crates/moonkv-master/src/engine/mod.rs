@@ -57,7 +57,7 @@ pub use admin::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AllocationStrategy, EngineConfig, EngineConfigError};
-pub use pressure::TierStats;
+pub use pressure::{found_no_memory, TierStats};
 pub use sink::{AvailabilitySink, Medium, NoopSink};
 
 use moonkv_proto::{ClientId, OffloadTask};

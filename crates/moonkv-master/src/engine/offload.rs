@@ -187,6 +187,7 @@ impl Engine {
             registry.of_client(req.client_id).cloned()
         }
         .ok_or_else(no_disk)?;
+        slot.memory.ack_deletions(&req.deleted);
         let tasks = self
             .offload_mailboxes
             .lock()

@@ -2,6 +2,10 @@
 //! eviction (least recently used disk replicas, leases and pins respected), and the counters
 //! that show where memory went (offloaded, dropped, backlog).
 //!
+//! A request that removed disk replicas (Remove, an upsert replacing a value, ...) is answered
+//! only once the nodes have deleted the files, or after `disk_removal_ack_wait_ms`: a removal
+//! the caller was told about cannot come back from a file after a master restart.
+//!
 //! A PutStart that finds no memory while a disk is mounted is held by the RPC layer and retried
 //! until it fits or `put_space_wait_ms` (engine clock) has passed; [`Engine::space_wait_deadline`]
 //! says whether to hold it, [`Engine::space_wait_over`] when to give up. A put that gives up
@@ -17,6 +21,14 @@ use moonkv_proto::{ErrorCode, Result, SegmentId, TenantId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// The message of a Start that found no memory (the only failure a held put waits out).
+pub(crate) const NO_MEMORY: &str = "no segment has room for the object";
+
+/// Whether a Start failed for want of memory (not, say, for want of disk room).
+pub fn found_no_memory<T>(result: &Result<T>) -> bool {
+    matches!(result, Err(e) if e.code == ErrorCode::NO_AVAILABLE_HANDLE && e.message == NO_MEMORY)
+}
 
 /// Counters of the disk tier under pressure.
 #[derive(Debug, Default)]
@@ -90,8 +102,10 @@ impl Engine {
     /// Whether a PutStart that failed with `result` should be held and retried: it found no
     /// memory, a disk is mounted, and waiting is allowed. Returns the engine-clock deadline.
     pub fn space_wait_deadline<T>(&self, result: &Result<T>) -> Option<u64> {
-        let no_room = matches!(result, Err(e) if e.code == ErrorCode::NO_AVAILABLE_HANDLE);
-        if !no_room || self.config.put_space_wait_ms == 0 || !self.any_disk_mounted() {
+        if !found_no_memory(result)
+            || self.config.put_space_wait_ms == 0
+            || !self.any_disk_mounted()
+        {
             return None;
         }
         self.counters
@@ -114,6 +128,35 @@ impl Engine {
         self.offload_stalled.store(true, Ordering::Release);
         self.need_eviction.store(true, Ordering::Release);
         true
+    }
+
+    /// The number of the latest disk-file deletion queued: compare before and after a request
+    /// to see whether it removed disk replicas.
+    pub fn deletion_seq(&self) -> u64 {
+        super::disk::deletion_seq()
+    }
+
+    /// Whether every deletion numbered up to `seq` on a mounted disk has been carried out by
+    /// its node (file unlinked, directory synced). Detached disks are not waited for: their
+    /// tombstones keep the files out while this master lives.
+    pub fn deletions_done_through(&self, seq: u64) -> bool {
+        let registry = self.disks.read();
+        !registry
+            .by_client
+            .values()
+            .filter_map(|id| registry.by_id.get(id))
+            .any(|slot| slot.is_mounted() && slot.memory.unacked_through(seq))
+    }
+
+    /// The engine-clock deadline for holding an answer until its deletions are done.
+    pub fn deletion_wait_deadline(&self) -> u64 {
+        self.now()
+            .saturating_add(self.config.disk_removal_ack_wait_ms)
+    }
+
+    /// Whether `deadline_ms` (from [`Engine::deletion_wait_deadline`]) has passed.
+    pub fn past(&self, deadline_ms: u64) -> bool {
+        self.now() >= deadline_ms
     }
 
     pub(crate) fn any_disk_mounted(&self) -> bool {

@@ -86,7 +86,11 @@ macro_rules! gen_dispatch {
 }
 moonkv_proto::for_each_op!(gen_dispatch);
 
-fn respond<T: Serialize>(out: &mut Vec<u8>, request_id: u64, result: Result<T, Error>) -> bool {
+pub(super) fn respond<T: Serialize>(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    result: Result<T, Error>,
+) -> bool {
     match result {
         Ok(value) => match frame::encode_ok(out, request_id, &value) {
             Ok(()) => true,
@@ -309,37 +313,59 @@ fn process_input(
             tokio::task::spawn_blocking(move || {
                 let started = Instant::now();
                 let mut out = Vec::new();
+                let before = shared.engine.deletion_seq();
                 let ok = dispatch(&shared.engine, request_id, &request, &mut out);
+                super::space_wait::wait_for_deletions_blocking(&shared.engine, before);
                 shared.metrics.record(op, ok, started.elapsed());
                 let _ = done_tx.send((out, slot));
             });
             continue;
         }
         let started = Instant::now();
-        // A Start that found no memory may wait for the disk tier to free some.
-        match super::space_wait::first_try(&shared.engine, &request) {
-            Ok(None) => {}
-            Ok(Some(result)) => {
-                let ok = respond(output, frame.request_id, result);
+        // The disk tier may hold the answer: a Start waiting for memory, a removal waiting
+        // for its files to be deleted.
+        let held = match super::space_wait::answer(
+            &shared.engine,
+            frame.request_id,
+            &request,
+            output,
+            dispatch,
+        ) {
+            super::space_wait::Answer::Dispatch => None,
+            super::space_wait::Answer::Done(ok) => {
                 shared.metrics.record(op, ok, started.elapsed());
                 continue;
             }
-            Err(deadline) => {
-                let Ok(slot) = scans.clone().try_acquire_owned() else {
-                    consumed -= used;
-                    break Ok(true);
-                };
-                let (shared, done_tx, request_id) =
-                    (shared.clone(), done_tx.clone(), frame.request_id);
-                tokio::spawn(async move {
-                    let result = super::space_wait::retry(&shared.engine, &request, deadline).await;
-                    let mut out = Vec::new();
-                    let ok = respond(&mut out, request_id, result);
-                    shared.metrics.record(op, ok, started.elapsed());
-                    let _ = done_tx.send((out, slot));
-                });
-                continue;
+            super::space_wait::Answer::HeldStart(answer) => {
+                match scans.clone().try_acquire_owned() {
+                    Ok(slot) => Some((answer, slot)),
+                    Err(_) => {
+                        // Nothing was changed: the frame runs again once a slot is free.
+                        consumed -= used;
+                        break Ok(true);
+                    }
+                }
             }
+            super::space_wait::Answer::HeldDeletion(answer) => {
+                // Already executed: it is answered, slot or not.
+                let slot = match scans.clone().try_acquire_owned() {
+                    Ok(slot) => slot,
+                    Err(_) => match Arc::new(Semaphore::new(1)).try_acquire_owned() {
+                        Ok(slot) => slot,
+                        Err(_) => continue,
+                    },
+                };
+                Some((answer, slot))
+            }
+        };
+        if let Some((answer, slot)) = held {
+            let (shared, done_tx) = (shared.clone(), done_tx.clone());
+            tokio::spawn(async move {
+                let (out, ok) = answer.await;
+                shared.metrics.record(op, ok, started.elapsed());
+                let _ = done_tx.send((out, slot));
+            });
+            continue;
         }
         let ok = dispatch(&shared.engine, frame.request_id, &request, output);
         shared.metrics.record(op, ok, started.elapsed());

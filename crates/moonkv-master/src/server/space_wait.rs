@@ -1,17 +1,49 @@
-//! PutStart and UpsertStart that found no memory while a disk tier can free some: the request
-//! leaves its connection's inline path and is retried until it fits or the engine's
-//! `put_space_wait_ms` has passed (`engine/pressure.rs`), so writers faster than offload are
-//! slowed, not failed. Other requests, and these when no disk is mounted, answer at once.
+//! Answers the disk tier holds back (`engine/pressure.rs`):
+//!
+//! - a PutStart or UpsertStart that found no memory while a disk tier can free some leaves its
+//!   connection's inline path and is retried until it fits or the engine's `put_space_wait_ms`
+//!   has passed, so writers faster than offload are slowed, not failed;
+//! - a write or removal that dropped disk replicas is answered once their nodes have deleted
+//!   the files (or after `disk_removal_ack_wait_ms`), so a removal the caller was told about
+//!   cannot come back from a file after a master restart.
+//!
+//! Everything else answers at once.
 
+use super::rpc::respond;
 use crate::engine::Engine;
-use moonkv_proto::msg::Request;
-use moonkv_proto::{ReplicaDescriptor, Result};
+use moonkv_proto::msg::{Op, Request};
+use moonkv_proto::{ErrorCode, ReplicaDescriptor, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// Pause between two attempts of a held put.
+/// Pause between two checks of a held answer.
 const RETRY_EVERY: Duration = Duration::from_millis(2);
 
-fn attempt(engine: &Engine, request: &Request) -> Option<Result<Vec<ReplicaDescriptor>>> {
+/// A response that is not ready yet: the encoded frame and whether the request succeeded.
+pub(crate) type HeldAnswer = Pin<Box<dyn Future<Output = (Vec<u8>, bool)> + Send>>;
+
+/// What to do with one request.
+pub(crate) enum Answer {
+    /// Not one of ours: dispatch it as usual.
+    Dispatch,
+    /// Answered into the output (succeeded or not).
+    Done(bool),
+    /// A Start held for space; it has not changed anything yet, so without a slot to run it
+    /// in it may be retried later from the start.
+    HeldStart(HeldAnswer),
+    /// Executed; its answer waits for file deletions.
+    HeldDeletion(HeldAnswer),
+}
+
+/// Whether `op` may drop disk replicas (and so delete files).
+fn may_delete_files(op: Op) -> bool {
+    let code = op as u16;
+    (20..=31).contains(&code) || (40..=43).contains(&code)
+}
+
+fn start(engine: &Engine, request: &Request) -> Option<Result<Vec<ReplicaDescriptor>>> {
     match request {
         Request::PutStart(r) => Some(engine.put_start(r)),
         Request::UpsertStart(r) => Some(engine.upsert_start(r)),
@@ -19,44 +51,88 @@ fn attempt(engine: &Engine, request: &Request) -> Option<Result<Vec<ReplicaDescr
     }
 }
 
-/// A first attempt at `request`. `Err(deadline)` when it is a Start that must be held (nothing
-/// was answered); otherwise the result, to be answered now (`None`: not a Start).
-pub(crate) fn first_try(
-    engine: &Engine,
+/// Runs `request` if it is one the disk tier may hold, answering into `output` when it need
+/// not wait.
+pub(crate) fn answer(
+    engine: &Arc<Engine>,
+    request_id: u64,
     request: &Request,
-) -> std::result::Result<Option<Result<Vec<ReplicaDescriptor>>>, u64> {
-    let Some(result) = attempt(engine, request) else {
-        return Ok(None);
-    };
-    match engine.space_wait_deadline(&result) {
-        Some(deadline) => Err(deadline),
-        None => Ok(Some(result)),
+    output: &mut Vec<u8>,
+    dispatch: fn(&Engine, u64, &Request, &mut Vec<u8>) -> bool,
+) -> Answer {
+    if !may_delete_files(request.op()) {
+        return Answer::Dispatch;
     }
+    let before = engine.deletion_seq();
+    let mut out = Vec::new();
+    let ok = match start(engine, request) {
+        Some(result) => match engine.space_wait_deadline(&result) {
+            Some(deadline) => {
+                let (engine, request) = (engine.clone(), request.clone());
+                return Answer::HeldStart(Box::pin(async move {
+                    let result = retry(&engine, &request, deadline).await;
+                    let mut out = Vec::new();
+                    let ok = respond(&mut out, request_id, result);
+                    wait_for_deletions(&engine, before).await;
+                    (out, ok)
+                }));
+            }
+            None => respond(&mut out, request_id, result),
+        },
+        None => dispatch(engine, request_id, request, &mut out),
+    };
+    let after = engine.deletion_seq();
+    if after > before && !engine.deletions_done_through(after) {
+        let engine = engine.clone();
+        return Answer::HeldDeletion(Box::pin(async move {
+            wait_for_deletions(&engine, after).await;
+            (out, ok)
+        }));
+    }
+    output.extend_from_slice(&out);
+    Answer::Done(ok)
 }
 
 /// Retries a held Start until it fits, fails for another reason, or `deadline` passes.
-pub(crate) async fn retry(
+async fn retry(
     engine: &Engine,
     request: &Request,
     deadline: u64,
 ) -> Result<Vec<ReplicaDescriptor>> {
     loop {
         tokio::time::sleep(RETRY_EVERY).await;
-        let Some(result) = attempt(engine, request) else {
-            unreachable_start()?;
-            continue;
-        };
-        let no_room =
-            matches!(&result, Err(e) if e.code == moonkv_proto::ErrorCode::NO_AVAILABLE_HANDLE);
-        if !no_room || engine.space_wait_over(deadline) {
+        let result = start(engine, request).unwrap_or_else(|| {
+            Err(moonkv_proto::Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                "only PutStart and UpsertStart are held for space",
+            ))
+        });
+        if !crate::engine::found_no_memory(&result) || engine.space_wait_over(deadline) {
             return result;
         }
     }
 }
 
-fn unreachable_start() -> Result<()> {
-    Err(moonkv_proto::Error::new(
-        moonkv_proto::ErrorCode::INTERNAL_ERROR,
-        "only PutStart and UpsertStart are held for space",
-    ))
+/// Waits until the deletions numbered up to `seq` are done, or the engine's bound passes.
+async fn wait_for_deletions(engine: &Engine, seq: u64) {
+    if engine.deletion_seq() <= seq && engine.deletions_done_through(seq) {
+        return;
+    }
+    let seq = seq.max(engine.deletion_seq());
+    let deadline = engine.deletion_wait_deadline();
+    while !engine.deletions_done_through(seq) && !engine.past(deadline) {
+        tokio::time::sleep(RETRY_EVERY).await;
+    }
+}
+
+/// The blocking-pool form of [`wait_for_deletions`], for scans (RemoveByRegex, RemoveAll).
+pub(crate) fn wait_for_deletions_blocking(engine: &Engine, before: u64) {
+    let after = engine.deletion_seq();
+    if after <= before {
+        return;
+    }
+    let deadline = engine.deletion_wait_deadline();
+    while !engine.deletions_done_through(after) && !engine.past(deadline) {
+        std::thread::sleep(RETRY_EVERY);
+    }
 }

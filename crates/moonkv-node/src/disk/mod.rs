@@ -345,6 +345,23 @@ impl DiskStore {
         }
     }
 
+    /// Deletes every file in `ids`, then syncs the directory so the removals survive a crash.
+    pub async fn delete_all(&self, ids: &[u64]) {
+        for id in ids {
+            self.delete(*id);
+        }
+        match tokio::fs::File::open(&self.dir).await {
+            Ok(dir) => {
+                if let Err(e) = dir.sync_all().await {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "directory sync after deletions failed");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot open the directory to sync it")
+            }
+        }
+    }
+
     fn was_deleted(&self, file_id: u64) -> bool {
         self.recently_deleted.lock().0.contains(&file_id)
     }

@@ -48,7 +48,10 @@ pub(super) fn with_disk() -> ReplicateConfig {
 
 pub(super) fn heartbeat(h: &Harness, client: ClientId) -> OffloadHeartbeatResponse {
     h.engine
-        .offload_heartbeat(&OffloadHeartbeatRequest { client_id: client })
+        .offload_heartbeat(&OffloadHeartbeatRequest {
+            client_id: client,
+            deleted: Vec::new(),
+        })
         .unwrap()
 }
 
@@ -546,7 +549,8 @@ fn disk_rpcs_check_their_caller() {
     let h = Harness::new();
     assert_eq!(
         code(h.engine.offload_heartbeat(&OffloadHeartbeatRequest {
-            client_id: h.client
+            client_id: h.client,
+            deleted: Vec::new(),
         })),
         ErrorCode::SEGMENT_NOT_FOUND
     );

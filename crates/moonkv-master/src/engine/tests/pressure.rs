@@ -180,3 +180,40 @@ fn an_offload_into_a_full_disk_makes_room_on_disk_first() {
     let task = heartbeat(&h, h.client).tasks.remove(0);
     assert_eq!(task.key, "m");
 }
+
+#[test]
+fn a_write_through_with_no_disk_room_is_not_held() {
+    let h = ahead_harness(0.8, 0.6, MIB);
+    let failed = h.put_start_with("k", 2 * MIB, with_disk());
+    assert_eq!(
+        code(h.put_start_with("k", 2 * MIB, with_disk())),
+        ErrorCode::NO_AVAILABLE_HANDLE
+    );
+    assert!(!found_no_memory(&failed));
+    assert_eq!(h.engine.space_wait_deadline(&failed), None);
+}
+
+#[test]
+fn answers_wait_only_for_deletions_on_mounted_disks_until_acknowledged() {
+    let (h, _) = offload_harness(0.9);
+    let descs = h.put_start_with("k", 1000, with_disk()).unwrap();
+    h.put_end("k", &descs).unwrap();
+    let before = h.engine.deletion_seq();
+    h.remove("k", false).unwrap();
+    let after = h.engine.deletion_seq();
+    assert!(after > before);
+    assert!(!h.engine.deletions_done_through(after));
+    let file = descs[1].id.0;
+    assert_eq!(heartbeat(&h, h.client).deletions, vec![file]);
+    assert!(!h.engine.deletions_done_through(after), "handed out only");
+    let ack = OffloadHeartbeatRequest {
+        client_id: h.client,
+        deleted: vec![file],
+    };
+    h.engine.offload_heartbeat(&ack).unwrap();
+    assert!(h.engine.deletions_done_through(after));
+    let deadline = h.engine.deletion_wait_deadline();
+    assert!(!h.engine.past(deadline));
+    h.advance(Harness::config().disk_removal_ack_wait_ms);
+    assert!(h.engine.past(deadline));
+}

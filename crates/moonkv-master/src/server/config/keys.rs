@@ -165,7 +165,7 @@ config_keys! {
     /// (default 0.60)
     offload_low_watermark_ratio: Ratio => |c, v| c.engine.offload_low_watermark_ratio = v.0;
     /// how long a put that found no memory waits for offloads to disk before it fails, in ms or
-    /// with a unit; 0 = fail at once (default 10s)
+    /// with a unit; 0 = fail at once; keep below the clients' RPC timeout (default 3s)
     put_space_wait: Millis => |c, v| c.engine.put_space_wait_ms = v.0;
     /// disk use above which a disk evicts its least recently used replicas, in [0, 1]
     /// (default 0.95)
@@ -174,6 +174,9 @@ config_keys! {
     /// disk eviction stops at this disk use, in [0, 1] (default 0.85)
     disk_eviction_low_watermark_ratio: Ratio =>
         |c, v| c.engine.disk_eviction_low_watermark_ratio = v.0;
+    /// how long the answer to a request that removed disk replicas waits for the nodes to
+    /// delete the files, in ms or with a unit; 0 = answer at once (default 1s)
+    disk_removal_ack_wait: Millis => |c, v| c.engine.disk_removal_ack_wait_ms = v.0;
     /// require tenant registration and enforce quotas (default false)
     enable_multi_tenants: Flag => |c, v| c.engine.enable_multi_tenants = v.0;
     /// publish the KV event stream over ZMQ (default false)
