@@ -8,7 +8,7 @@
 //! Every wait is a bounded poll; nothing asserts on timing.
 
 use moonkv_client::{Store, StoreConfig};
-use moonkv_events::{IndexSync, Snapshot, Subscriber};
+use moonkv_events::{Delivery, IndexSync, Snapshot, Subscriber};
 use moonkv_testkit::admin::metric;
 use moonkv_testkit::events::{placement_of_index, placement_of_snapshot, Placement, BACKEND};
 use moonkv_testkit::payload::payload;
@@ -76,6 +76,8 @@ fn node(master: &Proc, name: &str, dir: &Path, capacity: &str) -> Result<Proc, S
 /// snapshot): what it holds is what the events said.
 struct Follower {
     placement: Arc<Mutex<(Placement, Option<u64>)>>,
+    /// (kind, key, medium) of every event, in stream order.
+    events: Arc<Mutex<Vec<(String, String, String)>>>,
     stop: Arc<AtomicBool>,
     gaps: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -89,10 +91,26 @@ impl Follower {
         let placement: Arc<Mutex<(Placement, Option<u64>)>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let gaps = Arc::new(AtomicU64::new(0));
-        let (p, s, g) = (placement.clone(), stop.clone(), gaps.clone());
+        let events: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
+        let (p, s, g, ev) = (
+            placement.clone(),
+            stop.clone(),
+            gaps.clone(),
+            events.clone(),
+        );
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                let _ = sub.poll();
+                if let Ok(Delivery::Message { message, .. }) = sub.poll() {
+                    let mut ev = ev.lock().unwrap();
+                    for e in message.events {
+                        let kind = serde_json::to_value(e.kind).unwrap();
+                        ev.push((
+                            kind.as_str().unwrap_or_default().to_string(),
+                            e.object_key.unwrap_or_default(),
+                            e.medium.unwrap_or_default(),
+                        ));
+                    }
+                }
                 let counters = sub.counters();
                 g.store(counters.gaps + counters.missed_sequences, Ordering::Relaxed);
                 let index = placement_of_index(sub.index().unwrap());
@@ -101,6 +119,7 @@ impl Follower {
         });
         Follower {
             placement,
+            events,
             stop,
             gaps,
             thread: Some(thread),
@@ -109,6 +128,17 @@ impl Follower {
 
     fn placement(&self) -> (Placement, Option<u64>) {
         self.placement.lock().unwrap().clone()
+    }
+
+    /// Keys with a `removed` event for `medium`, in stream order.
+    fn removed(&self, medium: &str) -> Vec<String> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(kind, key, m)| kind == "removed" && m == medium && !key.starts_with("probe-"))
+            .map(|(_, key, _)| key.clone())
+            .collect()
     }
 }
 
@@ -221,13 +251,7 @@ async fn parallel_writers_over_a_small_segment_lose_nothing_while_the_disk_has_r
     assert!(disk_used < (256u64 << 20) as f64, "the disk had room");
 
     // The stream alone says what the master holds.
-    let master_view = until("the follower to match the master", || {
-        let want = last_sequence(&admin);
-        let (index, seen) = follower.placement();
-        let snap = placement_of_snapshot(&snapshot(&admin));
-        (seen == Some(want) && index == snap && snap == placement_of_snapshot(&snapshot(&admin)))
-            .then_some(snap)
-    });
+    let master_view = converged(&admin, &follower);
     assert_eq!(follower.gaps.load(Ordering::Relaxed), 0);
     assert_eq!(master_view.len(), objects.len(), "every object is there");
     let on_disk = master_view
@@ -288,6 +312,74 @@ fn a_disk_budget_above_the_free_space_is_refused_naming_both_numbers() {
         err.contains("free on the filesystem"),
         "names the free space: {err}"
     );
+}
+
+/// Waits until the follower holds exactly the master's placement (and nothing is in flight).
+fn converged(admin: &str, follower: &Follower) -> Placement {
+    until("the follower to match the master", || {
+        let want = last_sequence(admin);
+        let (index, seen) = follower.placement();
+        let snap = placement_of_snapshot(&snapshot(admin));
+        (seen == Some(want) && index == snap && snap == placement_of_snapshot(&snapshot(admin)))
+            .then_some(snap)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_evicts_its_least_recently_used_replicas_with_removed_disk_events() {
+    let dir = TempDir::new("disk-lru");
+    let master = master(&[]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    // Room for 7 files of 1 MiB; the disk evicts above 95 % down to 85 %.
+    let _node = node(&master, "n0", &dir.0, "7200KiB").unwrap_or_else(|e| panic!("{e}"));
+    let follower = Follower::start(&master.field("kv_events"));
+    let store = Store::connect(StoreConfig::new(rpc.clone())).await.unwrap();
+    subscribed(&store, &follower).await;
+    let objects: Vec<(String, Vec<u8>)> = (0..12u32)
+        .map(|i| (format!("k{i}"), payload(i, 1, 1 << 20)))
+        .collect();
+    for (i, (key, bytes)) in objects.iter().enumerate() {
+        let out = output_of(MOONKV.client(&rpc, &["put", "--disk", key, "-"]), bytes);
+        assert!(
+            out.status.success(),
+            "{key}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if i == 4 {
+            // k0 is read after k1..k4 were written: it is not the least recently used.
+            assert!(store.get("k0").await.unwrap() == objects[0].1);
+        }
+    }
+    let view = converged(&admin, &follower);
+    let evicted = follower.removed("disk");
+    assert!(!evicted.is_empty(), "the disk evicted");
+    assert!(
+        !evicted.contains(&"k0".to_string()),
+        "k0 was used recently: {evicted:?}"
+    );
+    assert_eq!(evicted[0], "k1", "least recently used first: {evicted:?}");
+    assert!(follower.removed("cpu").is_empty(), "memory copies stay");
+    assert!(counter(&admin, "master_disk_evicted_objects") >= evicted.len() as f64);
+    assert_eq!(counter(&admin, "master_dropped_objects"), 0.0);
+    let disk_used = counter(&admin, "master_allocated_file_size_bytes");
+    assert!(disk_used <= (7200u64 << 10) as f64);
+    assert_eq!(
+        mkv_files(&dir.0) as f64,
+        disk_used / ((1 << 20) + 4096) as f64
+    );
+    for (key, bytes) in &objects {
+        let media = view
+            .iter()
+            .find(|(_, k, _)| k == key)
+            .map(|(_, _, m)| m.clone())
+            .unwrap_or_else(|| panic!("{key} missing"));
+        assert_eq!(
+            media.contains(&"disk".to_string()),
+            !evicted.contains(key),
+            "{key}: {media:?}"
+        );
+        assert!(store.get(key).await.unwrap() == *bytes, "{key} byte-exact");
+    }
 }
 
 fn mkv_files(dir: &Path) -> usize {

@@ -51,10 +51,34 @@ pub(crate) struct DiskMemory {
 /// Deletions of one disk: queued (not yet handed out) and handed out but not acknowledged.
 #[derive(Debug, Default)]
 struct Deletions {
-    queued: VecDeque<(u64, u64)>,
-    /// seq → (file id, heartbeat it was handed out in).
-    sent: std::collections::BTreeMap<u64, (u64, u64)>,
+    queued: VecDeque<Deletion>,
+    /// seq → (deletion, heartbeat it was handed out in).
+    sent: std::collections::BTreeMap<u64, (Deletion, u64)>,
     beats: u64,
+}
+
+/// One file to delete. Its bytes stay charged to the mount that held it until the node
+/// acknowledges the deletion, so the master never places more on a disk than its node has
+/// room for.
+#[derive(Debug)]
+struct Deletion {
+    seq: u64,
+    id: u64,
+    charge: u64,
+    slot: std::sync::Weak<DiskSlot>,
+}
+
+impl Deletion {
+    fn release(self) {
+        if let Some(slot) = self.slot.upgrade() {
+            let _ = slot
+                .releasing
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                    Some(r.saturating_sub(self.charge))
+                });
+            slot.release(self.charge);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -64,8 +88,9 @@ struct Tombstones {
 }
 
 impl DiskMemory {
-    /// Records that file `id` was removed: it is tombstoned and queued for deletion.
-    pub(crate) fn forget_file(&self, id: u64) {
+    /// Records that file `id` was removed: it is tombstoned and queued for deletion; its
+    /// `charge` returns to `slot` once the node acknowledges the deletion.
+    pub(crate) fn forget_file(&self, id: u64, charge: u64, slot: std::sync::Weak<DiskSlot>) {
         {
             let mut t = self.tombstones.lock();
             if t.set.insert(id) {
@@ -79,9 +104,16 @@ impl DiskMemory {
         }
         let seq = DELETION_SEQ.fetch_add(1, Ordering::AcqRel) + 1;
         let mut d = self.deletions.lock();
-        d.queued.push_back((seq, id));
+        d.queued.push_back(Deletion {
+            seq,
+            id,
+            charge,
+            slot,
+        });
         if d.queued.len() > MAX_PENDING_DELETIONS {
-            d.queued.pop_front();
+            if let Some(old) = d.queued.pop_front() {
+                old.release();
+            }
         }
     }
 
@@ -97,20 +129,19 @@ impl DiskMemory {
         d.beats += 1;
         let beat = d.beats;
         let mut out: Vec<u64> = Vec::new();
-        for (_, (id, sent_at)) in d.sent.iter_mut() {
+        for (_, (deletion, sent_at)) in d.sent.iter_mut() {
             if beat.saturating_sub(*sent_at) >= RESEND_AFTER_BEATS {
                 *sent_at = beat;
-                out.push(*id);
+                out.push(deletion.id);
             }
         }
-        while let Some((seq, id)) = d.queued.pop_front() {
-            d.sent.insert(seq, (id, beat));
-            out.push(id);
+        while let Some(deletion) = d.queued.pop_front() {
+            out.push(deletion.id);
+            d.sent.insert(deletion.seq, (deletion, beat));
         }
-        if d.sent.len() > MAX_PENDING_DELETIONS {
-            let first = d.sent.keys().next().copied();
-            if let Some(first) = first {
-                d.sent.remove(&first);
+        while d.sent.len() > MAX_PENDING_DELETIONS {
+            if let Some((_, (old, _))) = d.sent.pop_first() {
+                old.release();
             }
         }
         out
@@ -122,16 +153,30 @@ impl DiskMemory {
             return;
         }
         let done: HashSet<u64> = ids.iter().copied().collect();
-        let mut d = self.deletions.lock();
-        d.sent.retain(|_, (id, _)| !done.contains(id));
-        d.queued.retain(|(_, id)| !done.contains(id));
+        let released = {
+            let mut d = self.deletions.lock();
+            let sent = std::mem::take(&mut d.sent);
+            let (gone, kept): (Vec<_>, Vec<_>) = sent
+                .into_iter()
+                .partition(|(_, (del, _))| done.contains(&del.id));
+            d.sent = kept.into_iter().collect();
+            let queued = std::mem::take(&mut d.queued);
+            let (gone_q, kept_q): (Vec<_>, Vec<_>) =
+                queued.into_iter().partition(|del| done.contains(&del.id));
+            d.queued = kept_q.into_iter().collect();
+            gone.into_iter()
+                .map(|(_, (del, _))| del)
+                .chain(gone_q)
+                .collect::<Vec<_>>()
+        };
+        released.into_iter().for_each(Deletion::release);
     }
 
     /// Whether a deletion numbered `seq` or lower is still not acknowledged.
     pub(crate) fn unacked_through(&self, seq: u64) -> bool {
         let d = self.deletions.lock();
         d.sent.keys().next().is_some_and(|s| *s <= seq)
-            || d.queued.front().is_some_and(|(s, _)| *s <= seq)
+            || d.queued.front().is_some_and(|del| del.seq <= seq)
     }
 }
 
@@ -160,6 +205,10 @@ pub(crate) struct DiskSlot {
     /// Set when disk eviction could not free the room an offload needed: memory copies bound
     /// for this disk are dropped instead of waiting for room.
     full: AtomicBool,
+    /// Bytes a write-through found missing here; the next disk eviction frees them.
+    pub(crate) wanted: AtomicU64,
+    /// Of `used`, bytes of removed files whose deletion the node has not acknowledged yet.
+    releasing: AtomicU64,
 }
 
 impl DiskSlot {
@@ -172,6 +221,8 @@ impl DiskSlot {
             used: AtomicU64::new(0),
             memory,
             full: AtomicBool::new(false),
+            wanted: AtomicU64::new(0),
+            releasing: AtomicU64::new(0),
         }
     }
 
@@ -202,6 +253,11 @@ impl DiskSlot {
 
     pub(crate) fn used_bytes(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes that return to the disk once its node has deleted the files removed already.
+    pub(crate) fn releasing_bytes(&self) -> u64 {
+        self.releasing.load(Ordering::Acquire)
     }
 
     pub(crate) fn free_bytes(&self) -> u64 {
@@ -286,8 +342,10 @@ impl DiskHandle {
 
 impl Drop for DiskHandle {
     fn drop(&mut self) {
-        self.slot.release(self.charge);
-        self.slot.memory.forget_file(self.file_id);
+        self.slot.releasing.fetch_add(self.charge, Ordering::AcqRel);
+        self.slot
+            .memory
+            .forget_file(self.file_id, self.charge, Arc::downgrade(&self.slot));
     }
 }
 
@@ -423,7 +481,11 @@ mod tests {
         let h = DiskHandle::reserved(s.clone(), 42, 6000);
         assert_eq!(s.used_bytes(), 6000);
         drop(h);
-        assert_eq!(s.used_bytes(), 0);
+        assert_eq!(
+            s.used_bytes(),
+            6000,
+            "charged until the node deleted the file"
+        );
         assert!(s.memory.is_tombstoned(42));
         let seq = deletion_seq();
         assert!(s.memory.unacked_through(seq));
@@ -438,6 +500,7 @@ mod tests {
         }
         assert_eq!(s.memory.take_deletions(), vec![42], "handed out again");
         s.memory.ack_deletions(&[42]);
+        assert_eq!(s.used_bytes(), 0);
         assert!(!s.memory.unacked_through(seq));
         assert!(s.memory.take_deletions().is_empty());
         s.set_state(DiskState::Detached);
@@ -448,7 +511,7 @@ mod tests {
     fn tombstones_are_bounded() {
         let m = DiskMemory::default();
         for id in 0..(TOMBSTONES_PER_DISK as u64 + 10) {
-            m.forget_file(id);
+            m.forget_file(id, 0, std::sync::Weak::new());
         }
         assert!(!m.is_tombstoned(0));
         assert!(m.is_tombstoned(TOMBSTONES_PER_DISK as u64 + 9));

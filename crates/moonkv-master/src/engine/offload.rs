@@ -50,16 +50,27 @@ impl Engine {
             Placement::Memory(buf) => registry.of_client(buf.segment.owner).cloned(),
             Placement::Disk(_) => None,
         });
-        let slot = near
-            .into_iter()
-            .chain(registry.mounted_by_free_space())
+        let disks = registry.mounted_by_free_space();
+        let Some(slot) = near
+            .iter()
+            .chain(disks.iter())
             .find(|slot| slot.try_reserve(charge))
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorCode::NO_AVAILABLE_HANDLE,
-                    "no mounted disk has room for the disk replica",
-                )
-            })?;
+            .cloned()
+        else {
+            // Disk eviction may make room: on the near disk, else on the largest one.
+            let target =
+                near.or_else(|| disks.iter().max_by_key(|s| s.info.capacity_bytes).cloned());
+            let room = target.filter(|s| s.info.capacity_bytes >= charge && !s.is_full());
+            if let Some(slot) = &room {
+                slot.wanted.fetch_max(charge, Ordering::AcqRel);
+            }
+            let message = if room.is_some() {
+                super::pressure::NO_DISK_YET
+            } else {
+                "no mounted disk has room for the disk replica"
+            };
+            return Err(Error::new(ErrorCode::NO_AVAILABLE_HANDLE, message));
+        };
         let id = self.replica_ids.next_id();
         Ok(Replica {
             id,

@@ -25,9 +25,16 @@ use std::sync::Arc;
 /// The message of a Start that found no memory (the only failure a held put waits out).
 pub(crate) const NO_MEMORY: &str = "no segment has room for the object";
 
-/// Whether a Start failed for want of memory (not, say, for want of disk room).
+/// The message of a write-through that found no disk room yet, where disk eviction can make
+/// some (held like a put that found no memory).
+pub(crate) const NO_DISK_YET: &str =
+    "no mounted disk has room for the disk replica yet (disk eviction is making room)";
+
+/// Whether a Start failed for want of room the tier can make: memory (offload) or disk (disk
+/// eviction). A disk that cannot make room fails the Start for good.
 pub fn found_no_memory<T>(result: &Result<T>) -> bool {
-    matches!(result, Err(e) if e.code == ErrorCode::NO_AVAILABLE_HANDLE && e.message == NO_MEMORY)
+    matches!(result, Err(e) if e.code == ErrorCode::NO_AVAILABLE_HANDLE
+        && (e.message == NO_MEMORY || e.message == NO_DISK_YET))
 }
 
 /// Counters of the disk tier under pressure.
@@ -190,15 +197,20 @@ impl Engine {
                 .into_iter()
                 .filter_map(|slot| {
                     let cap = slot.info.capacity_bytes as f64;
-                    let used = slot.used_bytes();
+                    // Removed files whose deletion is on its way count as freed already.
+                    let releasing = slot.releasing_bytes();
+                    let used = slot.used_bytes().saturating_sub(releasing);
                     let over = if used as f64 > cap * hw {
                         used.saturating_sub((cap * lw) as u64)
                     } else {
                         0
                     };
+                    let wanted = slot.wanted.swap(0, Ordering::AcqRel);
                     let short = deficits
                         .get(&slot.info.id)
-                        .map_or(0, |d| d.saturating_sub(slot.free_bytes()));
+                        .map_or(0, |d| *d)
+                        .max(wanted)
+                        .saturating_sub(slot.free_bytes() + releasing);
                     let want = over.max(short);
                     if want == 0 {
                         slot.set_full(false);
@@ -212,7 +224,7 @@ impl Engine {
         let mut removed = 0;
         for (slot, want) in slots {
             let freed = self.evict_disk(&slot, want, &mut removed);
-            slot.set_full(freed < want && deficits.contains_key(&slot.info.id));
+            slot.set_full(freed < want);
         }
         removed
     }

@@ -3,8 +3,8 @@
 //! disk for an offload.
 
 use super::disk::{
-    disk, heartbeat, kinds, mount_disk, notify, offload_harness, removed_disk, start_offload,
-    stored_disk, with_disk,
+    delete_files, disk, heartbeat, kinds, mount_disk, notify, offload_harness, removed_disk,
+    start_offload, stored_disk, with_disk,
 };
 use super::*;
 
@@ -146,6 +146,12 @@ fn disk_eviction_removes_the_least_recently_used_disk_replicas_and_spares_leased
     let t = h.engine.tier_stats();
     assert_eq!((t.disk_evicted_objects, t.disk_evicted_bytes), (2, 2 * MIB));
     assert_eq!(t.dropped_objects, 0, "their memory copies remain");
+    h.engine.run_eviction();
+    assert!(
+        h.sink.take().is_empty(),
+        "files being deleted count as freed: no further eviction"
+    );
+    assert_eq!(delete_files(&h, h.client).len(), 2);
     assert_eq!(h.engine.stats().disk_allocated_bytes, 2 * (MIB + 4096));
 }
 
@@ -176,6 +182,16 @@ fn an_offload_into_a_full_disk_makes_room_on_disk_first() {
     assert_eq!(h.sink.take(), vec![removed_disk("d0")]);
     assert!(!h.exists("d0"));
     assert_eq!(h.engine.tier_stats().dropped_objects, 1);
+    assert_eq!(
+        h.engine.run_eviction().offloads_started,
+        0,
+        "the room comes once the node deleted the file"
+    );
+    assert!(
+        h.sink.take().is_empty(),
+        "and nothing more is evicted meanwhile"
+    );
+    assert_eq!(delete_files(&h, h.client).len(), 1);
     assert_eq!(h.engine.run_eviction().offloads_started, 1);
     let task = heartbeat(&h, h.client).tasks.remove(0);
     assert_eq!(task.key, "m");
@@ -216,4 +232,35 @@ fn answers_wait_only_for_deletions_on_mounted_disks_until_acknowledged() {
     assert!(!h.engine.past(deadline));
     h.advance(Harness::config().disk_removal_ack_wait_ms);
     assert!(h.engine.past(deadline));
+}
+
+#[test]
+fn a_write_through_into_a_full_disk_is_held_until_disk_eviction_made_room() {
+    let mut config = Harness::config();
+    config.disk_eviction_high_watermark_ratio = 1.0;
+    config.disk_eviction_low_watermark_ratio = 1.0;
+    let h = Harness::bare(config);
+    h.mount("seg-0", BASE, 16 * MIB);
+    let d = disk(&h, "disk-0", 2 * (MIB + 4096));
+    mount_disk(&h, h.client, &d, Vec::new());
+    for key in ["k0", "k1"] {
+        let descs = h.put_start_with(key, MIB, with_disk()).unwrap();
+        h.put_end(key, &descs).unwrap();
+        h.advance(1);
+    }
+    h.sink.take();
+    let failed = h.put_start_with("k2", MIB, with_disk());
+    assert!(found_no_memory(&failed), "held: {failed:?}");
+    assert!(h.engine.space_wait_deadline(&failed).is_some());
+    h.engine.run_eviction();
+    assert_eq!(h.sink.take(), vec![removed_disk("k0")]);
+    assert!(found_no_memory(&h.put_start_with("k2", MIB, with_disk())));
+    assert_eq!(delete_files(&h, h.client).len(), 1);
+    let descs = h.put_start_with("k2", MIB, with_disk()).unwrap();
+    h.put_end("k2", &descs).unwrap();
+    assert_eq!(
+        kinds(&h, "k0"),
+        vec![ReplicaKind::Memory],
+        "k0 keeps its memory copy"
+    );
 }
