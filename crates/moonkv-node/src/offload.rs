@@ -13,7 +13,7 @@ use crate::disk::{with_cause, DiskStore};
 use crate::server::SegmentTable;
 use moonkv_client::master_client::MasterClient;
 use moonkv_proto::msg::{MountDiskSegmentRequest, NotifyOffloadRequest, OffloadHeartbeatRequest};
-use moonkv_proto::types::{DiskFile, DiskSegment, OffloadResult, OffloadTask};
+use moonkv_proto::types::{DiskFile, DiskSegment, OffloadResult, OffloadTask, PromotionTask};
 use moonkv_proto::{ErrorCode, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,13 +107,66 @@ impl DiskAgent {
             self.disk.delete_all(&work.deletions).await;
             deleted.extend_from_slice(&work.deletions);
         }
-        if work.tasks.is_empty() {
-            return Ok(false);
-        }
+        let busy = !work.tasks.is_empty() || !work.promotions.is_empty();
         for group in work.tasks.chunks(PARALLEL_COPIES) {
             self.offload_group(group).await?;
         }
-        Ok(true)
+        if !work.promotions.is_empty() {
+            self.promote_all(&work.promotions).await?;
+        }
+        Ok(busy)
+    }
+
+    /// Fills each promotion's memory replica from its file and reports them. A refused report
+    /// needs nothing undone: the master owns the memory.
+    async fn promote_all(&self, tasks: &[PromotionTask]) -> Result<()> {
+        let mut results = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            results.push(OffloadResult {
+                tenant: task.tenant.clone(),
+                key: task.key.clone(),
+                disk_replica_id: task.target.id,
+                ok: self.promote(task).await,
+            });
+        }
+        self.master
+            .notify_offload(NotifyOffloadRequest {
+                client_id: self.master.client_id(),
+                results,
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Reads one file (verified) into a memory replica of this node.
+    async fn promote(&self, task: &PromotionTask) -> bool {
+        let (source, target) = (&task.source, &task.target);
+        let segment = self.segments.read().get(&target.segment_id).cloned();
+        let Some(segment) = segment else {
+            tracing::warn!(key = %task.key, "promotion target is not a segment of this node");
+            return false;
+        };
+        if source.size != target.size {
+            return false;
+        }
+        let bytes = match self.disk.read_verified(source.address, source.size).await {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::warn!(key = %task.key, error = %with_cause(&e), "promotion source unreadable");
+                return false;
+            }
+        };
+        let written = match segment.write_view(target.address, target.size).await {
+            Ok(mut view) => {
+                view.copy_from_slice(&bytes);
+                true
+            }
+            Err(status) => {
+                tracing::warn!(key = %task.key, error = status.describe(), "promotion target unwritable");
+                false
+            }
+        };
+        written
     }
 
     /// Copies a group of tasks concurrently and reports them.

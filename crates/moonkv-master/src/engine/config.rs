@@ -65,6 +65,12 @@ pub struct EngineConfig {
     /// How long the answer to a request that removed disk replicas waits for their nodes to
     /// delete the files (`disk_removal_ack_wait`); 0 = answer at once.
     pub disk_removal_ack_wait_ms: u64,
+    /// Bring objects read from disk back into memory (`promotion_on_hit`).
+    pub promotion_on_hit: bool,
+    /// Reads of a disk-only object before it is promoted (`promotion_admission_threshold`).
+    pub promotion_admission_threshold: u32,
+    /// Most promotions in flight at once (`promotion_queue_limit`).
+    pub promotion_queue_limit: u64,
 }
 
 /// How much longer than the read lease a read grant lives by default, so a transfer that
@@ -95,6 +101,9 @@ impl Default for EngineConfig {
             disk_eviction_high_watermark_ratio: 0.95,
             disk_eviction_low_watermark_ratio: 0.85,
             disk_removal_ack_wait_ms: 1_000,
+            promotion_on_hit: true,
+            promotion_admission_threshold: 2,
+            promotion_queue_limit: 50_000,
         }
     }
 }

@@ -407,12 +407,18 @@ impl OffloadBacklog {
 
 /// An offload in progress: the disk replica being written from a pinned memory replica. Kept
 /// beside the object's replicas, so it is neither readable nor seen by writes until it lands.
+/// A promotion (`promote.rs`) is the same with the roles swapped: a memory replica being filled
+/// from the object's disk replica.
 #[derive(Debug)]
 pub(crate) struct PendingOffload {
-    pub(crate) replica: super::object::Replica,
+    /// Taken when the copy lands or is discarded.
+    replica: Option<super::object::Replica>,
     pub(crate) source: moonkv_proto::ReplicaId,
     pub(crate) deadline_ms: u64,
-    _count: OffloadCount,
+    /// Set for a promotion: where its buffer goes if it is dropped while the node may still
+    /// be writing into it.
+    promotion: Option<Arc<super::promote::Promotions>>,
+    _count: Option<OffloadCount>,
 }
 
 /// One entry of the engine's offload backlog, returned when the offload ends.
@@ -429,6 +435,16 @@ impl Drop for OffloadCount {
     }
 }
 
+impl Drop for PendingOffload {
+    fn drop(&mut self) {
+        if let (Some(promotions), Some(replica)) = (&self.promotion, self.replica.take()) {
+            // Dropped unresolved (object removed or replaced, segment gone): the node may still
+            // be writing into the buffer, so it is kept out of the allocator until the deadline.
+            promotions.bury(replica, self.deadline_ms);
+        }
+    }
+}
+
 impl PendingOffload {
     /// An offload of an object of `bytes` bytes, counted in `backlog` until it ends.
     pub(crate) fn new(
@@ -441,17 +457,56 @@ impl PendingOffload {
         backlog.count.fetch_add(1, Ordering::AcqRel);
         backlog.bytes.fetch_add(bytes, Ordering::AcqRel);
         Self {
-            replica,
+            replica: Some(replica),
             source,
             deadline_ms,
-            _count: OffloadCount { backlog, bytes },
+            promotion: None,
+            _count: Some(OffloadCount { backlog, bytes }),
         }
     }
 
-    /// The disk replica, and the offload's entry in the backlog: drop it once the memory copy
-    /// is freed, so eviction never sees the offload done while its memory is still used.
-    pub(crate) fn into_replica(self) -> (super::object::Replica, impl Drop) {
-        (self.replica, self._count)
+    /// Marks this as a promotion tracked by `promotions`.
+    pub(crate) fn promotion(mut self, promotions: Arc<super::promote::Promotions>) -> Self {
+        self.promotion = Some(promotions);
+        self
+    }
+
+    /// Whether this is a promotion rather than an offload.
+    pub(crate) fn is_promotion(&self) -> bool {
+        self.promotion.is_some()
+    }
+
+    /// The replica being written.
+    pub(crate) fn replica(&self) -> &super::object::Replica {
+        match &self.replica {
+            Some(r) => r,
+            None => unreachable!("a pending copy holds its replica until it is consumed"),
+        }
+    }
+
+    /// The replica, and the copy's entry in the backlog: drop it once the memory copy is freed,
+    /// so eviction never sees the offload done while its memory is still used.
+    pub(crate) fn into_replica(mut self) -> (super::object::Replica, impl Drop) {
+        let replica = self.replica.take();
+        let count = self._count.take();
+        match replica {
+            Some(r) => (r, Resolved(count)),
+            None => unreachable!("a pending copy holds its replica until it is consumed"),
+        }
+    }
+
+    /// Ends the copy without using its replica: the node reported that it will not write it.
+    pub(crate) fn discard(mut self) {
+        drop(self.replica.take());
+    }
+}
+
+/// The backlog entry of a resolved copy.
+struct Resolved(Option<OffloadCount>);
+
+impl Drop for Resolved {
+    fn drop(&mut self) {
+        drop(self.0.take());
     }
 }
 

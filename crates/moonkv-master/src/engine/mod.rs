@@ -38,6 +38,7 @@ mod mounts;
 mod object;
 mod offload;
 mod pressure;
+mod promote;
 mod put;
 mod read;
 mod remove;
@@ -58,6 +59,7 @@ pub use admin::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AllocationStrategy, EngineConfig, EngineConfigError};
 pub use pressure::{found_no_memory, TierStats};
+pub use promote::PromotionStats;
 pub use sink::{AvailabilitySink, Medium, NoopSink};
 
 use moonkv_proto::{ClientId, OffloadTask};

@@ -207,6 +207,7 @@ impl Engine {
         Ok(OffloadHeartbeatResponse {
             tasks,
             deletions: slot.memory.take_deletions(),
+            promotions: self.counters.tier.promotions.take_tasks(req.client_id),
         })
     }
 
@@ -262,8 +263,12 @@ impl Engine {
         now: u64,
     ) -> Result<()> {
         let ours = obj.offload().is_some_and(|p| {
-            p.replica.id == result.disk_replica_id
-                && p.replica.disk().is_some_and(|f| f.slot.owner == client)
+            let r = p.replica();
+            r.id == result.disk_replica_id
+                && match &r.placement {
+                    Placement::Disk(f) => f.slot.owner == client,
+                    Placement::Memory(buf) => p.is_promotion() && buf.segment.owner == client,
+                }
         });
         if !ours {
             return Err(Error::new(
@@ -274,12 +279,15 @@ impl Engine {
         let Some(pending) = obj.take_offload() else {
             return Err(Error::from(ErrorCode::INTERNAL_ERROR));
         };
+        if pending.is_promotion() {
+            return self.land_promotion(tenant, key, obj, *pending, result.ok);
+        }
         let evictable = !obj.lease_active(now) && !obj.hard_pinned;
         let source_ok = obj
             .replicas
             .iter()
             .any(|r| r.id == pending.source && r.is_readable());
-        if !result.ok || !source_ok || !pending.replica.disk().is_some_and(|f| f.readable()) {
+        if !result.ok || !source_ok || !pending.replica().disk().is_some_and(|f| f.readable()) {
             self.counters
                 .offloads_failed
                 .fetch_add(1, Ordering::Relaxed);
@@ -297,7 +305,7 @@ impl Engine {
             };
         }
         let before = obj.media();
-        let (mut replica, still_pending) = pending.into_replica();
+        let (mut replica, still_pending) = (*pending).into_replica();
         replica.status = ReplicaStatus::Complete;
         obj.replicas.push(replica);
         emit_diff(
@@ -336,24 +344,34 @@ impl Engine {
 
     /// Cancels offloads not reported by their deadline. Returns how many.
     pub(crate) fn expire_offloads(&self, now: u64) -> usize {
-        if self.pending_offloads.count() == 0 {
+        let promotions = self.counters.tier.promotions.clone();
+        promotions.release_buried(now);
+        if self.pending_offloads.count() == 0 && promotions.in_flight() == 0 {
             return 0;
         }
         let mut cancelled: HashSet<u64> = HashSet::new();
+        let mut expired_promotions = 0u64;
         for i in 0..self.shards.len() {
             let mut shard = self.lock_shard(i);
             for t in shard.tenants.values_mut() {
                 for obj in t.objects.values_mut() {
                     if obj.offload().is_some_and(|p| p.deadline_ms <= now) {
                         if let Some(p) = obj.take_offload() {
-                            cancelled.insert(p.replica.id.0);
+                            if p.is_promotion() {
+                                // Past its deadline the node can no longer be writing.
+                                expired_promotions += 1;
+                                p.discard();
+                            } else {
+                                cancelled.insert(p.replica().id.0);
+                            }
                         }
                     }
                 }
             }
         }
+        promotions.count_expired(expired_promotions);
         if cancelled.is_empty() {
-            return 0;
+            return expired_promotions as usize;
         }
         for tasks in self.offload_mailboxes.lock().values_mut() {
             tasks.retain(|t| !cancelled.contains(&t.disk_replica_id.0));

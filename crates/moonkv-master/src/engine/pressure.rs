@@ -54,6 +54,8 @@ pub(crate) struct TierCounters {
     pub(crate) put_space_waits: AtomicU64,
     /// Held PutStarts that gave up after `put_space_wait_ms`.
     pub(crate) put_space_wait_timeouts: AtomicU64,
+    /// Promotion on hit (`promote.rs`).
+    pub(crate) promotions: Arc<super::promote::Promotions>,
 }
 
 /// The tier's figures, for stats and metrics.

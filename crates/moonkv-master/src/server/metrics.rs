@@ -264,6 +264,7 @@ impl Collector for EngineCollector {
             s.offloads_failed,
         )?;
         encode_disk_tier(e, &self.engine.tier_stats())?;
+        encode_promotion(e, &self.engine.promotion_stats())?;
         let segments = self.engine.segments();
         let mut used = e.encode_descriptor(
             "segment_allocated_bytes",
@@ -407,4 +408,68 @@ fn encode_disk_tier(
         "held PutStarts that gave up waiting for memory",
         t.put_space_wait_timeouts,
     )
+}
+
+/// Promotion on hit, under upstream's `master_promotion_*` names (counters gain `_total`).
+fn encode_promotion(
+    e: &mut DescriptorEncoder,
+    p: &crate::engine::PromotionStats,
+) -> Result<(), std::fmt::Error> {
+    gauge(
+        e,
+        "master_promotion_in_flight",
+        "promotions from disk to memory in flight",
+        p.in_flight,
+    )?;
+    let counters = [
+        (
+            "master_promotion_admitted",
+            "promotions admitted past every gate",
+            p.admitted,
+        ),
+        (
+            "master_promotion_completed",
+            "promotions that landed in memory",
+            p.completed,
+        ),
+        (
+            "master_promotion_completed_bytes",
+            "object bytes promoted from disk to memory",
+            p.completed_bytes,
+        ),
+        (
+            "master_promotion_failed",
+            "promotions the node reported failed",
+            p.failed,
+        ),
+        (
+            "master_promotion_cancelled",
+            "promotions whose object or segment went away meanwhile",
+            p.cancelled,
+        ),
+        (
+            "master_promotion_expired",
+            "promotions not reported within put_start_release_timeout",
+            p.expired,
+        ),
+        (
+            "master_promotion_rejected_frequency",
+            "disk hits below promotion_admission_threshold",
+            p.rejected_frequency,
+        ),
+        (
+            "master_promotion_rejected_watermark",
+            "disk hits while memory was at or above the watermark",
+            p.rejected_watermark,
+        ),
+        (
+            "master_promotion_rejected_cap",
+            "disk hits while promotion_queue_limit promotions were in flight",
+            p.rejected_cap,
+        ),
+    ];
+    for (name, help, value) in counters {
+        counter(e, name, help, value)?;
+    }
+    Ok(())
 }

@@ -56,10 +56,22 @@ pub(super) fn heartbeat(h: &Harness, client: ClientId) -> OffloadHeartbeatRespon
 }
 
 pub(super) fn notify(h: &Harness, client: ClientId, task: &OffloadTask, ok: bool) -> Result<()> {
+    notify_id(h, client, &task.tenant, &task.key, task.disk_replica_id, ok)
+}
+
+/// NotifyOffload of one copy (offload or promotion) producing replica `id`.
+pub(super) fn notify_id(
+    h: &Harness,
+    client: ClientId,
+    tenant: &str,
+    key: &str,
+    id: ReplicaId,
+    ok: bool,
+) -> Result<()> {
     let results = vec![OffloadResult {
-        tenant: task.tenant.clone(),
-        key: task.key.clone(),
-        disk_replica_id: task.disk_replica_id,
+        tenant: tenant.into(),
+        key: key.into(),
+        disk_replica_id: id,
         ok,
     }];
     h.engine

@@ -10,6 +10,7 @@ mod evict;
 mod grants;
 mod model;
 mod pressure;
+mod promote;
 mod put_get;
 mod remove;
 mod rfc;

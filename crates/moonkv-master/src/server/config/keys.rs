@@ -177,6 +177,13 @@ config_keys! {
     /// how long the answer to a request that removed disk replicas waits for the nodes to
     /// delete the files, in ms or with a unit; 0 = answer at once (default 1s)
     disk_removal_ack_wait: Millis => |c, v| c.engine.disk_removal_ack_wait_ms = v.0;
+    /// bring objects read from disk back into memory (default true)
+    promotion_on_hit: Flag => |c, v| c.engine.promotion_on_hit = v.0;
+    /// reads of a disk-only object before it is promoted to memory, 1..255 (default 2)
+    promotion_admission_threshold: Int<1, 255> =>
+        |c, v| c.engine.promotion_admission_threshold = v.0 as u32;
+    /// most promotions to memory in flight at once (default 50000)
+    promotion_queue_limit: Int<1, { 1 << 32 }> => |c, v| c.engine.promotion_queue_limit = v.0;
     /// require tenant registration and enforce quotas (default false)
     enable_multi_tenants: Flag => |c, v| c.engine.enable_multi_tenants = v.0;
     /// publish the KV event stream over ZMQ (default false)
