@@ -382,6 +382,83 @@ async fn a_full_disk_evicts_its_least_recently_used_replicas_with_removed_disk_e
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_object_read_twice_is_promoted_to_memory_without_a_torn_read() {
+    let dir = TempDir::new("promote");
+    let master = master(&[]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let _node = node(&master, "n0", &dir.0, "256MiB").unwrap_or_else(|e| panic!("{e}"));
+    let follower = Follower::start(&master.field("kv_events"));
+    let store = Store::connect(StoreConfig::new(rpc.clone())).await.unwrap();
+    subscribed(&store, &follower).await;
+    let objects: Vec<(String, Vec<u8>)> = (0..20u32)
+        .map(|i| (format!("p{i}"), payload(i, 7, 1 << 20)))
+        .collect();
+    for (key, bytes) in &objects {
+        store.put(key, bytes, &Default::default()).await.unwrap();
+    }
+    until("the offloads to land", || {
+        (counter(&admin, "master_offloads_pending") == 0.0
+            && counter(&admin, "master_offloads_completed") > 0.0)
+            .then_some(())
+    });
+    let view = converged(&admin, &follower);
+    let (key, bytes) = objects
+        .iter()
+        .find(|(k, _)| view.iter().any(|(_, vk, m)| vk == k && *m == ["disk"]))
+        .expect("an object lives on disk only");
+    // Reads while the promotion runs are served from disk, then from memory: always whole.
+    let limit = Instant::now() + WAIT;
+    let mut reads = 0;
+    loop {
+        let back = store.get(key).await.unwrap();
+        assert!(back == *bytes, "{key} read {reads} is byte-exact");
+        reads += 1;
+        let media = placement_of_snapshot(&snapshot(&admin))
+            .into_iter()
+            .find(|(_, k, _)| k == key)
+            .map(|(_, _, m)| m);
+        if media.is_some_and(|m| m == ["cpu", "disk"]) {
+            break;
+        }
+        assert!(Instant::now() < limit, "{key} was never promoted");
+    }
+    assert!(reads >= 2, "promoted on the second read at the earliest");
+    let back = store.get(key).await.unwrap();
+    assert!(back == *bytes, "{key} from memory is byte-exact");
+    let list = store.replicas(key).await.unwrap();
+    assert!(list
+        .replicas
+        .iter()
+        .any(|r| r.kind == moonkv_proto::ReplicaKind::Memory));
+    let kinds: Vec<(String, String)> = follower
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, k, _)| k == key)
+        .map(|(kind, _, m)| (kind.clone(), m.clone()))
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("stored", "cpu"),
+        ("stored", "disk"),
+        ("removed", "cpu"),
+        ("stored", "cpu"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(kinds, want, "events of {key}");
+    assert_eq!(counter(&admin, "master_promotion_completed"), 1.0);
+    assert_eq!(
+        counter(&admin, "master_promotion_completed_bytes"),
+        (1 << 20) as f64
+    );
+    assert!(counter(&admin, "master_promotion_rejected_frequency") >= 1.0);
+    assert_eq!(counter(&admin, "master_promotion_in_flight"), 0.0);
+    converged(&admin, &follower);
+}
+
 fn mkv_files(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .unwrap()
