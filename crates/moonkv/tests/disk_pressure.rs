@@ -459,6 +459,114 @@ async fn a_disk_object_read_twice_is_promoted_to_memory_without_a_torn_read() {
     converged(&admin, &follower);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_disk_read_fails_on_a_bad_last_byte_and_the_connection_stays_usable() {
+    let dir = TempDir::new("stream");
+    // Everything above 10 % of memory goes to disk, and reads never promote it back.
+    let master = master(&[
+        "--promotion-on-hit",
+        "false",
+        "--offload-high-watermark-ratio",
+        "0.1",
+        "--offload-low-watermark-ratio",
+        "0",
+    ]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let _node = node(&master, "n0", &dir.0, "64MiB").unwrap_or_else(|e| panic!("{e}"));
+    let store = Store::connect(StoreConfig::new(rpc.clone())).await.unwrap();
+    // Several steps of the node's stream (1 MiB each) plus a partial one.
+    let big = payload(1, 1, 3 * (1 << 20) + 12345);
+    let small = payload(2, 1, 70_000);
+    store
+        .put("small", &small, &Default::default())
+        .await
+        .unwrap();
+    store.put("big", &big, &Default::default()).await.unwrap();
+    until("both objects to be on disk only", || {
+        (counter(&admin, "master_offloads_completed") == 2.0
+            && counter(&admin, "master_offloads_pending") == 0.0)
+            .then_some(())
+    });
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "mkv"))
+        .collect();
+    files.sort_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0));
+    let big_file = files.pop().unwrap();
+    let mut bytes = std::fs::read(&big_file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x80;
+    std::fs::write(&big_file, &bytes).unwrap();
+    let err = store
+        .get("big")
+        .await
+        .expect_err("a corrupt last byte fails the read");
+    assert_eq!(
+        err.code,
+        moonkv_client::ErrorCode::CHECKSUM_MISMATCH,
+        "{err}"
+    );
+    let back = store.get("small").await.unwrap();
+    assert!(back == small, "the next read is whole");
+    bytes[last] ^= 0x80;
+    std::fs::write(&big_file, &bytes).unwrap();
+    let back = store.get("big").await.unwrap();
+    assert!(back == big, "a restored file streams whole");
+}
+
+/// Peak resident set of `pid`, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM line")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_a_large_disk_object_needs_no_node_memory_of_its_size() {
+    let dir = TempDir::new("rss");
+    let master = master(&[
+        "--promotion-on-hit",
+        "false",
+        "--offload-high-watermark-ratio",
+        "0.1",
+        "--offload-low-watermark-ratio",
+        "0",
+    ]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let node = Proc::start(MOONKV.node_command(
+        &rpc,
+        "n0",
+        "64MiB",
+        &["--disk-dir", dir.arg(), "--disk-capacity", "128MiB"],
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut config = StoreConfig::new(rpc.clone());
+    config.transfer_timeout = Duration::from_secs(60);
+    let store = Store::connect(config).await.unwrap();
+    let big = payload(9, 1, 48 << 20);
+    store.put("big", &big, &Default::default()).await.unwrap();
+    until("the object to be on disk only", || {
+        (counter(&admin, "master_offloads_completed") == 1.0
+            && counter(&admin, "master_offloads_pending") == 0.0)
+            .then_some(())
+    });
+    let before = peak_rss_kib(node.pid());
+    for _ in 0..2 {
+        let back = store.get("big").await.unwrap();
+        assert!(back == big, "byte-exact");
+    }
+    let grown = peak_rss_kib(node.pid()).saturating_sub(before);
+    assert!(
+        grown < 16 << 10,
+        "reading a 48 MiB disk object grew the node's peak RSS by {grown} KiB"
+    );
+}
+
 fn mkv_files(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .unwrap()

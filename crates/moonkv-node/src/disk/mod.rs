@@ -324,6 +324,30 @@ impl DiskStore {
             })
     }
 
+    /// Opens file `file_id` for a streamed read of exactly `size` payload bytes: its header and
+    /// length are verified now, its payload checksum by the caller as it streams
+    /// ([`FileStream`]).
+    pub async fn open_stream(&self, file_id: u64, size: u64) -> Result<FileStream, FileError> {
+        let path = self.path_of(file_id);
+        let shown = path.clone();
+        let opened = tokio::task::spawn_blocking(move || open_checked(&path, file_id, size))
+            .await
+            .unwrap_or_else(|joined| {
+                Err(FileError::Read {
+                    path: shown,
+                    source: io::Error::other(joined),
+                })
+            })?;
+        let (file, header, path) = opened;
+        Ok(FileStream {
+            file: tokio::fs::File::from_std(file),
+            left: header.size,
+            crc: crc32fast::Hasher::new(),
+            expected: header.payload_crc,
+            path,
+        })
+    }
+
     /// Deletes file `file_id` (a missing file is fine) and remembers the id for a while.
     pub fn delete(&self, file_id: u64) {
         {
@@ -397,6 +421,95 @@ fn read_header(path: &Path) -> Option<(FileHeader, u64)> {
     let mut variable = vec![0u8; t + k];
     file.read_exact(&mut variable).ok()?;
     Some((FileHeader::decode(&fixed, &variable)?, len))
+}
+
+/// A replica file being read in steps; the payload checksum is computed as it goes and checked
+/// by [`FileStream::finish`].
+#[derive(Debug)]
+pub struct FileStream {
+    file: tokio::fs::File,
+    left: u64,
+    crc: crc32fast::Hasher,
+    expected: u32,
+    path: PathBuf,
+}
+
+impl FileStream {
+    /// Reads the next step of the payload into `buf` (at most its length); an empty slice once
+    /// the payload is done.
+    pub async fn next<'b>(&mut self, buf: &'b mut [u8]) -> Result<&'b [u8], FileError> {
+        let take = (self.left.min(buf.len() as u64)) as usize;
+        let chunk = &mut buf[..take];
+        if let Err(source) = self.file.read_exact(chunk).await {
+            return Err(FileError::Truncated {
+                path: self.path.clone(),
+                source,
+            });
+        }
+        self.left -= take as u64;
+        self.crc.update(chunk);
+        Ok(chunk)
+    }
+
+    /// Payload bytes not read yet.
+    pub fn remaining(&self) -> u64 {
+        self.left
+    }
+
+    /// Checks the payload checksum once every byte was read.
+    pub fn finish(self) -> Result<(), FileError> {
+        if self.left == 0 && self.crc.finalize() == self.expected {
+            return Ok(());
+        }
+        tracing::warn!(file = %self.path.display(), "replica file checksum mismatch");
+        Err(FileError::Corrupt {
+            path: self.path,
+            reason: "payload checksum mismatch",
+        })
+    }
+}
+
+/// Opens a replica file and verifies its header and length against the request; the file is
+/// left positioned at the payload.
+fn open_checked(
+    path: &Path,
+    file_id: u64,
+    size: u64,
+) -> Result<(std::fs::File, FileHeader, PathBuf), FileError> {
+    let unreadable = |source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let truncated = |source| FileError::Truncated {
+        path: path.to_path_buf(),
+        source,
+    };
+    let corrupt = |reason| FileError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(FileError::NotFound {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(unreadable(e)),
+    };
+    let len = file.metadata().map_err(unreadable)?.len();
+    let mut fixed = [0u8; FIXED_LEN];
+    file.read_exact(&mut fixed).map_err(truncated)?;
+    let (t, k) =
+        FileHeader::variable_len(&fixed).ok_or_else(|| corrupt("not a replica file header"))?;
+    let mut variable = vec![0u8; t + k];
+    file.read_exact(&mut variable).map_err(truncated)?;
+    let header =
+        FileHeader::decode(&fixed, &variable).ok_or_else(|| corrupt("header checksum mismatch"))?;
+    if header.file_id != file_id || header.size != size || header.file_len() != len {
+        return Err(corrupt("header does not match the file or the request"));
+    }
+    Ok((file, header, path.to_path_buf()))
 }
 
 fn read_file(path: &Path, file_id: u64, size: u64) -> Result<Vec<u8>, FileError> {
