@@ -3,7 +3,7 @@
 //! filesystem's free space, which bounds the byte budget a node may promise.
 
 use super::DiskError;
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -38,9 +38,9 @@ impl DirLock {
             .map_err(unusable)?;
         let started = Instant::now();
         loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(TryLockError::WouldBlock) => {
+            match try_lock(&file) {
+                Ok(true) => break,
+                Ok(false) => {
                     let holder = read_holder(&path);
                     let ours = holder_pid(&holder) == Some(std::process::id());
                     if ours && started.elapsed() < SAME_PROCESS_WAIT {
@@ -56,7 +56,7 @@ impl DirLock {
                         },
                     });
                 }
-                Err(TryLockError::Error(e)) => return Err(unusable(e)),
+                Err(e) => return Err(unusable(e)),
             }
         }
         let mut lock = DirLock { file };
@@ -75,6 +75,22 @@ impl DirLock {
         self.file.write_all(text.as_bytes())?;
         self.file.write_all(b"\n")?;
         self.file.sync_data()
+    }
+}
+
+/// An exclusive, non-blocking `flock` on `file`: false when another open file holds it.
+fn try_lock(file: &File) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor belongs to `file`, which outlives the call; flock only reads it.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
     }
 }
 
@@ -106,7 +122,10 @@ pub fn free_space(dir: &Path) -> io::Result<u64> {
     }
     // SAFETY: the call succeeded, so the structure is initialised.
     let stat = unsafe { stat.assume_init() };
-    Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+    // Both fields are 64-bit on the Linux targets; the conversion keeps other widths honest.
+    #[allow(clippy::useless_conversion)]
+    let (blocks, size) = (u64::from(stat.f_bavail), u64::from(stat.f_frsize));
+    Ok(blocks.saturating_mul(size))
 }
 
 #[cfg(test)]
