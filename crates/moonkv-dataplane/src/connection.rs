@@ -213,6 +213,20 @@ impl DataConnection {
             .read_exact(buf)
             .await
             .map_err(|e| self.io_fail("receive read bytes", e))?;
+        if op == DataOp::FileRead {
+            // The node checked the file's checksum while streaming it: the trailer says whether
+            // the bytes just received are good.
+            let mut trailer = [0u8; 1];
+            self.stream
+                .read_exact(&mut trailer)
+                .await
+                .map_err(|e| self.io_fail("receive file read trailer", e))?;
+            let status = DataStatus::from_u8(trailer[0]);
+            if status != DataStatus::Ok {
+                self.healthy = true;
+                return Err(self.refused("file read", segment, address, buf.len() as u64, status));
+            }
+        }
         self.healthy = true;
         Ok(())
     }

@@ -204,6 +204,9 @@ impl Node {
                 )
             })?;
         let endpoint = advertised_endpoint(server.local_addr(), config.advertise_host.as_deref());
+        if let Some((store, _)) = &opened {
+            store.record_holder(&endpoint);
+        }
         let segments: Vec<Segment> = names
             .into_iter()
             .zip(&memories)
@@ -423,7 +426,7 @@ impl NodeHandle {
     /// directory again within the master's grace period) and every segment, stops serving and
     /// closes the master connection.
     pub async fn shutdown(mut self) {
-        self.stop_disk_task();
+        self.stop_disk_task().await;
         if let Some(disk) = &self.disk {
             let request = UnmountDiskSegmentRequest {
                 client_id: self.master.client_id(),
@@ -447,16 +450,18 @@ impl NodeHandle {
     /// Stops serving and heartbeating without telling the master, as if the process died. The
     /// master keeps the segments until the client TTL expires. Meant for fault tests.
     pub async fn crash(mut self) {
-        self.stop_disk_task();
+        self.stop_disk_task().await;
         for memory in &self.memories {
             self.local.unregister(memory.id());
         }
         self.stop_serving().await;
     }
 
-    fn stop_disk_task(&mut self) {
+    /// Stops the disk loop and waits until it is gone (it holds the disk, and so its lock).
+    async fn stop_disk_task(&mut self) {
         if let Some(task) = self.disk_task.take() {
             task.abort();
+            let _ = task.await;
         }
         if let Some(task) = self.catalog_task.take() {
             task.abort();

@@ -622,7 +622,11 @@ fn fault_status(fault: DiskFault) -> DataStatus {
     }
 }
 
-/// Sends a verified disk file, or refuses with nothing sent.
+/// Streams a disk file: its header and length are verified first (a bad one is refused with
+/// nothing sent), then the payload goes out in steps of [`FILE_STEP`] bytes with its checksum
+/// computed on the way, and a one-byte trailer says whether it matched (or the file failed
+/// mid-read, the rest then zero-filled so the connection stays in step). A 1 GiB file never
+/// needs more than one step of node memory.
 async fn serve_file_read(
     stream: &mut Conn,
     h: &RequestHeader,
@@ -633,8 +637,8 @@ async fn serve_file_read(
             .await
             .map(|()| false);
     };
-    let data = match disk.read_verified(h.address, h.length).await {
-        Ok(data) => data,
+    let mut file = match disk.open_stream(h.address, h.length).await {
+        Ok(file) => file,
         Err(e) => {
             tracing::debug!(file = h.address, error = %with_cause(&e), "disk file read refused");
             return respond(stream, fault_status(e.fault()), h.request_id)
@@ -645,12 +649,46 @@ async fn serve_file_read(
     let ok = ResponseHeader {
         status: DataStatus::Ok,
         request_id: h.request_id,
-        length: data.len() as u64,
+        length: h.length,
     }
     .encode();
     stream.write_all(&ok).await?;
-    stream.write_all(&data).await.map(|()| true)
+    let mut buf = vec![0u8; FILE_STEP.min(h.length as usize).max(1)];
+    let mut failed = None;
+    while file.remaining() > 0 {
+        match file.next(&mut buf).await {
+            Ok(chunk) => stream.write_all(chunk).await?,
+            Err(e) => {
+                tracing::warn!(file = h.address, error = %with_cause(&e), "disk file read failed mid-stream");
+                failed = Some(DataStatus::FileReadFail);
+                break;
+            }
+        }
+    }
+    if failed.is_some() {
+        let mut left = file.remaining();
+        buf.fill(0);
+        while left > 0 {
+            let take = left.min(buf.len() as u64) as usize;
+            stream.write_all(&buf[..take]).await?;
+            left -= take as u64;
+        }
+    }
+    let trailer = match failed {
+        Some(status) => status,
+        None => match file.finish() {
+            Ok(()) => DataStatus::Ok,
+            Err(e) => fault_status(e.fault()),
+        },
+    };
+    stream
+        .write_all(&[trailer as u8])
+        .await
+        .map(|()| trailer == DataStatus::Ok)
 }
+
+/// Bytes of a disk file sent per step.
+const FILE_STEP: usize = 1 << 20;
 
 /// Writes a disk file from the payload; acknowledged once the file is synced under its name.
 /// With a grant, `granted_size` is the object size it allows.

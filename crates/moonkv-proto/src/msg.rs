@@ -552,6 +552,10 @@ pub struct UnmountDiskSegmentRequest {
 pub struct OffloadHeartbeatRequest {
     /// Owner of a mounted disk.
     pub client_id: ClientId,
+    /// File ids of earlier deletions the node has carried out (unlinked, directory synced);
+    /// absent = none in older encodings.
+    #[serde(default)]
+    pub deleted: Vec<u64>,
 }
 
 /// NotifyOffload: outcomes of offload tasks.

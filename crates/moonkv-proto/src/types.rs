@@ -292,7 +292,22 @@ pub struct OffloadTask {
     pub disk_replica_id: ReplicaId,
 }
 
-/// Outcome of one [`OffloadTask`].
+/// Copy one object from a disk file of the node into a memory replica on one of its segments
+/// (promotion on hit). Reported with NotifyOffload, naming the target's replica id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromotionTask {
+    /// Tenant of the object.
+    pub tenant: String,
+    /// Object key.
+    pub key: String,
+    /// The disk replica to read (a file of the node itself).
+    pub source: ReplicaDescriptor,
+    /// The PROCESSING memory replica to fill (a segment of the node itself).
+    pub target: ReplicaDescriptor,
+}
+
+/// Outcome of one [`OffloadTask`] or [`PromotionTask`] (then `disk_replica_id` is the
+/// target's replica id).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OffloadResult {
     /// Tenant of the object.
@@ -312,6 +327,10 @@ pub struct OffloadHeartbeatResponse {
     pub tasks: Vec<OffloadTask>,
     /// File ids whose replicas were removed: delete these files.
     pub deletions: Vec<u64>,
+    /// Promotions to perform, then report with NotifyOffload; absent = none in older
+    /// encodings.
+    #[serde(default)]
+    pub promotions: Vec<PromotionTask>,
 }
 
 /// Answer to MountDiskSegment.

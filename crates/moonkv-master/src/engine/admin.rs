@@ -223,7 +223,7 @@ impl Engine {
         stats.offloads_started = load(&c.offloads_started);
         stats.offloads_completed = load(&c.offloads_completed);
         stats.offloads_failed = load(&c.offloads_failed);
-        stats.offloads_pending = self.pending_offloads.load(Ordering::Acquire);
+        stats.offloads_pending = self.pending_offloads.count();
         for disk in self.disk_segments().iter().filter(|d| d.status == "OK") {
             stats.disk_capacity_bytes += disk.capacity_bytes;
             stats.disk_allocated_bytes += disk.used_bytes;

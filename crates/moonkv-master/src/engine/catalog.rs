@@ -57,6 +57,16 @@ impl CatalogFence {
     pub fn len(&self) -> usize {
         self.0.len()
     }
+
+    /// Adds the drops of `other`.
+    pub fn extend(&mut self, other: CatalogFence) {
+        for (client, seq) in other.0 {
+            match self.0.iter_mut().find(|(c, _)| *c == client) {
+                Some((_, s)) => *s = (*s).max(seq),
+                None => self.0.push((client, seq)),
+            }
+        }
+    }
 }
 
 thread_local! {

@@ -54,6 +54,30 @@ pub struct EngineConfig {
     /// Lifetime of read grants (`data_grant_read_ttl`); `None` = the read lease plus
     /// [`READ_GRANT_MARGIN_MS`]. Write grants live `put_start_release_timeout_ms`.
     pub read_grant_ttl_ms: Option<u64>,
+    /// With a disk mounted: memory use above which objects are offloaded to disk ahead of
+    /// demand (`offload_high_watermark_ratio`).
+    pub offload_high_watermark_ratio: f64,
+    /// Offloading ahead of demand continues until memory use, less the offloads in flight, is
+    /// at most this (`offload_low_watermark_ratio`).
+    pub offload_low_watermark_ratio: f64,
+    /// How long a PutStart that found no memory waits for offloads to free some before it
+    /// fails (`put_space_wait`); 0 = fail at once. Keep it, plus `disk_removal_ack_wait_ms`,
+    /// below the clients' RPC timeout (5 s by default).
+    pub put_space_wait_ms: u64,
+    /// Disk use above which a disk evicts its least recently used replicas
+    /// (`disk_eviction_high_watermark_ratio`).
+    pub disk_eviction_high_watermark_ratio: f64,
+    /// Disk eviction stops at this use (`disk_eviction_low_watermark_ratio`).
+    pub disk_eviction_low_watermark_ratio: f64,
+    /// How long the answer to a request that removed disk replicas waits for their nodes to
+    /// delete the files (`disk_removal_ack_wait`); 0 = answer at once.
+    pub disk_removal_ack_wait_ms: u64,
+    /// Bring objects read from disk back into memory (`promotion_on_hit`).
+    pub promotion_on_hit: bool,
+    /// Reads of a disk-only object before it is promoted (`promotion_admission_threshold`).
+    pub promotion_admission_threshold: u32,
+    /// Most promotions in flight at once (`promotion_queue_limit`).
+    pub promotion_queue_limit: u64,
 }
 
 /// How much longer than the read lease a read grant lives by default, so a transfer that
@@ -80,6 +104,15 @@ impl Default for EngineConfig {
             epoch: moonkv_proto::grant::unix_now_ms().max(1),
             grant_key: None,
             read_grant_ttl_ms: None,
+            offload_high_watermark_ratio: 0.80,
+            offload_low_watermark_ratio: 0.60,
+            put_space_wait_ms: 3_000,
+            disk_eviction_high_watermark_ratio: 0.95,
+            disk_eviction_low_watermark_ratio: 0.85,
+            disk_removal_ack_wait_ms: 1_000,
+            promotion_on_hit: true,
+            promotion_admission_threshold: 2,
+            promotion_queue_limit: 50_000,
         }
     }
 }
@@ -108,6 +141,18 @@ pub enum EngineConfigError {
     /// No shard to put an object in.
     #[error("shard_count must be positive")]
     ZeroShards,
+    /// A low watermark above its high watermark.
+    #[error("{low} ({low_value}) must not exceed {high} ({high_value})")]
+    LowAboveHigh {
+        /// The low watermark key.
+        low: &'static str,
+        /// Its value.
+        low_value: f64,
+        /// The high watermark key.
+        high: &'static str,
+        /// Its value.
+        high_value: f64,
+    },
 }
 
 impl EngineConfigError {
@@ -119,6 +164,7 @@ impl EngineConfigError {
             Self::DefaultSoftPinAboveMax => "default_kv_soft_pin_ttl",
             Self::ZeroClientTtl => "client_live_ttl_sec",
             Self::ZeroShards => "shard_count",
+            Self::LowAboveHigh { low, .. } => low,
         }
     }
 }
@@ -132,10 +178,50 @@ impl EngineConfig {
                 "eviction_high_watermark_ratio",
                 self.eviction_high_watermark_ratio,
             ),
+            (
+                "offload_high_watermark_ratio",
+                self.offload_high_watermark_ratio,
+            ),
+            (
+                "offload_low_watermark_ratio",
+                self.offload_low_watermark_ratio,
+            ),
+            (
+                "disk_eviction_high_watermark_ratio",
+                self.disk_eviction_high_watermark_ratio,
+            ),
+            (
+                "disk_eviction_low_watermark_ratio",
+                self.disk_eviction_low_watermark_ratio,
+            ),
         ];
         for (key, value) in ratios {
             if !(0.0..=1.0).contains(&value) {
                 return Err(EngineConfigError::RatioOutOfRange { key, value });
+            }
+        }
+        let pairs = [
+            (
+                "offload_low_watermark_ratio",
+                self.offload_low_watermark_ratio,
+                "offload_high_watermark_ratio",
+                self.offload_high_watermark_ratio,
+            ),
+            (
+                "disk_eviction_low_watermark_ratio",
+                self.disk_eviction_low_watermark_ratio,
+                "disk_eviction_high_watermark_ratio",
+                self.disk_eviction_high_watermark_ratio,
+            ),
+        ];
+        for (low, low_value, high, high_value) in pairs {
+            if low_value > high_value {
+                return Err(EngineConfigError::LowAboveHigh {
+                    low,
+                    low_value,
+                    high,
+                    high_value,
+                });
             }
         }
         if self.put_start_release_timeout_ms <= self.put_start_discard_timeout_ms {

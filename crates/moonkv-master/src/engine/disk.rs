@@ -9,7 +9,7 @@
 use moonkv_proto::{ClientId, DiskSegment, SegmentId};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// Bytes charged per file on top of the object size: the file header and block rounding.
@@ -27,11 +27,58 @@ pub(crate) fn disk_charge(size: u64) -> u64 {
     size.saturating_add(DISK_FILE_OVERHEAD)
 }
 
-/// What outlives one mount of a disk id: tombstones and undelivered deletions.
+/// Heartbeats after which a deletion handed out and not acknowledged is handed out again (the
+/// answer carrying it may have been lost).
+const RESEND_AFTER_BEATS: u64 = 20;
+
+/// Numbers every deletion queued in this process, so a caller can wait for the deletions its
+/// request caused ([`DiskMemory::unacked_through`]).
+static DELETION_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The sequence number of the latest deletion queued.
+pub(crate) fn deletion_seq() -> u64 {
+    DELETION_SEQ.load(Ordering::Acquire)
+}
+
+/// What outlives one mount of a disk id: tombstones and deletions the owner has not yet
+/// acknowledged.
 #[derive(Debug, Default)]
 pub(crate) struct DiskMemory {
     tombstones: Mutex<Tombstones>,
-    deletions: Mutex<VecDeque<u64>>,
+    deletions: Mutex<Deletions>,
+}
+
+/// Deletions of one disk: queued (not yet handed out) and handed out but not acknowledged.
+#[derive(Debug, Default)]
+struct Deletions {
+    queued: VecDeque<Deletion>,
+    /// seq → (deletion, heartbeat it was handed out in).
+    sent: std::collections::BTreeMap<u64, (Deletion, u64)>,
+    beats: u64,
+}
+
+/// One file to delete. Its bytes stay charged to the mount that held it until the node
+/// acknowledges the deletion, so the master never places more on a disk than its node has
+/// room for.
+#[derive(Debug)]
+struct Deletion {
+    seq: u64,
+    id: u64,
+    charge: u64,
+    slot: std::sync::Weak<DiskSlot>,
+}
+
+impl Deletion {
+    fn release(self) {
+        if let Some(slot) = self.slot.upgrade() {
+            let _ = slot
+                .releasing
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                    Some(r.saturating_sub(self.charge))
+                });
+            slot.release(self.charge);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -41,8 +88,9 @@ struct Tombstones {
 }
 
 impl DiskMemory {
-    /// Records that file `id` was removed: it is tombstoned and queued for deletion.
-    pub(crate) fn forget_file(&self, id: u64) {
+    /// Records that file `id` was removed: it is tombstoned and queued for deletion; its
+    /// `charge` returns to `slot` once the node acknowledges the deletion.
+    pub(crate) fn forget_file(&self, id: u64, charge: u64, slot: std::sync::Weak<DiskSlot>) {
         {
             let mut t = self.tombstones.lock();
             if t.set.insert(id) {
@@ -54,10 +102,18 @@ impl DiskMemory {
                 }
             }
         }
+        let seq = DELETION_SEQ.fetch_add(1, Ordering::AcqRel) + 1;
         let mut d = self.deletions.lock();
-        d.push_back(id);
-        if d.len() > MAX_PENDING_DELETIONS {
-            d.pop_front();
+        d.queued.push_back(Deletion {
+            seq,
+            id,
+            charge,
+            slot,
+        });
+        if d.queued.len() > MAX_PENDING_DELETIONS {
+            if let Some(old) = d.queued.pop_front() {
+                old.release();
+            }
         }
     }
 
@@ -66,9 +122,61 @@ impl DiskMemory {
         self.tombstones.lock().set.contains(&id)
     }
 
-    /// Takes every pending deletion.
+    /// The deletions to hand out now: every queued one, and those handed out long ago without
+    /// an acknowledgment.
     pub(crate) fn take_deletions(&self) -> Vec<u64> {
-        self.deletions.lock().drain(..).collect()
+        let mut d = self.deletions.lock();
+        d.beats += 1;
+        let beat = d.beats;
+        let mut out: Vec<u64> = Vec::new();
+        for (_, (deletion, sent_at)) in d.sent.iter_mut() {
+            if beat.saturating_sub(*sent_at) >= RESEND_AFTER_BEATS {
+                *sent_at = beat;
+                out.push(deletion.id);
+            }
+        }
+        while let Some(deletion) = d.queued.pop_front() {
+            out.push(deletion.id);
+            d.sent.insert(deletion.seq, (deletion, beat));
+        }
+        while d.sent.len() > MAX_PENDING_DELETIONS {
+            if let Some((_, (old, _))) = d.sent.pop_first() {
+                old.release();
+            }
+        }
+        out
+    }
+
+    /// The owner carried out these deletions.
+    pub(crate) fn ack_deletions(&self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let done: HashSet<u64> = ids.iter().copied().collect();
+        let released = {
+            let mut d = self.deletions.lock();
+            let sent = std::mem::take(&mut d.sent);
+            let (gone, kept): (Vec<_>, Vec<_>) = sent
+                .into_iter()
+                .partition(|(_, (del, _))| done.contains(&del.id));
+            d.sent = kept.into_iter().collect();
+            let queued = std::mem::take(&mut d.queued);
+            let (gone_q, kept_q): (Vec<_>, Vec<_>) =
+                queued.into_iter().partition(|del| done.contains(&del.id));
+            d.queued = kept_q.into_iter().collect();
+            gone.into_iter()
+                .map(|(_, (del, _))| del)
+                .chain(gone_q)
+                .collect::<Vec<_>>()
+        };
+        released.into_iter().for_each(Deletion::release);
+    }
+
+    /// Whether a deletion numbered `seq` or lower is still not acknowledged.
+    pub(crate) fn unacked_through(&self, seq: u64) -> bool {
+        let d = self.deletions.lock();
+        d.sent.keys().next().is_some_and(|s| *s <= seq)
+            || d.queued.front().is_some_and(|del| del.seq <= seq)
     }
 }
 
@@ -94,6 +202,13 @@ pub(crate) struct DiskSlot {
     pub(crate) detach_deadline_ms: AtomicU64,
     used: AtomicU64,
     pub(crate) memory: Arc<DiskMemory>,
+    /// Set when disk eviction could not free the room an offload needed: memory copies bound
+    /// for this disk are dropped instead of waiting for room.
+    full: AtomicBool,
+    /// Bytes a write-through found missing here; the next disk eviction frees them.
+    pub(crate) wanted: AtomicU64,
+    /// Of `used`, bytes of removed files whose deletion the node has not acknowledged yet.
+    releasing: AtomicU64,
 }
 
 impl DiskSlot {
@@ -105,6 +220,9 @@ impl DiskSlot {
             detach_deadline_ms: AtomicU64::new(u64::MAX),
             used: AtomicU64::new(0),
             memory,
+            full: AtomicBool::new(false),
+            wanted: AtomicU64::new(0),
+            releasing: AtomicU64::new(0),
         }
     }
 
@@ -120,12 +238,26 @@ impl DiskSlot {
         self.state.store(state as u8, Ordering::Release);
     }
 
+    /// Whether disk eviction found nothing more to free for a pending offload.
+    pub(crate) fn is_full(&self) -> bool {
+        self.full.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_full(&self, full: bool) {
+        self.full.store(full, Ordering::Release);
+    }
+
     pub(crate) fn is_mounted(&self) -> bool {
         self.state() == DiskState::Mounted
     }
 
     pub(crate) fn used_bytes(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes that return to the disk once its node has deleted the files removed already.
+    pub(crate) fn releasing_bytes(&self) -> u64 {
+        self.releasing.load(Ordering::Acquire)
     }
 
     pub(crate) fn free_bytes(&self) -> u64 {
@@ -210,8 +342,10 @@ impl DiskHandle {
 
 impl Drop for DiskHandle {
     fn drop(&mut self) {
-        self.slot.release(self.charge);
-        self.slot.memory.forget_file(self.file_id);
+        self.slot.releasing.fetch_add(self.charge, Ordering::AcqRel);
+        self.slot
+            .memory
+            .forget_file(self.file_id, self.charge, Arc::downgrade(&self.slot));
     }
 }
 
@@ -251,46 +385,128 @@ impl DiskRegistry {
     }
 }
 
-/// An offload in progress: the disk replica being written from a pinned memory replica. Kept
-/// beside the object's replicas, so it is neither readable nor seen by writes until it lands.
-#[derive(Debug)]
-pub(crate) struct PendingOffload {
-    pub(crate) replica: super::object::Replica,
-    pub(crate) source: moonkv_proto::ReplicaId,
-    pub(crate) deadline_ms: u64,
-    _count: OffloadCount,
+/// Offloads started and not yet landed, failed or cancelled: how many, and the memory bytes
+/// they will free when they land.
+#[derive(Debug, Default)]
+pub(crate) struct OffloadBacklog {
+    count: AtomicU64,
+    bytes: AtomicU64,
 }
 
-/// One unit of the engine's in-flight offload counter, returned when the offload ends.
+impl OffloadBacklog {
+    /// Offloads in flight.
+    pub(crate) fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Object bytes of the offloads in flight.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+}
+
+/// An offload in progress: the disk replica being written from a pinned memory replica. Kept
+/// beside the object's replicas, so it is neither readable nor seen by writes until it lands.
+/// A promotion (`promote.rs`) is the same with the roles swapped: a memory replica being filled
+/// from the object's disk replica.
 #[derive(Debug)]
-struct OffloadCount(Arc<AtomicU64>);
+pub(crate) struct PendingOffload {
+    /// Taken when the copy lands or is discarded.
+    replica: Option<super::object::Replica>,
+    pub(crate) source: moonkv_proto::ReplicaId,
+    pub(crate) deadline_ms: u64,
+    /// Set for a promotion: where its buffer goes if it is dropped while the node may still
+    /// be writing into it.
+    promotion: Option<Arc<super::promote::Promotions>>,
+    _count: Option<OffloadCount>,
+}
+
+/// One entry of the engine's offload backlog, returned when the offload ends.
+#[derive(Debug)]
+struct OffloadCount {
+    backlog: Arc<OffloadBacklog>,
+    bytes: u64,
+}
 
 impl Drop for OffloadCount {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.backlog.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.backlog.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for PendingOffload {
+    fn drop(&mut self) {
+        if let (Some(promotions), Some(replica)) = (&self.promotion, self.replica.take()) {
+            // Dropped unresolved (object removed or replaced, segment gone): the node may still
+            // be writing into the buffer, so it is kept out of the allocator until the deadline.
+            promotions.bury(replica, self.deadline_ms);
+        }
     }
 }
 
 impl PendingOffload {
+    /// An offload of an object of `bytes` bytes, counted in `backlog` until it ends.
     pub(crate) fn new(
         replica: super::object::Replica,
         source: moonkv_proto::ReplicaId,
         deadline_ms: u64,
-        counter: Arc<AtomicU64>,
+        backlog: Arc<OffloadBacklog>,
+        bytes: u64,
     ) -> Self {
-        counter.fetch_add(1, Ordering::AcqRel);
+        backlog.count.fetch_add(1, Ordering::AcqRel);
+        backlog.bytes.fetch_add(bytes, Ordering::AcqRel);
         Self {
-            replica,
+            replica: Some(replica),
             source,
             deadline_ms,
-            _count: OffloadCount(counter),
+            promotion: None,
+            _count: Some(OffloadCount { backlog, bytes }),
         }
     }
 
-    /// The disk replica, and the offload's unit of the pending count: drop it once the memory
-    /// copy is freed, so eviction never sees the offload done while its memory is still used.
-    pub(crate) fn into_replica(self) -> (super::object::Replica, impl Drop) {
-        (self.replica, self._count)
+    /// Marks this as a promotion tracked by `promotions`.
+    pub(crate) fn promotion(mut self, promotions: Arc<super::promote::Promotions>) -> Self {
+        self.promotion = Some(promotions);
+        self
+    }
+
+    /// Whether this is a promotion rather than an offload.
+    pub(crate) fn is_promotion(&self) -> bool {
+        self.promotion.is_some()
+    }
+
+    /// The replica being written.
+    pub(crate) fn replica(&self) -> &super::object::Replica {
+        match &self.replica {
+            Some(r) => r,
+            None => unreachable!("a pending copy holds its replica until it is consumed"),
+        }
+    }
+
+    /// The replica, and the copy's entry in the backlog: drop it once the memory copy is freed,
+    /// so eviction never sees the offload done while its memory is still used.
+    pub(crate) fn into_replica(mut self) -> (super::object::Replica, impl Drop) {
+        let replica = self.replica.take();
+        let count = self._count.take();
+        match replica {
+            Some(r) => (r, Resolved(count)),
+            None => unreachable!("a pending copy holds its replica until it is consumed"),
+        }
+    }
+
+    /// Ends the copy without using its replica: the node reported that it will not write it.
+    pub(crate) fn discard(mut self) {
+        drop(self.replica.take());
+    }
+}
+
+/// The backlog entry of a resolved copy.
+struct Resolved(Option<OffloadCount>);
+
+impl Drop for Resolved {
+    fn drop(&mut self) {
+        drop(self.0.take());
     }
 }
 
@@ -320,9 +536,27 @@ mod tests {
         let h = DiskHandle::reserved(s.clone(), 42, 6000);
         assert_eq!(s.used_bytes(), 6000);
         drop(h);
-        assert_eq!(s.used_bytes(), 0);
+        assert_eq!(
+            s.used_bytes(),
+            6000,
+            "charged until the node deleted the file"
+        );
         assert!(s.memory.is_tombstoned(42));
+        let seq = deletion_seq();
+        assert!(s.memory.unacked_through(seq));
         assert_eq!(s.memory.take_deletions(), vec![42]);
+        assert!(s.memory.take_deletions().is_empty());
+        assert!(
+            s.memory.unacked_through(seq),
+            "handed out, not acknowledged"
+        );
+        for _ in 2..RESEND_AFTER_BEATS {
+            assert!(s.memory.take_deletions().is_empty());
+        }
+        assert_eq!(s.memory.take_deletions(), vec![42], "handed out again");
+        s.memory.ack_deletions(&[42]);
+        assert_eq!(s.used_bytes(), 0);
+        assert!(!s.memory.unacked_through(seq));
         assert!(s.memory.take_deletions().is_empty());
         s.set_state(DiskState::Detached);
         assert!(!s.try_reserve(1), "a detached disk takes no new files");
@@ -332,7 +566,7 @@ mod tests {
     fn tombstones_are_bounded() {
         let m = DiskMemory::default();
         for id in 0..(TOMBSTONES_PER_DISK as u64 + 10) {
-            m.forget_file(id);
+            m.forget_file(id, 0, std::sync::Weak::new());
         }
         assert!(!m.is_tombstoned(0));
         assert!(m.is_tombstoned(TOMBSTONES_PER_DISK as u64 + 9));
@@ -340,7 +574,7 @@ mod tests {
 
     #[test]
     fn pending_offloads_are_counted_until_resolved() {
-        let counter = Arc::new(AtomicU64::new(0));
+        let counter = Arc::new(OffloadBacklog::default());
         let s = slot(1 << 20);
         let replica = |id| super::super::object::Replica {
             id: moonkv_proto::ReplicaId(id),
@@ -351,14 +585,26 @@ mod tests {
                 10,
             ))),
         };
-        let a = PendingOffload::new(replica(1), moonkv_proto::ReplicaId(9), 0, counter.clone());
-        let b = PendingOffload::new(replica(2), moonkv_proto::ReplicaId(9), 0, counter.clone());
-        assert_eq!(counter.load(Ordering::SeqCst), 2);
+        let a = PendingOffload::new(
+            replica(1),
+            moonkv_proto::ReplicaId(9),
+            0,
+            counter.clone(),
+            100,
+        );
+        let b = PendingOffload::new(
+            replica(2),
+            moonkv_proto::ReplicaId(9),
+            0,
+            counter.clone(),
+            30,
+        );
+        assert_eq!((counter.count(), counter.bytes()), (2, 130));
         drop(a);
         let (r, count) = b.into_replica();
-        assert_eq!(counter.load(Ordering::SeqCst), 1);
+        assert_eq!((counter.count(), counter.bytes()), (1, 30));
         drop(count);
-        assert_eq!(counter.load(Ordering::SeqCst), 0);
+        assert_eq!((counter.count(), counter.bytes()), (0, 0));
         assert_eq!(r.id, moonkv_proto::ReplicaId(2));
         assert_eq!(Arc::strong_count(&counter), 1);
     }

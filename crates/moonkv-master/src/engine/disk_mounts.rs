@@ -91,10 +91,13 @@ impl Engine {
         for slot in &slots {
             self.detach_disk(slot);
         }
-        let mut mailboxes = self.offload_mailboxes.lock();
-        for c in clients {
-            mailboxes.remove(c);
+        {
+            let mut mailboxes = self.offload_mailboxes.lock();
+            for c in clients {
+                mailboxes.remove(c);
+            }
         }
+        self.counters.tier.promotions.forget_clients(clients);
     }
 
     /// Drops the replicas of detached disks whose grace period ended. Returns the disks ended.
@@ -183,7 +186,7 @@ impl Engine {
             let mut shard = self.lock_shard(i);
             for t in shard.tenants.values_mut() {
                 for (key, obj) in t.objects.iter_mut() {
-                    if obj.offload().is_some_and(|p| on_slot(&p.replica)) {
+                    if obj.offload().is_some_and(|p| on_slot(p.replica())) {
                         obj.take_offload();
                     }
                     if !obj.replicas.iter().any(on_slot) {

@@ -6,21 +6,29 @@
 //! falling back to soft-pinned candidates (oldest first) only when allowed. A grouped object is
 //! evicted together with its group, and only if no member holds a lease.
 //!
-//! With a disk tier, evicting the last memory copy of an object whose node has disk room starts
-//! an offload instead (`offload.rs`). Offloads still in flight count toward a round's target, so
-//! rounds do not evict more while they land; but once an allocation has failed while offloads
-//! are pending, the next round evicts plainly (no new offloads), so a slow node cannot stall
-//! writers.
+//! With a disk tier, memory is made room in ahead of demand: above
+//! `offload_high_watermark_ratio` (memory use less the offloads in flight) a round offloads the
+//! oldest objects until the offload low watermark is reached, and it never drops an object
+//! there. Above the eviction watermark, or after a failed allocation, evicting the last memory
+//! copy of an object whose node has a disk starts an offload instead (`offload.rs`); an object
+//! whose disk is short of room waits for disk eviction (`pressure.rs`) to free it, and only an
+//! object no disk can take is dropped. Offloads still in flight count toward a round's target,
+//! so rounds do not evict more while they land. Puts that find no memory meanwhile wait for the
+//! offloads (`pressure.rs`); one that gives up marks the tier stalled and the next round evicts
+//! plainly, so a slow disk never blocks writers for longer than `put_space_wait_ms`.
 
 use super::admin::EvictionReport;
+use super::offload::OffloadStart;
 use super::shard::After;
 use super::Engine;
+use moonkv_proto::SegmentId;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 #[derive(Debug)]
 struct Candidate {
     lease: u64,
+    put_start: u64,
     shard: usize,
     tenant: String,
     key: Box<str>,
@@ -47,6 +55,12 @@ struct Round<'a> {
     offload: bool,
     /// Offloads started (counted in `keys` too: they are the round's progress).
     offloads: u64,
+    /// Object bytes of the offloads started.
+    offload_bytes: u64,
+    /// Only offload: never drop (the round makes room ahead of demand).
+    offload_only: bool,
+    /// Bytes each disk lacked for an offload.
+    deficits: HashMap<SegmentId, u64>,
 }
 
 impl Engine {
@@ -55,24 +69,38 @@ impl Engine {
     pub fn run_eviction(&self) -> EvictionReport {
         // Read before the usage: an offload landing in between then shows as freed memory,
         // never as a finished offload whose memory still counts.
-        let pending = self.pending_offloads.load(Ordering::Acquire);
+        let pending = self.pending_offloads.count();
+        let pending_bytes = self.pending_offloads.bytes();
         let capacity = self.usage.capacity.load(Ordering::Acquire);
         let allocated = self.usage.allocated.load(Ordering::Acquire);
-        let used = if capacity == 0 {
-            0.0
-        } else {
-            allocated as f64 / capacity as f64
+        let ratio_of = |bytes: u64| {
+            if capacity == 0 {
+                0.0
+            } else {
+                bytes as f64 / capacity as f64
+            }
         };
+        let used = ratio_of(allocated);
         let (hw, ratio) = (
             self.config.eviction_high_watermark_ratio,
             self.config.eviction_ratio,
         );
         let flagged = self.need_eviction.load(Ordering::Acquire) && ratio > 0.0;
-        if !(used > hw || flagged) {
+        let disks = self.any_disk_mounted();
+        let effective = allocated.saturating_sub(pending_bytes);
+        let offload_due = disks
+            && (ratio_of(effective) > self.config.offload_high_watermark_ratio
+                || (flagged && pending == 0));
+        let evict_due = ratio_of(effective) > hw || flagged;
+        if !(offload_due || evict_due) {
+            if disks {
+                self.run_disk_eviction(&HashMap::new());
+            }
             return EvictionReport::default();
         }
-        // The flag is consumed by this round; the next failed allocation raises it again.
+        // The flags are consumed by this round; the next failed allocation raises them again.
         self.need_eviction.store(false, Ordering::Release);
+        let stalled = self.offload_stalled.swap(false, Ordering::AcqRel);
         self.counters
             .attempted_evictions
             .fetch_add(1, Ordering::Relaxed);
@@ -87,18 +115,38 @@ impl Engine {
         if scan.base == 0 {
             return report;
         }
-        let plain = flagged && pending > 0;
-        let credit = if plain { 0 } else { pending };
         let allow_pinned = self.config.allow_evict_soft_pinned_objects;
         let mut round = Round::new(&scan);
-        round.offload = !plain;
         let unpinned = scan.order(false);
         let pinned = if allow_pinned {
             scan.order(true)
         } else {
             Vec::new()
         };
-
+        if offload_due && !stalled {
+            // Ahead of demand: move the oldest objects to disk down to the low watermark.
+            let low = (capacity as f64 * self.config.offload_low_watermark_ratio) as u64;
+            let goal = effective.saturating_sub(low).max(1);
+            round.offload = true;
+            round.offload_only = true;
+            for &i in unpinned.iter().chain(pinned.iter()) {
+                if round.offload_bytes >= goal {
+                    break;
+                }
+                self.evict_candidate(&mut round, i, now, allow_pinned);
+            }
+            round.offload_only = false;
+            round.done.iter_mut().for_each(|d| *d = false);
+        }
+        if !evict_due {
+            self.finish_round(&mut report, &round, 0);
+            self.run_disk_eviction(&round.deficits);
+            return report;
+        }
+        let plain = stalled;
+        // Offloads started above are in `round.keys` already.
+        let credit = if plain { 0 } else { pending };
+        round.offload = !plain;
         let want = ((scan.base as f64 * target).ceil() as u64).saturating_sub(credit);
         for &i in &unpinned {
             if round.keys >= want {
@@ -118,6 +166,21 @@ impl Engine {
                 self.evict_candidate(&mut round, i, now, allow_pinned);
             }
         }
+        self.finish_round(&mut report, &round, released);
+        if disks {
+            self.run_disk_eviction(&round.deficits);
+        }
+        tracing::debug!(
+            used,
+            evicted = round.keys,
+            offloads = round.offloads,
+            released,
+            "eviction round"
+        );
+        report
+    }
+
+    fn finish_round(&self, report: &mut EvictionReport, round: &Round<'_>, released: u64) {
         report.evicted_keys = round.keys;
         report.evicted_bytes = round.bytes;
         report.released_buffers = released;
@@ -133,14 +196,6 @@ impl Engine {
                 .evictions_total
                 .fetch_add(1, Ordering::Relaxed);
         }
-        tracing::debug!(
-            used,
-            evicted = round.keys,
-            offloads = round.offloads,
-            released,
-            "eviction round"
-        );
-        report
     }
 
     /// Evicts the tenant's own evictable objects (unpinned first, oldest lease first) until
@@ -192,6 +247,7 @@ impl Engine {
                     }
                     scan.candidates.push(Candidate {
                         lease: obj.lease_deadline_ms,
+                        put_start: obj.put_start_ms,
                         shard: i,
                         tenant: name.clone(),
                         key: key.clone(),
@@ -238,18 +294,27 @@ impl Engine {
     /// or starts its offload to disk.
     fn evict_one(&self, round: &mut Round<'_>, i: usize, now: u64) {
         let c = &round.scan.candidates[i];
-        let offload = round.offload;
+        let (offload, offload_only) = (round.offload, round.offload_only);
         let mut shard = self.lock_shard(c.shard);
-        let freed = self.with_object(&mut shard, &c.tenant, &c.key, |tenant, obj| {
+        let outcome = self.with_object(&mut shard, &c.tenant, &c.key, |tenant, obj| {
             if obj.hard_pinned
                 || obj.lease_active(now)
                 || !obj.has_evictable_memory()
                 || obj.has_offload()
             {
-                return (None, After::Keep);
+                return (Evicted::Nothing, After::Keep);
             }
-            if offload && self.try_start_offload(tenant, &c.key, obj, now) {
-                return (Some(None), After::Keep);
+            if offload {
+                match self.try_start_offload(tenant, &c.key, obj, now) {
+                    OffloadStart::Started => return (Evicted::Offload(obj.size), After::Keep),
+                    OffloadStart::NeedsRoom(disk, bytes) => {
+                        return (Evicted::NeedsRoom(disk, bytes), After::Keep)
+                    }
+                    OffloadStart::Impossible if offload_only => {
+                        return (Evicted::Nothing, After::Keep)
+                    }
+                    OffloadStart::Impossible => {}
+                }
             }
             let bytes = self.drop_memory_copies(tenant, &c.key, obj);
             let after = if obj.replicas.is_empty() {
@@ -257,20 +322,34 @@ impl Engine {
             } else {
                 After::Keep
             };
-            (Some(Some(bytes)), after)
+            (Evicted::Dropped(bytes), after)
         });
-        match freed {
-            Some(Some(Some(bytes))) => {
+        match outcome {
+            Some(Evicted::Dropped(bytes)) => {
                 round.keys += 1;
                 round.bytes += bytes;
             }
-            Some(Some(None)) => {
+            Some(Evicted::Offload(bytes)) => {
                 round.keys += 1;
                 round.offloads += 1;
+                round.offload_bytes += bytes;
             }
-            _ => {}
+            Some(Evicted::NeedsRoom(disk, bytes)) => {
+                *round.deficits.entry(disk).or_default() += bytes;
+            }
+            Some(Evicted::Nothing) | None => {}
         }
     }
+}
+
+/// What evicting one candidate did.
+enum Evicted {
+    Nothing,
+    Dropped(u64),
+    /// An offload of this many object bytes started.
+    Offload(u64),
+    /// Its disk lacks room: neither dropped nor offloaded this round.
+    NeedsRoom(SegmentId, u64),
 }
 
 impl Scan {
@@ -281,7 +360,12 @@ impl Scan {
             .collect();
         order.sort_by(|a, b| {
             let (x, y) = (&self.candidates[*a], &self.candidates[*b]);
-            (x.lease, &x.tenant, &x.key).cmp(&(y.lease, &y.tenant, &y.key))
+            (x.lease, x.put_start, &x.tenant, &x.key).cmp(&(
+                y.lease,
+                y.put_start,
+                &y.tenant,
+                &y.key,
+            ))
         });
         order
     }
@@ -303,6 +387,9 @@ impl<'a> Round<'a> {
             bytes: 0,
             offload: false,
             offloads: 0,
+            offload_bytes: 0,
+            offload_only: false,
+            deficits: HashMap::new(),
         }
     }
 }

@@ -39,6 +39,8 @@ mod keyhash;
 mod mounts;
 mod object;
 mod offload;
+mod pressure;
+mod promote;
 mod put;
 mod read;
 mod remove;
@@ -59,6 +61,8 @@ pub use admin::{
 pub use catalog::{fence_scope, CatalogFence};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{AllocationStrategy, EngineConfig, EngineConfigError};
+pub use pressure::{found_no_memory, TierStats};
+pub use promote::PromotionStats;
 pub use sink::{AvailabilitySink, Medium, NoopSink};
 
 use moonkv_proto::{ClientId, OffloadTask};
@@ -94,6 +98,8 @@ struct Counters {
     offloads_started: AtomicU64,
     offloads_completed: AtomicU64,
     offloads_failed: AtomicU64,
+    /// Disk tier under pressure (`pressure.rs`).
+    tier: pressure::TierCounters,
 }
 
 /// The master's metadata engine. `Send + Sync`; every method takes `&self`.
@@ -118,7 +124,9 @@ pub struct Engine {
     /// Offload tasks not yet fetched, per disk owner.
     offload_mailboxes: Mutex<HashMap<ClientId, Vec<OffloadTask>>>,
     /// Offloads started and not yet landed, failed or cancelled.
-    pending_offloads: Arc<AtomicU64>,
+    pending_offloads: Arc<disk::OffloadBacklog>,
+    /// Set when a put gave up waiting for offloads: the next eviction round drops plainly.
+    offload_stalled: AtomicBool,
     /// Commit and drop notices for the nodes' catalogs of committed replicas.
     catalog: Arc<catalog::CatalogBook>,
 }
@@ -150,7 +158,8 @@ impl Engine {
             counters: Counters::default(),
             disks: RwLock::new(disk::DiskRegistry::default()),
             offload_mailboxes: Mutex::new(HashMap::new()),
-            pending_offloads: Arc::new(AtomicU64::new(0)),
+            pending_offloads: Arc::new(disk::OffloadBacklog::default()),
+            offload_stalled: AtomicBool::new(false),
             catalog: Arc::new(catalog::CatalogBook::new(config.epoch)),
             config,
         }

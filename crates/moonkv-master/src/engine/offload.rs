@@ -22,6 +22,17 @@ use moonkv_proto::{
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
+/// What [`Engine::try_start_offload`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OffloadStart {
+    /// An offload is in flight for the object.
+    Started,
+    /// The disk of the object's node lacks this many bytes; disk eviction may free them.
+    NeedsRoom(moonkv_proto::SegmentId, u64),
+    /// No disk can take the object: evict it plainly.
+    Impossible,
+}
+
 fn no_disk() -> Error {
     Error::new(
         ErrorCode::SEGMENT_NOT_FOUND,
@@ -39,16 +50,27 @@ impl Engine {
             Placement::Memory(buf) => registry.of_client(buf.segment.owner).cloned(),
             Placement::Disk(_) => None,
         });
-        let slot = near
-            .into_iter()
-            .chain(registry.mounted_by_free_space())
+        let disks = registry.mounted_by_free_space();
+        let Some(slot) = near
+            .iter()
+            .chain(disks.iter())
             .find(|slot| slot.try_reserve(charge))
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorCode::NO_AVAILABLE_HANDLE,
-                    "no mounted disk has room for the disk replica",
-                )
-            })?;
+            .cloned()
+        else {
+            // Disk eviction may make room: on the near disk, else on the largest one.
+            let target =
+                near.or_else(|| disks.iter().max_by_key(|s| s.info.capacity_bytes).cloned());
+            let room = target.filter(|s| s.info.capacity_bytes >= charge && !s.is_full());
+            if let Some(slot) = &room {
+                slot.wanted.fetch_max(charge, Ordering::AcqRel);
+            }
+            let message = if room.is_some() {
+                super::pressure::NO_DISK_YET
+            } else {
+                "no mounted disk has room for the disk replica"
+            };
+            return Err(Error::new(ErrorCode::NO_AVAILABLE_HANDLE, message));
+        };
         let id = self.replica_ids.next_id();
         Ok(Replica {
             id,
@@ -58,39 +80,48 @@ impl Engine {
     }
 
     /// Starts an offload of `obj` (under its shard lock) instead of dropping its last memory
-    /// copy. False when plain eviction applies: the object already has a disk replica, or the
-    /// node of its memory copy has no mounted disk with room.
+    /// copy. [`OffloadStart::Impossible`] when plain eviction applies: the object already has
+    /// a disk replica, or the node of its memory copy has no mounted disk, or its disk is full
+    /// and disk eviction cannot make room; [`OffloadStart::NeedsRoom`] when its disk is short
+    /// of room that disk eviction may free.
     pub(crate) fn try_start_offload(
         &self,
         tenant: &TenantId,
         key: &str,
         obj: &mut ObjectMeta,
         now: u64,
-    ) -> bool {
+    ) -> OffloadStart {
         if obj.has_offload() {
-            return true;
+            return OffloadStart::Started;
         }
         if obj
             .replicas
             .iter()
             .any(|r| r.kind() == ReplicaKind::LocalDisk)
         {
-            return false;
+            return OffloadStart::Impossible;
         }
         let Some((source, owner)) = obj.replicas.iter().find_map(|r| match &r.placement {
             Placement::Memory(buf) if r.is_readable() => Some((r, buf.segment.owner)),
             _ => None,
         }) else {
-            return false;
+            return OffloadStart::Impossible;
         };
         let slot = {
             let registry = self.disks.read();
             registry.of_client(owner).cloned()
         };
         let charge = disk_charge(obj.size);
-        let Some(slot) = slot.filter(|s| s.try_reserve(charge)) else {
-            return false;
+        let Some(slot) = slot else {
+            return OffloadStart::Impossible;
         };
+        if !slot.try_reserve(charge) {
+            return if slot.is_full() || charge > slot.info.capacity_bytes {
+                OffloadStart::Impossible
+            } else {
+                OffloadStart::NeedsRoom(slot.info.id, charge)
+            };
+        }
         let id = self.replica_ids.next_id();
         let task = OffloadTask {
             tenant: tenant.0.clone(),
@@ -104,8 +135,13 @@ impl Engine {
             placement: Placement::Disk(Box::new(DiskHandle::reserved(slot, id.0, charge))),
         };
         let deadline = now.saturating_add(self.config.put_start_release_timeout_ms);
-        let pending =
-            PendingOffload::new(replica, source.id, deadline, self.pending_offloads.clone());
+        let pending = PendingOffload::new(
+            replica,
+            source.id,
+            deadline,
+            self.pending_offloads.clone(),
+            obj.size,
+        );
         obj.set_offload(Box::new(pending));
         self.offload_mailboxes
             .lock()
@@ -115,7 +151,7 @@ impl Engine {
         self.counters
             .offloads_started
             .fetch_add(1, Ordering::Relaxed);
-        true
+        OffloadStart::Started
     }
 
     /// Drops the object's readable memory replicas, reporting the media it lost. Returns the
@@ -131,6 +167,9 @@ impl Engine {
         obj.replicas
             .retain(|r| !(r.kind() == ReplicaKind::Memory && r.is_readable()));
         let dropped = (count - obj.replicas.len()) as u64;
+        if dropped > 0 {
+            self.count_dropped(obj);
+        }
         if obj
             .offload()
             .is_some_and(|p| !obj.replicas.iter().any(|r| r.id == p.source))
@@ -159,6 +198,7 @@ impl Engine {
             registry.of_client(req.client_id).cloned()
         }
         .ok_or_else(no_disk)?;
+        slot.memory.ack_deletions(&req.deleted);
         let tasks = self
             .offload_mailboxes
             .lock()
@@ -167,6 +207,7 @@ impl Engine {
         Ok(OffloadHeartbeatResponse {
             tasks,
             deletions: slot.memory.take_deletions(),
+            promotions: self.counters.tier.promotions.take_tasks(req.client_id),
         })
     }
 
@@ -222,8 +263,12 @@ impl Engine {
         now: u64,
     ) -> Result<()> {
         let ours = obj.offload().is_some_and(|p| {
-            p.replica.id == result.disk_replica_id
-                && p.replica.disk().is_some_and(|f| f.slot.owner == client)
+            let r = p.replica();
+            r.id == result.disk_replica_id
+                && match &r.placement {
+                    Placement::Disk(f) => f.slot.owner == client,
+                    Placement::Memory(buf) => p.is_promotion() && buf.segment.owner == client,
+                }
         });
         if !ours {
             return Err(Error::new(
@@ -234,12 +279,15 @@ impl Engine {
         let Some(pending) = obj.take_offload() else {
             return Err(Error::from(ErrorCode::INTERNAL_ERROR));
         };
+        if pending.is_promotion() {
+            return self.land_promotion(tenant, key, obj, *pending, result.ok);
+        }
         let evictable = !obj.lease_active(now) && !obj.hard_pinned;
         let source_ok = obj
             .replicas
             .iter()
             .any(|r| r.id == pending.source && r.is_readable());
-        if !result.ok || !source_ok || !pending.replica.disk().is_some_and(|f| f.readable()) {
+        if !result.ok || !source_ok || !pending.replica().disk().is_some_and(|f| f.readable()) {
             self.counters
                 .offloads_failed
                 .fetch_add(1, Ordering::Relaxed);
@@ -257,7 +305,7 @@ impl Engine {
             };
         }
         let before = obj.media();
-        let (mut replica, still_pending) = pending.into_replica();
+        let (mut replica, still_pending) = (*pending).into_replica();
         replica.status = ReplicaStatus::Complete;
         obj.replicas.push(replica);
         emit_diff(
@@ -271,6 +319,10 @@ impl Engine {
         self.counters
             .offloads_completed
             .fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .tier
+            .offloaded_bytes
+            .fetch_add(obj.size, Ordering::Relaxed);
         // A reader that got the memory replica meanwhile keeps it until a later eviction round.
         if evictable {
             self.count_evicted(self.drop_memory_copies(tenant, key, obj));
@@ -292,24 +344,34 @@ impl Engine {
 
     /// Cancels offloads not reported by their deadline. Returns how many.
     pub(crate) fn expire_offloads(&self, now: u64) -> usize {
-        if self.pending_offloads.load(Ordering::Acquire) == 0 {
+        let promotions = self.counters.tier.promotions.clone();
+        promotions.release_buried(now);
+        if self.pending_offloads.count() == 0 && promotions.in_flight() == 0 {
             return 0;
         }
         let mut cancelled: HashSet<u64> = HashSet::new();
+        let mut expired_promotions = 0u64;
         for i in 0..self.shards.len() {
             let mut shard = self.lock_shard(i);
             for t in shard.tenants.values_mut() {
                 for obj in t.objects.values_mut() {
                     if obj.offload().is_some_and(|p| p.deadline_ms <= now) {
                         if let Some(p) = obj.take_offload() {
-                            cancelled.insert(p.replica.id.0);
+                            if p.is_promotion() {
+                                // Past its deadline the node can no longer be writing.
+                                expired_promotions += 1;
+                                p.discard();
+                            } else {
+                                cancelled.insert(p.replica().id.0);
+                            }
                         }
                     }
                 }
             }
         }
+        promotions.count_expired(expired_promotions);
         if cancelled.is_empty() {
-            return 0;
+            return expired_promotions as usize;
         }
         for tasks in self.offload_mailboxes.lock().values_mut() {
             tasks.retain(|t| !cancelled.contains(&t.disk_replica_id.0));

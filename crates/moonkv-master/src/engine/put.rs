@@ -373,12 +373,7 @@ impl Engine {
     /// Picks up to `replica_num` segments with distinct names: preferred names first, then by
     /// strategy. Fewer than asked is a partial success; none is `NO_AVAILABLE_HANDLE`.
     fn place(&self, size: u64, replica_num: u32, preferred: &[String]) -> Result<Vec<Replica>> {
-        let no_handle = || {
-            Error::new(
-                ErrorCode::NO_AVAILABLE_HANDLE,
-                "no segment has room for the object",
-            )
-        };
+        let no_handle = || Error::new(ErrorCode::NO_AVAILABLE_HANDLE, super::pressure::NO_MEMORY);
         let len = aligned_len(size).ok_or_else(no_handle)?;
         let registry = self.registry.read();
         let groups = &registry.groups;

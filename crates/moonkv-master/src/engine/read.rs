@@ -217,6 +217,7 @@ impl Engine {
             }
             if let Some(now) = lease_from {
                 obj.grant_lease(now, ttl);
+                self.consider_promotion(tenant, key, obj, now);
             }
             let response = GetReplicaListResponse {
                 replicas: readable_descriptors(obj),

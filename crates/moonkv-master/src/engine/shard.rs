@@ -107,7 +107,7 @@ impl Engine {
         obj.replicas.retain(Replica::handle_valid);
         obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
         if obj.offload().is_some_and(|p| {
-            !p.replica.handle_valid() || !obj.replicas.iter().any(|r| r.id == p.source)
+            !p.replica().handle_valid() || !obj.replicas.iter().any(|r| r.id == p.source)
         }) {
             // The pinned source (or the target disk) is gone: the offload cannot land.
             obj.take_offload();

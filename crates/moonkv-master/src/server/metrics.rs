@@ -358,6 +358,8 @@ impl Collector for EngineCollector {
             "offloads to disk that failed or expired",
             s.offloads_failed,
         )?;
+        encode_disk_tier(e, &engine.tier_stats())?;
+        encode_promotion(e, &engine.promotion_stats())?;
         let segments = engine.segments();
         let mut used = e.encode_descriptor(
             "segment_allocated_bytes",
@@ -451,4 +453,124 @@ impl Collector for EventsCollector {
         )?;
         Ok(())
     }
+}
+
+/// The disk tier under pressure: where memory went (offloaded or dropped), the offload backlog,
+/// disk eviction and puts held for space.
+fn encode_disk_tier(
+    e: &mut DescriptorEncoder,
+    t: &crate::engine::TierStats,
+) -> Result<(), std::fmt::Error> {
+    counter(
+        e,
+        "master_offloaded_bytes",
+        "object bytes moved from memory to disk by offload",
+        t.offloaded_bytes,
+    )?;
+    gauge(
+        e,
+        "master_offload_backlog_bytes",
+        "object bytes of the offloads in flight",
+        t.offload_backlog_bytes,
+    )?;
+    counter(
+        e,
+        "master_dropped_objects",
+        "objects evicted with no copy left in memory or on disk",
+        t.dropped_objects,
+    )?;
+    counter(
+        e,
+        "master_dropped_bytes",
+        "bytes of the objects dropped by eviction",
+        t.dropped_bytes,
+    )?;
+    counter(
+        e,
+        "master_disk_evicted_objects",
+        "disk replicas removed by disk eviction",
+        t.disk_evicted_objects,
+    )?;
+    counter(
+        e,
+        "master_disk_evicted_bytes",
+        "object bytes of the disk replicas removed by disk eviction",
+        t.disk_evicted_bytes,
+    )?;
+    counter(
+        e,
+        "master_put_space_waits",
+        "PutStarts held until offloads freed memory",
+        t.put_space_waits,
+    )?;
+    counter(
+        e,
+        "master_put_space_wait_timeouts",
+        "held PutStarts that gave up waiting for memory",
+        t.put_space_wait_timeouts,
+    )
+}
+
+/// Promotion on hit, under upstream's `master_promotion_*` names (counters gain `_total`).
+fn encode_promotion(
+    e: &mut DescriptorEncoder,
+    p: &crate::engine::PromotionStats,
+) -> Result<(), std::fmt::Error> {
+    gauge(
+        e,
+        "master_promotion_in_flight",
+        "promotions from disk to memory in flight",
+        p.in_flight,
+    )?;
+    let counters = [
+        (
+            "master_promotion_admitted",
+            "promotions admitted past every gate",
+            p.admitted,
+        ),
+        (
+            "master_promotion_completed",
+            "promotions that landed in memory",
+            p.completed,
+        ),
+        (
+            "master_promotion_completed_bytes",
+            "object bytes promoted from disk to memory",
+            p.completed_bytes,
+        ),
+        (
+            "master_promotion_failed",
+            "promotions the node reported failed",
+            p.failed,
+        ),
+        (
+            "master_promotion_cancelled",
+            "promotions whose object or segment went away meanwhile",
+            p.cancelled,
+        ),
+        (
+            "master_promotion_expired",
+            "promotions not reported within put_start_release_timeout",
+            p.expired,
+        ),
+        (
+            "master_promotion_rejected_frequency",
+            "disk hits below promotion_admission_threshold",
+            p.rejected_frequency,
+        ),
+        (
+            "master_promotion_rejected_watermark",
+            "disk hits while memory was at or above the watermark",
+            p.rejected_watermark,
+        ),
+        (
+            "master_promotion_rejected_cap",
+            "disk hits while promotion_queue_limit promotions were in flight",
+            p.rejected_cap,
+        ),
+    ];
+    for (name, help, value) in counters {
+        counter(e, name, help, value)?;
+    }
+    Ok(())
 }

@@ -16,6 +16,7 @@ pub mod ha;
 mod http;
 pub mod metrics;
 mod rpc;
+mod space_wait;
 mod tls;
 
 pub use config::{ConfigError, KvEventsSettings, MasterConfig, CONFIG_KEYS};

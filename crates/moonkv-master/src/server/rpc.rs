@@ -89,6 +89,9 @@ fn is_fenced(op: Op) -> bool {
     )
 }
 
+/// An answer that is not ready yet (its encoded frame).
+type HeldOut = std::pin::Pin<Box<dyn std::future::Future<Output = Vec<u8>> + Send>>;
+
 /// A deferred answer leaves only if this master still serves the term it was admitted under;
 /// otherwise it becomes the refusal (HA fencing, as `Serving::seal` does for inline answers).
 fn seal_deferred(shared: &RpcShared, term: u64, request_id: u64, out: &mut Vec<u8>) {
@@ -204,7 +207,11 @@ macro_rules! gen_dispatch {
 moonkv_proto::for_each_op!(gen_dispatch);
 
 /// Appends the answer frame; false when the value could not be encoded (an error went out).
-fn respond<T: Serialize>(out: &mut Vec<u8>, request_id: u64, result: &Result<T, Error>) -> bool {
+pub(super) fn respond<T: Serialize>(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    result: &Result<T, Error>,
+) -> bool {
     match result {
         Ok(value) => match frame::encode_ok(out, request_id, value) {
             Ok(()) => true,
@@ -462,20 +469,13 @@ fn process_input(
             );
             continue;
         }
-        let deferred = is_scan(op) || op == Op::SyncCatalog || is_fenced(op);
-        let slot = if deferred {
+        let request_id = frame.request_id;
+        if let Request::SyncCatalog(req) = &request {
             let Ok(slot) = scans.clone().try_acquire_owned() else {
                 // No slot: the frame waits in `input` until an answer has left.
                 consumed -= used;
                 break Ok(true);
             };
-            Some(slot)
-        } else {
-            None
-        };
-        let request_id = frame.request_id;
-        if let Request::SyncCatalog(req) = &request {
-            let slot = slot.expect("catalog polls hold a slot");
             let shared = shared.clone();
             let done_tx = done_tx.clone();
             let req = req.clone();
@@ -495,7 +495,10 @@ fn process_input(
             continue;
         }
         if is_scan(op) {
-            let slot = slot.expect("scans hold a slot");
+            let Ok(slot) = scans.clone().try_acquire_owned() else {
+                consumed -= used;
+                break Ok(true);
+            };
             let shared = shared.clone();
             let done_tx = done_tx.clone();
             let runtime = tokio::runtime::Handle::current();
@@ -503,9 +506,12 @@ fn process_input(
             let engine = serving.engine.clone();
             tokio::task::spawn_blocking(move || {
                 let mut out = Vec::new();
+                let before = engine.deletion_seq();
                 let ((), fence) = crate::engine::fence_scope(|| {
                     dispatch(&shared, &engine, request_id, &request, &mut out)
                 });
+                // Files of removed disk replicas are deleted before the answer leaves.
+                super::space_wait::wait_for_deletions_blocking(&engine, before);
                 if fence.is_empty() {
                     // The answer leaves only if this master still serves the term it started in.
                     seal_deferred(&shared, term, request_id, &mut out);
@@ -520,28 +526,66 @@ fn process_input(
             });
             continue;
         }
-        if let Some(slot) = slot {
-            let mut out = Vec::new();
-            let engine = &serving.engine;
-            let ((), fence) = crate::engine::fence_scope(|| {
-                dispatch(shared, engine, request_id, &request, &mut out)
-            });
-            if fence.is_empty() {
-                output.extend_from_slice(&out);
-            } else {
-                let shared = shared.clone();
-                let done_tx = done_tx.clone();
-                let term = serving.term;
-                let engine = engine.clone();
-                tokio::spawn(async move {
-                    wait_fence(&shared, &engine, fence).await;
-                    seal_deferred(&shared, term, request_id, &mut out);
-                    let _ = done_tx.send((out, slot));
-                });
-            }
+        if !super::space_wait::may_delete_files(op) {
+            dispatch(shared, &serving.engine, request_id, &request, output);
             continue;
         }
-        dispatch(shared, &serving.engine, request_id, &request, output);
+        // Writes and removals: the disk tier may hold the answer (a Start waiting for memory,
+        // a removal waiting for its files to be deleted), and one that dropped committed memory
+        // replicas waits for their nodes to acknowledge the drop (`is_fenced`).
+        let engine = &serving.engine;
+        let (answer, fence) = crate::engine::fence_scope(|| {
+            super::space_wait::answer(shared, engine, request_id, &request)
+        });
+        let fence = if is_fenced(op) {
+            fence
+        } else {
+            crate::engine::CatalogFence::default()
+        };
+        let held = match answer {
+            super::space_wait::Answer::Done(out) if fence.is_empty() => {
+                output.extend_from_slice(&out);
+                continue;
+            }
+            super::space_wait::Answer::Done(out) => Box::pin(async move { out }) as HeldOut,
+            super::space_wait::Answer::HeldDeletion(answer) => answer,
+            super::space_wait::Answer::HeldStart(answer) => {
+                match scans.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        let (shared, done_tx) = (shared.clone(), done_tx.clone());
+                        let (term, engine) = (serving.term, engine.clone());
+                        tokio::spawn(async move {
+                            let (mut out, fence) = answer.await;
+                            wait_fence(&shared, &engine, fence).await;
+                            seal_deferred(&shared, term, request_id, &mut out);
+                            let _ = done_tx.send((out, slot));
+                        });
+                        continue;
+                    }
+                    // Nothing was changed: the frame runs again once a slot is free.
+                    Err(_) => {
+                        consumed -= used;
+                        break Ok(true);
+                    }
+                }
+            }
+        };
+        // Already executed: it is answered, slot or not (a wait is bounded in time).
+        let slot = match scans.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => match Arc::new(Semaphore::new(1)).try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => continue,
+            },
+        };
+        let (shared, done_tx) = (shared.clone(), done_tx.clone());
+        let (term, engine) = (serving.term, engine.clone());
+        tokio::spawn(async move {
+            let mut out = held.await;
+            wait_fence(&shared, &engine, fence).await;
+            seal_deferred(&shared, term, request_id, &mut out);
+            let _ = done_tx.send((out, slot));
+        });
     };
     input.drain(..consumed);
     give_back_if_large(input);

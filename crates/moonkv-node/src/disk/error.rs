@@ -81,6 +81,54 @@ pub enum DiskError {
         #[source]
         source: io::Error,
     },
+    /// The lock file cannot be opened or locked.
+    #[error("cannot lock {}", path.display())]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Another node serves the directory.
+    #[error(
+        "disk directory {} is in use by another node ({holder}); one directory is served by one node at a time",
+        dir.display()
+    )]
+    InUse {
+        /// The directory.
+        dir: PathBuf,
+        /// Who holds the lock, as its lock file says.
+        holder: String,
+    },
+    /// The budget exceeds what the filesystem can hold.
+    #[error(
+        "--disk-capacity {} ({capacity} bytes) exceeds the space available for {}: {} ({available} bytes: {free} free on the filesystem plus {existing} in replica files already there)",
+        moonkv_proto::units::format_size(*capacity),
+        dir.display(),
+        moonkv_proto::units::format_size(*available)
+    )]
+    CapacityAboveFree {
+        /// The directory.
+        dir: PathBuf,
+        /// The budget asked for.
+        capacity: u64,
+        /// Free space plus existing files.
+        available: u64,
+        /// Free space on the filesystem.
+        free: u64,
+        /// Bytes of replica files found.
+        existing: u64,
+    },
+    /// The filesystem's free space cannot be read.
+    #[error("cannot read the free space of {}", dir.display())]
+    FreeSpace {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// A new disk id cannot be stored.
     #[error("cannot write {}", path.display())]
     WriteId {
@@ -98,7 +146,10 @@ impl DiskError {
         match self {
             DiskError::ZeroCapacity { .. }
             | DiskError::NotADirectory { .. }
-            | DiskError::BadId { .. } => ErrorCode::INVALID_PARAMS,
+            | DiskError::BadId { .. }
+            | DiskError::CapacityAboveFree { .. } => ErrorCode::INVALID_PARAMS,
+            DiskError::InUse { .. } | DiskError::Lock { .. } => ErrorCode::FILE_LOCK_FAIL,
+            DiskError::FreeSpace { .. } => ErrorCode::FILE_OPEN_FAIL,
             DiskError::Unusable { .. } => ErrorCode::FILE_NOT_FOUND,
             DiskError::NotWritable { .. } | DiskError::WriteId { .. } => ErrorCode::FILE_WRITE_FAIL,
             DiskError::List { .. } | DiskError::ReadId { .. } => ErrorCode::FILE_READ_FAIL,

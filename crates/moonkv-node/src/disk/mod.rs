@@ -8,6 +8,7 @@
 
 mod error;
 pub mod format;
+pub mod guard;
 
 pub use error::{with_cause, DiskError, DiskFault, FileError, WriteError};
 use format::{FileHeader, FIXED_LEN, MAX_TENANT_LEN};
@@ -38,6 +39,8 @@ pub struct DiskStore {
     /// Bytes of files on disk plus writes in progress.
     used: AtomicU64,
     recently_deleted: Mutex<(HashSet<u64>, VecDeque<u64>)>,
+    /// Held while the store lives: no other node serves this directory.
+    lock: Mutex<guard::DirLock>,
 }
 
 impl DiskStore {
@@ -60,6 +63,7 @@ impl DiskStore {
             }
         }
         probe_writable(dir)?;
+        let lock = guard::DirLock::acquire(dir)?;
         let id = load_or_create_id(dir)?;
         let store = DiskStore {
             dir: dir.to_path_buf(),
@@ -67,11 +71,34 @@ impl DiskStore {
             capacity,
             used: AtomicU64::new(0),
             recently_deleted: Mutex::new((HashSet::new(), VecDeque::new())),
+            lock: Mutex::new(lock),
         };
         let (files, bytes) = store.scan(true)?;
+        let free = guard::free_space(dir).map_err(|source| DiskError::FreeSpace {
+            dir: dir.into(),
+            source,
+        })?;
+        let available = free.saturating_add(bytes);
+        if capacity > available {
+            return Err(DiskError::CapacityAboveFree {
+                dir: dir.into(),
+                capacity,
+                available,
+                free,
+                existing: bytes,
+            });
+        }
         store.used.store(bytes, Ordering::Release);
         tracing::info!(dir = %shown, files = files.len(), bytes, capacity, "disk opened");
         Ok((store, files))
+    }
+
+    /// Names this node's data-plane endpoint in the lock file, for the error a second node on
+    /// the directory gets.
+    pub fn record_holder(&self, endpoint: &str) {
+        if let Err(e) = self.lock.lock().record(Some(endpoint)) {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot update the lock file");
+        }
     }
 
     /// The disk id (persisted in the directory).
@@ -297,6 +324,30 @@ impl DiskStore {
             })
     }
 
+    /// Opens file `file_id` for a streamed read of exactly `size` payload bytes: its header and
+    /// length are verified now, its payload checksum by the caller as it streams
+    /// ([`FileStream`]).
+    pub async fn open_stream(&self, file_id: u64, size: u64) -> Result<FileStream, FileError> {
+        let path = self.path_of(file_id);
+        let shown = path.clone();
+        let opened = tokio::task::spawn_blocking(move || open_checked(&path, file_id, size))
+            .await
+            .unwrap_or_else(|joined| {
+                Err(FileError::Read {
+                    path: shown,
+                    source: io::Error::other(joined),
+                })
+            })?;
+        let (file, header, path) = opened;
+        Ok(FileStream {
+            file: tokio::fs::File::from_std(file),
+            left: header.size,
+            crc: crc32fast::Hasher::new(),
+            expected: header.payload_crc,
+            path,
+        })
+    }
+
     /// Deletes file `file_id` (a missing file is fine) and remembers the id for a while.
     pub fn delete(&self, file_id: u64) {
         {
@@ -314,6 +365,23 @@ impl DiskStore {
         if let Ok(meta) = std::fs::metadata(&path) {
             if std::fs::remove_file(&path).is_ok() {
                 self.release(meta.len());
+            }
+        }
+    }
+
+    /// Deletes every file in `ids`, then syncs the directory so the removals survive a crash.
+    pub async fn delete_all(&self, ids: &[u64]) {
+        for id in ids {
+            self.delete(*id);
+        }
+        match tokio::fs::File::open(&self.dir).await {
+            Ok(dir) => {
+                if let Err(e) = dir.sync_all().await {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "directory sync after deletions failed");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot open the directory to sync it")
             }
         }
     }
@@ -353,6 +421,95 @@ fn read_header(path: &Path) -> Option<(FileHeader, u64)> {
     let mut variable = vec![0u8; t + k];
     file.read_exact(&mut variable).ok()?;
     Some((FileHeader::decode(&fixed, &variable)?, len))
+}
+
+/// A replica file being read in steps; the payload checksum is computed as it goes and checked
+/// by [`FileStream::finish`].
+#[derive(Debug)]
+pub struct FileStream {
+    file: tokio::fs::File,
+    left: u64,
+    crc: crc32fast::Hasher,
+    expected: u32,
+    path: PathBuf,
+}
+
+impl FileStream {
+    /// Reads the next step of the payload into `buf` (at most its length); an empty slice once
+    /// the payload is done.
+    pub async fn next<'b>(&mut self, buf: &'b mut [u8]) -> Result<&'b [u8], FileError> {
+        let take = (self.left.min(buf.len() as u64)) as usize;
+        let chunk = &mut buf[..take];
+        if let Err(source) = self.file.read_exact(chunk).await {
+            return Err(FileError::Truncated {
+                path: self.path.clone(),
+                source,
+            });
+        }
+        self.left -= take as u64;
+        self.crc.update(chunk);
+        Ok(chunk)
+    }
+
+    /// Payload bytes not read yet.
+    pub fn remaining(&self) -> u64 {
+        self.left
+    }
+
+    /// Checks the payload checksum once every byte was read.
+    pub fn finish(self) -> Result<(), FileError> {
+        if self.left == 0 && self.crc.finalize() == self.expected {
+            return Ok(());
+        }
+        tracing::warn!(file = %self.path.display(), "replica file checksum mismatch");
+        Err(FileError::Corrupt {
+            path: self.path,
+            reason: "payload checksum mismatch",
+        })
+    }
+}
+
+/// Opens a replica file and verifies its header and length against the request; the file is
+/// left positioned at the payload.
+fn open_checked(
+    path: &Path,
+    file_id: u64,
+    size: u64,
+) -> Result<(std::fs::File, FileHeader, PathBuf), FileError> {
+    let unreadable = |source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let truncated = |source| FileError::Truncated {
+        path: path.to_path_buf(),
+        source,
+    };
+    let corrupt = |reason| FileError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(FileError::NotFound {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(unreadable(e)),
+    };
+    let len = file.metadata().map_err(unreadable)?.len();
+    let mut fixed = [0u8; FIXED_LEN];
+    file.read_exact(&mut fixed).map_err(truncated)?;
+    let (t, k) =
+        FileHeader::variable_len(&fixed).ok_or_else(|| corrupt("not a replica file header"))?;
+    let mut variable = vec![0u8; t + k];
+    file.read_exact(&mut variable).map_err(truncated)?;
+    let header =
+        FileHeader::decode(&fixed, &variable).ok_or_else(|| corrupt("header checksum mismatch"))?;
+    if header.file_id != file_id || header.size != size || header.file_len() != len {
+        return Err(corrupt("header does not match the file or the request"));
+    }
+    Ok((file, header, path.to_path_buf()))
 }
 
 fn read_file(path: &Path, file_id: u64, size: u64) -> Result<Vec<u8>, FileError> {

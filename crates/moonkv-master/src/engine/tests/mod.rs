@@ -10,6 +10,8 @@ mod events;
 mod evict;
 mod grants;
 mod model;
+mod pressure;
+mod promote;
 mod put_get;
 mod remove;
 mod rfc;

@@ -166,6 +166,32 @@ config_keys! {
         |c, v| c.engine.disk_detach_grace_ms = v.0 * 1000;
     /// seconds a re-mounted segment stays frozen while its node announces its replicas (default 30)
     adopt_timeout_sec: Int<1, 3_600> => |c, v| c.engine.adopt_timeout_ms = v.0 * 1000;
+    /// with a disk tier: memory use above which objects are offloaded to disk ahead of demand,
+    /// in [0, 1] (default 0.80)
+    offload_high_watermark_ratio: Ratio => |c, v| c.engine.offload_high_watermark_ratio = v.0;
+    /// offloading ahead of demand stops at this memory use, less offloads in flight, in [0, 1]
+    /// (default 0.60)
+    offload_low_watermark_ratio: Ratio => |c, v| c.engine.offload_low_watermark_ratio = v.0;
+    /// how long a put that found no memory waits for offloads to disk before it fails, in ms or
+    /// with a unit; 0 = fail at once; keep below the clients' RPC timeout (default 3s)
+    put_space_wait: Millis => |c, v| c.engine.put_space_wait_ms = v.0;
+    /// disk use above which a disk evicts its least recently used replicas, in [0, 1]
+    /// (default 0.95)
+    disk_eviction_high_watermark_ratio: Ratio =>
+        |c, v| c.engine.disk_eviction_high_watermark_ratio = v.0;
+    /// disk eviction stops at this disk use, in [0, 1] (default 0.85)
+    disk_eviction_low_watermark_ratio: Ratio =>
+        |c, v| c.engine.disk_eviction_low_watermark_ratio = v.0;
+    /// how long the answer to a request that removed disk replicas waits for the nodes to
+    /// delete the files, in ms or with a unit; 0 = answer at once (default 1s)
+    disk_removal_ack_wait: Millis => |c, v| c.engine.disk_removal_ack_wait_ms = v.0;
+    /// bring objects read from disk back into memory (default true)
+    promotion_on_hit: Flag => |c, v| c.engine.promotion_on_hit = v.0;
+    /// reads of a disk-only object before it is promoted to memory, 1..255 (default 2)
+    promotion_admission_threshold: Int<1, 255> =>
+        |c, v| c.engine.promotion_admission_threshold = v.0 as u32;
+    /// most promotions to memory in flight at once (default 50000)
+    promotion_queue_limit: Int<1, { 1 << 32 }> => |c, v| c.engine.promotion_queue_limit = v.0;
     /// require tenant registration and enforce quotas (default false)
     enable_multi_tenants: Flag => |c, v| c.engine.enable_multi_tenants = v.0;
     /// elect one leader among several masters through an etcd lease; standbys refuse requests
