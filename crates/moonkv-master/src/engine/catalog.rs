@@ -79,14 +79,9 @@ pub fn fence_scope<R>(f: impl FnOnce() -> R) -> (R, CatalogFence) {
     DROPS.with(|d| *d.borrow_mut() = Some(Vec::new()));
     let result = f();
     let drops = DROPS.with(|d| d.borrow_mut().take()).unwrap_or_default();
-    let mut fence: Vec<(ClientId, u64)> = Vec::new();
-    for (client, seq) in drops {
-        match fence.iter_mut().find(|(c, _)| *c == client) {
-            Some((_, s)) => *s = (*s).max(seq),
-            None => fence.push((client, seq)),
-        }
-    }
-    (result, CatalogFence(fence))
+    let mut fence = CatalogFence::default();
+    fence.extend(CatalogFence(drops));
+    (result, fence)
 }
 
 /// The mailboxes of every node.
