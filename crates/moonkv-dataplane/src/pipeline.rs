@@ -14,9 +14,10 @@
 use crate::connection::{head, refusal, stays_in_step, transfer_fail, DataConnection, HeadBytes};
 use crate::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
+use std::io::IoSlice;
 use std::pin::pin;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// Buffer of the burst writer and reader: small requests and answers coalesce up to this size,
 /// larger payloads bypass it.
@@ -210,31 +211,58 @@ enum SendEnd {
 }
 
 async fn send_all<W: tokio::io::AsyncWrite + Unpin>(
-    writer: W,
+    mut writer: W,
     sends: &[Send<'_>],
     step: Duration,
 ) -> std::result::Result<(), SendEnd> {
-    let mut out = BufWriter::with_capacity(BURST_BUFFER, writer);
-    let failed = |what: &str| SendEnd::Failed(what.to_string());
+    // Heads and small payloads gather here; a large payload goes out together with what
+    // gathered before it in one vectored write, so no request head travels on its own.
+    let mut gathered: Vec<u8> = Vec::with_capacity(BURST_BUFFER.min(sends.len() * 256));
+    let failed = |e: std::io::Error| SendEnd::Failed(format!("send request: {e}"));
+    let timed_out = || SendEnd::Failed("send request: timed out".to_string());
     for send in sends {
-        let wrote = async {
-            out.write_all(&send.head).await?;
-            if let Some(payload) = send.payload {
-                out.write_all(payload).await?;
+        gathered.extend_from_slice(&send.head);
+        let payload = send.payload.unwrap_or_default();
+        let large = payload.len() >= BURST_BUFFER / 4;
+        if !large {
+            gathered.extend_from_slice(payload);
+            if gathered.len() < BURST_BUFFER {
+                continue;
             }
-            std::io::Result::Ok(())
-        };
-        match tokio::time::timeout(step, wrote).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(failed(&format!("send request: {e}"))),
-            Err(_) => return Err(failed("send request: timed out")),
+        }
+        let mut slices = [IoSlice::new(&gathered), IoSlice::new(payload)];
+        let slices = &mut slices[..if large { 2 } else { 1 }];
+        match tokio::time::timeout(step, write_all_vectored(&mut writer, slices)).await {
+            Ok(Ok(())) => gathered.clear(),
+            Ok(Err(e)) => return Err(failed(e)),
+            Err(_) => return Err(timed_out()),
         }
     }
-    match tokio::time::timeout(step, out.flush()).await {
+    let rest = async {
+        writer.write_all(&gathered).await?;
+        writer.flush().await
+    };
+    match tokio::time::timeout(step, rest).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(failed(&format!("send request: {e}"))),
-        Err(_) => Err(failed("send request: timed out")),
+        Ok(Err(e)) => Err(failed(e)),
+        Err(_) => Err(timed_out()),
     }
+}
+
+/// Writes every byte of `slices`, in order, with as few writes as the stream allows.
+pub(crate) async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
+    writer: &mut W,
+    mut slices: &mut [IoSlice<'_>],
+) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        let n = writer.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
 }
 
 async fn receive_all<R: tokio::io::AsyncRead + Unpin>(
