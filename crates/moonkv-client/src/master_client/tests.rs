@@ -41,6 +41,49 @@ async fn pipelined_responses_are_matched_by_request_id() {
     assert!(!fast.unwrap());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_frames_larger_than_the_socket_buffer_arrive_whole_and_in_order() {
+    // Every frame is far larger than what a socket takes at once, so senders overlap with the
+    // writer task's queue: a frame written out of turn or split by another would not decode.
+    let handler: Handler = Arc::new(|req| match req {
+        Request::BatchExistKey(k) => {
+            // A master slow to read: the socket fills and later frames must queue.
+            std::thread::sleep(Duration::from_millis(5));
+            let tag = k.keys[0].clone();
+            let whole = k.keys.iter().all(|key| *key == tag);
+            let answer: Vec<ItemResult<bool>> =
+                k.keys.iter().map(|_| ItemResult(Ok(whole))).collect();
+            Reply::Ok(rmp_serde::to_vec(&answer).unwrap(), Duration::ZERO)
+        }
+        _ => Reply::Err(Error::new(ErrorCode::NOT_SUPPORTED, "no")),
+    });
+    let (addr, _) = fake_master(handler).await;
+    let mut cfg = config(&addr);
+    cfg.rpc_timeout = Duration::from_secs(20);
+    let client = MasterClient::connect(cfg).await.unwrap();
+    let calls = (0..48).map(|i| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let keys: Vec<String> = (0..50_000 + i)
+                .map(|_| format!("key-of-caller-{i:02}"))
+                .collect();
+            let n = keys.len();
+            let answer = client
+                .batch_exist_key(KeysRequest {
+                    tenant: String::new(),
+                    keys,
+                })
+                .await
+                .unwrap();
+            assert_eq!(answer.len(), n, "caller {i}");
+            assert!(answer.iter().all(|r| r.0 == Ok(true)), "caller {i}");
+        })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        call.await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn error_responses_keep_their_code() {
     let handler: Handler =
