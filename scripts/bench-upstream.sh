@@ -22,6 +22,8 @@
 #   CLIENT_PREFIX   command put before every Python client of both systems, e.g.
 #                   "taskset -c 0" to keep the client on one vCPU (default: none)
 #   SKIP_RUST=1     skip the `moonkv bench store` runs of moonkv's Rust client
+#   PREFAULT=1      start moonkv's node with --prefault (its segment committed at start; on this
+#                   VM that takes about 9 s per GiB, and the node's readiness wait must allow it)
 #
 # Layout: upstream = its metadata server, mooncake_master and mooncake_client (its storage
 # process, SEG bytes) started by cluster.sh; moonkv = `moonkv master` and one `moonkv node`
@@ -112,9 +114,11 @@ log "starting moonkv"
     >"$OUT/moonkv-master.log" 2>&1 &
 MK_MASTER=$!
 wait_port 50051 30
-"$MOONKV_BIN" node --master 127.0.0.1:50051 --segment-size "$SEG" >"$OUT/moonkv-node.log" 2>&1 &
+"$MOONKV_BIN" node --master 127.0.0.1:50051 --segment-size "$SEG" ${PREFAULT:+--prefault} >"$OUT/moonkv-node.log" 2>&1 &
 MK_NODE=$!
-for _ in $(seq 100); do grep -q '"event":"ready"' "$OUT/moonkv-node.log" && break; sleep 0.1; done
+READY_STEPS=100
+[[ -n ${PREFAULT:-} ]] && READY_STEPS=1800
+for _ in $(seq "$READY_STEPS"); do grep -q '"event":"ready"' "$OUT/moonkv-node.log" && break; sleep 0.1; done
 grep -q '"event":"ready"' "$OUT/moonkv-node.log" || { echo "moonkv node not ready" >&2; exit 1; }
 
 # ---- one mc_bench invocation against one system ---------------------------------------------

@@ -55,6 +55,8 @@ pub struct NodeConfig {
     pub disk: Option<DiskConfig>,
     /// How often the node asks the master for offload tasks and file deletions.
     pub disk_poll_interval: Duration,
+    /// Commit every page of the segments at start (`--prefault`) instead of at first write.
+    pub prefault: bool,
     /// Where the node lends its segments to stores in the same process (`StoreConfig::
     /// local_segments`); nodes given clones of one handle share it. A fresh handle by default.
     pub local_segments: LocalSegments,
@@ -94,6 +96,7 @@ impl NodeConfig {
             ping_interval: Duration::from_secs(1),
             disk: None,
             disk_poll_interval: Duration::from_millis(100),
+            prefault: false,
             local_segments: LocalSegments::new(),
             auth_secret: None,
             grant_secret: None,
@@ -171,6 +174,26 @@ impl Node {
         for _ in &names {
             let id = SegmentId(moonkv_client::util::random_client_id().0);
             memories.push(Arc::new(SegmentMemory::allocate(id, config.segment_size)?));
+        }
+        if config.prefault {
+            let started = std::time::Instant::now();
+            for memory in &memories {
+                memory.prefault().map_err(|e| {
+                    Error::new(
+                        ErrorCode::INTERNAL_ERROR,
+                        format!(
+                            "cannot commit the {} bytes of a segment (--prefault): {e}",
+                            memory.size()
+                        ),
+                    )
+                })?;
+            }
+            tracing::info!(
+                segments = memories.len(),
+                bytes = config.segment_size * memories.len() as u64,
+                ms = started.elapsed().as_millis() as u64,
+                "segment memory committed"
+            );
         }
         let table: SegmentTable = Arc::new(parking_lot::RwLock::new(
             memories.iter().map(|m| (m.id(), m.clone())).collect(),

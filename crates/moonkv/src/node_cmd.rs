@@ -16,6 +16,11 @@ pub struct NodeArgs {
     /// Number of segments of `--segment-size` each.
     #[arg(long, default_value_t = 1)]
     pub segment_count: usize,
+    /// Commit every page of the segments at start instead of at first write: the first fill
+    /// of the cache then pays no page fault per 4 KiB, and memory the machine cannot give
+    /// fails the start instead of a later put. Resident memory is the whole segment at once.
+    #[arg(long)]
+    pub prefault: bool,
     /// Explicit segment names (repeatable; one segment per name, overrides --segment-count).
     #[arg(long = "segment-name", value_name = "NAME")]
     pub segment_names: Vec<String>,
@@ -154,6 +159,7 @@ impl NodeArgs {
     pub fn to_config(&self) -> anyhow::Result<NodeConfig> {
         let mut config = NodeConfig::new(self.master.clone(), self.segment_size);
         config.segment_count = self.segment_count;
+        config.prefault = self.prefault;
         config.segment_names = self.segment_names.clone();
         config.data_deadlines = moonkv_node::Deadlines {
             io: self.data_io_timeout,

@@ -17,6 +17,10 @@ pub struct UpArgs {
     /// Number of segments of `--segment-size` each.
     #[arg(long, default_value_t = 1)]
     segment_count: usize,
+    /// Commit every page of the node's segments at start instead of at first write (see
+    /// `moonkv node --prefault`).
+    #[arg(long)]
+    prefault: bool,
     /// Data-plane listen address of the embedded node (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     data_bind: String,
@@ -60,6 +64,7 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     let master = server::start(config).await?;
     let mut node_config = NodeConfig::new(master.rpc_addr().to_string(), args.segment_size);
     node_config.segment_count = args.segment_count;
+    node_config.prefault = args.prefault;
     node_config.data_bind = args.data_bind.clone();
     node_config.host_id = host_name();
     node_config.disk = args.disk.to_config();
