@@ -18,7 +18,7 @@ use super::object::{ObjectMeta, Placement, Replica};
 use super::replica_list::ReplicaList;
 use super::segments::{MemBuffer, SegmentSlot};
 use super::shard::{After, Shard};
-use super::sink::{emit_diff, Medium};
+use super::sink::Medium;
 use super::validate::{check_key, invalid, read_tenant};
 use super::Engine;
 use moonkv_proto::msg::{
@@ -199,15 +199,7 @@ impl Engine {
             };
             let before = obj.media();
             obj.replicas.push(replica);
-            emit_diff(
-                self.sink.as_ref(),
-                tid,
-                &e.key,
-                obj.group(),
-                before,
-                obj.media(),
-            );
-            self.settle_charge(tid.as_str(), obj);
+            self.placement_changed(tid, &e.key, obj, before);
             (Found::Merged, After::Keep)
         });
         match found {

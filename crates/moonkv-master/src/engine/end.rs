@@ -249,15 +249,7 @@ impl Engine {
                 .retain(|r| !(r.matches(rtype) && r.is_processing()));
             obj.set_pin_intent(PinIntent::Preserve);
             obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
-            emit_diff(
-                self.sink.as_ref(),
-                tenant_id,
-                key,
-                obj.group(),
-                before,
-                obj.media(),
-            );
-            self.settle_charge(tenant, obj);
+            self.placement_changed(tenant_id, key, obj, before);
             let after = if obj.replicas.is_empty() {
                 After::Erase
             } else {

@@ -176,15 +176,7 @@ impl Engine {
         {
             obj.take_offload();
         }
-        emit_diff(
-            self.sink.as_ref(),
-            tenant,
-            key,
-            obj.group(),
-            before,
-            obj.media(),
-        );
-        self.settle_charge(tenant.as_str(), obj);
+        self.placement_changed(tenant, key, obj, before);
         obj.size.saturating_mul(dropped)
     }
 

@@ -15,7 +15,6 @@
 use super::disk::DiskSlot;
 use super::object::{ObjectMeta, Placement};
 use super::shard::After;
-use super::sink::emit_diff;
 use super::Engine;
 use moonkv_proto::{ErrorCode, Result, SegmentId, TenantId};
 use std::collections::HashMap;
@@ -320,15 +319,7 @@ impl Engine {
         if freed == 0 {
             return 0;
         }
-        emit_diff(
-            self.sink.as_ref(),
-            tenant,
-            key,
-            obj.group(),
-            before,
-            obj.media(),
-        );
-        self.settle_charge(tenant.as_str(), obj);
+        self.placement_changed(tenant, key, obj, before);
         let c = &self.counters.tier;
         c.disk_evicted_objects.fetch_add(1, Ordering::Relaxed);
         c.disk_evicted_bytes.fetch_add(obj.size, Ordering::Relaxed);

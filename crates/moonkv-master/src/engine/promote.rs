@@ -15,7 +15,6 @@
 use super::disk::{OffloadBacklog, PendingOffload};
 use super::object::{ObjectMeta, Placement, Replica};
 use super::segments::MemBuffer;
-use super::sink::emit_diff;
 use super::Engine;
 use moonkv_proto::{ClientId, PromotionTask, ReplicaKind, ReplicaStatus, Result, TenantId};
 use parking_lot::Mutex;
@@ -262,15 +261,7 @@ impl Engine {
         let (mut replica, count) = pending.into_replica();
         replica.status = ReplicaStatus::Complete;
         obj.replicas.push(replica);
-        emit_diff(
-            self.sink.as_ref(),
-            tenant,
-            key,
-            obj.group(),
-            before,
-            obj.media(),
-        );
-        self.settle_charge(tenant.as_str(), obj);
+        self.placement_changed(tenant, key, obj, before);
         drop(count);
         p.completed.fetch_add(1, Ordering::Relaxed);
         p.completed_bytes.fetch_add(obj.size, Ordering::Relaxed);

@@ -5,6 +5,7 @@
 use super::keyhash::KeyHashState;
 use super::object::{ObjectMeta, Replica};
 use super::sink::emit_diff;
+use super::sink::MediaSet;
 use super::validate::read_tenant;
 use super::{Engine, ParkedBuffer};
 use moonkv_proto::{ErrorCode, ItemResult, Result, TenantId};
@@ -112,15 +113,7 @@ impl Engine {
             // The pinned source (or the target disk) is gone: the offload cannot land.
             obj.take_offload();
         }
-        emit_diff(
-            self.sink.as_ref(),
-            tenant,
-            key,
-            obj.group(),
-            before,
-            obj.media(),
-        );
-        self.settle_charge(tenant.as_str(), obj);
+        self.placement_changed(tenant, key, obj, before);
         obj.replicas.is_empty()
     }
 
@@ -152,6 +145,26 @@ impl Engine {
                 }),
         };
         t.objects.insert(Box::from(key), Box::new(obj));
+    }
+
+    /// After a change of `obj`'s replicas (under its shard lock): the availability events of
+    /// the media it gained or lost since `before`, and its quota charge brought in line.
+    pub(crate) fn placement_changed(
+        &self,
+        tenant: &TenantId,
+        key: &str,
+        obj: &mut ObjectMeta,
+        before: MediaSet,
+    ) {
+        emit_diff(
+            self.sink.as_ref(),
+            tenant,
+            key,
+            obj.group(),
+            before,
+            obj.media(),
+        );
+        self.settle_charge(tenant.as_str(), obj);
     }
 
     /// Brings the object's quota charge in line with the memory it holds (multi-tenant mode).

@@ -6,7 +6,6 @@
 //! period.
 
 use super::object::{PinIntent, Replica};
-use super::sink::emit_diff;
 use super::{Engine, ParkedBuffer};
 use std::sync::atomic::Ordering;
 
@@ -43,15 +42,7 @@ impl Engine {
                     obj.replicas.retain(|r| !r.is_processing());
                     obj.in_flight = false;
                     obj.set_pin_intent(PinIntent::Preserve);
-                    emit_diff(
-                        self.sink.as_ref(),
-                        tid,
-                        key,
-                        obj.group(),
-                        before,
-                        obj.media(),
-                    );
-                    self.settle_charge(tid.as_str(), obj);
+                    self.placement_changed(tid, key, obj, before);
                     reclaimed += 1;
                     if obj.replicas.iter().any(Replica::handle_valid) {
                         return true;
