@@ -102,6 +102,37 @@ pub fn segments(admin: &str) -> Option<Vec<(String, u64)>> {
     Some(out)
 }
 
+/// Where the first mounted segment lives, from `/get_segments_detail`: what a test needs to
+/// send raw data-plane requests to it.
+#[derive(Clone, Debug)]
+pub struct SegmentLocation {
+    pub id: moonkv_proto::SegmentId,
+    /// Absolute address of its first byte.
+    pub base: u64,
+    pub size: u64,
+    /// The node's data-plane endpoint.
+    pub endpoint: String,
+}
+
+/// The first mounted segment's location; panics (naming the body) when there is none.
+pub fn first_segment(admin: &str) -> SegmentLocation {
+    let (status, body) = http(admin, "GET", "/get_segments_detail", "");
+    assert_eq!(status, 200, "{body}");
+    let detail: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let segment = &detail["segments"][0];
+    let text = |field: &str| {
+        segment[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("segment {field} missing: {body}"))
+            .to_string()
+    };
+    SegmentLocation {
+        id: moonkv_proto::SegmentId(moonkv_proto::Uuid::parse(&text("segment_id")).unwrap()),
+        base: u64::from_str_radix(text("base_address").trim_start_matches("0x"), 16).unwrap(),
+        size: segment["size_bytes"].as_u64().unwrap(),
+        endpoint: text("te_endpoint"),
+    }
+}
 /// `/get_all_keys` of the default tenant (readable objects), sorted.
 pub fn all_keys(admin: &str) -> Option<Vec<String>> {
     let body = http_get(admin, "/get_all_keys")?;

@@ -10,7 +10,7 @@
 
 use moonkv_client::store::{Store, StoreConfig};
 use moonkv_dataplane::header::{DataOp, RequestHeader};
-use moonkv_proto::{ReplicaDescriptor, ReplicateConfig, SegmentId, Uuid};
+use moonkv_proto::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 use moonkv_testkit::{Moonkv, Proc};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -231,20 +231,8 @@ fn a_minute_of_every_attack_leaves_memory_flat_and_an_honest_client_working() {
         .unwrap()
         .replicas[0]
         .clone();
-    let detail: serde_json::Value = serde_json::from_str(
-        &moonkv_testkit::http_get(&admin, "/get_segments_detail").expect("segment detail"),
-    )
-    .unwrap();
-    let segment = &detail["segments"][0];
-    let segment_id = SegmentId(Uuid::parse(segment["segment_id"].as_str().unwrap()).unwrap());
-    let base = u64::from_str_radix(
-        segment["base_address"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("0x"),
-        16,
-    )
-    .unwrap();
+    let segment = moonkv_testkit::admin::first_segment(&admin);
+    let (segment_id, base) = (segment.id, segment.base);
 
     let started = Instant::now();
     let attack = Attack {

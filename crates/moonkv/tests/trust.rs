@@ -360,23 +360,10 @@ fn a_caller_that_stalls_mid_request_loses_its_range_lock_within_the_io_deadline(
         "--data-io-timeout",
         "1s",
     ]);
-    let (status, body) = moonkv_testkit::http(&admin, "GET", "/get_segments_detail", "");
-    assert_eq!(status, 200, "{body}");
-    let detail: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let segment = &detail["segments"][0];
-    let id = SegmentId(Uuid::parse(segment["segment_id"].as_str().unwrap()).unwrap());
-    let base = u64::from_str_radix(
-        segment["base_address"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("0x"),
-        16,
-    )
-    .unwrap();
-    let size = segment["size_bytes"].as_u64().unwrap();
+    let segment = moonkv_testkit::admin::first_segment(&admin);
+    let (id, base, size) = (segment.id, segment.base, segment.size);
     // A write of the whole segment whose payload never comes: it holds the range lock.
-    let mut stalled =
-        std::net::TcpStream::connect(segment["te_endpoint"].as_str().unwrap()).unwrap();
+    let mut stalled = std::net::TcpStream::connect(&segment.endpoint).unwrap();
     stalled
         .write_all(&RequestHeader::new(DataOp::Write, 1, id, base, size).encode())
         .unwrap();
@@ -699,24 +686,11 @@ fn a_caller_that_trickles_its_payload_loses_its_range_lock_at_the_request_cap() 
         "--data-min-rate",
         "1GiB",
     ]);
-    let (status, body) = moonkv_testkit::http(&admin, "GET", "/get_segments_detail", "");
-    assert_eq!(status, 200, "{body}");
-    let detail: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let segment = &detail["segments"][0];
-    let id = SegmentId(Uuid::parse(segment["segment_id"].as_str().unwrap()).unwrap());
-    let base = u64::from_str_radix(
-        segment["base_address"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("0x"),
-        16,
-    )
-    .unwrap();
-    let size = segment["size_bytes"].as_u64().unwrap();
+    let segment = moonkv_testkit::admin::first_segment(&admin);
+    let (id, base, size) = (segment.id, segment.base, segment.size);
     // A write of the whole segment whose payload comes one byte every 200 ms: well inside the
     // 1 s I/O deadline each time, so only the request's cap can end it.
-    let mut trickler =
-        std::net::TcpStream::connect(segment["te_endpoint"].as_str().unwrap()).unwrap();
+    let mut trickler = std::net::TcpStream::connect(&segment.endpoint).unwrap();
     trickler
         .write_all(&RequestHeader::new(DataOp::Write, 1, id, base, size).encode())
         .unwrap();
