@@ -17,7 +17,7 @@ use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::io::IoSlice;
 use std::pin::pin;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 /// Buffer of the burst writer and reader: small requests and answers coalesce up to this size,
 /// larger payloads bypass it.
@@ -47,6 +47,30 @@ pub enum Piece<'a> {
         /// The replica's grant (empty: none).
         grant: &'a [u8],
     },
+    /// Read `bufs` total bytes at `address` of `segment`, spread over `bufs` in order (one
+    /// request: the answer's payload is scattered straight from the socket).
+    ReadV {
+        /// Segment holding the bytes.
+        segment: SegmentId,
+        /// Absolute address of the first byte.
+        address: u64,
+        /// Where the bytes go, in order.
+        bufs: Vec<&'a mut [u8]>,
+        /// The grant covering the whole range (empty: none).
+        grant: &'a [u8],
+    },
+    /// Write the concatenation of `parts` at `address` of `segment` (one request: the payload
+    /// is gathered straight from `parts` onto the socket).
+    WriteV {
+        /// Segment receiving the bytes.
+        segment: SegmentId,
+        /// Absolute address of the first byte.
+        address: u64,
+        /// The bytes, in order.
+        parts: Vec<&'a [u8]>,
+        /// The grant covering the whole range (empty: none).
+        grant: &'a [u8],
+    },
 }
 
 impl Piece<'_> {
@@ -55,6 +79,8 @@ impl Piece<'_> {
         match self {
             Piece::Read { buf, .. } => buf.len(),
             Piece::Write { data, .. } => data.len(),
+            Piece::ReadV { bufs, .. } => bufs.iter().map(|b| b.len()).sum(),
+            Piece::WriteV { parts, .. } => parts.iter().map(|p| p.len()).sum(),
         }
     }
 
@@ -97,7 +123,7 @@ impl Burst {
 /// What the writer sends for one piece.
 struct Send<'a> {
     head: HeadBytes,
-    payload: Option<&'a [u8]>,
+    payload: Vec<&'a [u8]>,
 }
 
 /// What the reader expects for one piece.
@@ -107,7 +133,8 @@ struct Expect<'a> {
     segment: SegmentId,
     address: u64,
     len: u64,
-    sink: Option<&'a mut [u8]>,
+    /// Where a read's payload goes, in order (empty for a write).
+    sinks: Vec<&'a mut [u8]>,
 }
 
 impl DataConnection {
@@ -118,35 +145,32 @@ impl DataConnection {
         let mut expects = Vec::with_capacity(pieces.len());
         for piece in pieces {
             let id = self.take_id();
-            let (op, segment, address, len, grant, payload, sink) = match piece {
+            let len = piece.len();
+            let (op, segment, address, grant, payload, sinks) = match piece {
                 Piece::Read {
                     segment,
                     address,
                     buf,
                     grant,
-                } => (
-                    DataOp::Read,
+                } => (DataOp::Read, segment, address, grant, vec![], vec![buf]),
+                Piece::ReadV {
                     segment,
                     address,
-                    buf.len(),
+                    bufs,
                     grant,
-                    None,
-                    Some(buf),
-                ),
+                } => (DataOp::Read, segment, address, grant, vec![], bufs),
                 Piece::Write {
                     segment,
                     address,
                     data,
                     grant,
-                } => (
-                    DataOp::Write,
+                } => (DataOp::Write, segment, address, grant, vec![data], vec![]),
+                Piece::WriteV {
                     segment,
                     address,
-                    data.len(),
+                    parts,
                     grant,
-                    Some(data),
-                    None,
-                ),
+                } => (DataOp::Write, segment, address, grant, parts, vec![]),
             };
             let head = match head(
                 RequestHeader::new(op, id, segment, address, len as u64),
@@ -171,7 +195,7 @@ impl DataConnection {
                 segment,
                 address,
                 len: len as u64,
-                sink,
+                sinks,
             });
         }
         let endpoint = self.endpoint().to_string();
@@ -222,17 +246,21 @@ async fn send_all<W: tokio::io::AsyncWrite + Unpin>(
     let timed_out = || SendEnd::Failed("send request: timed out".to_string());
     for send in sends {
         gathered.extend_from_slice(&send.head);
-        let payload = send.payload.unwrap_or_default();
-        let large = payload.len() >= BURST_BUFFER / 4;
+        let size: usize = send.payload.iter().map(|p| p.len()).sum();
+        let large = size >= BURST_BUFFER / 4;
         if !large {
-            gathered.extend_from_slice(payload);
+            for part in &send.payload {
+                gathered.extend_from_slice(part);
+            }
             if gathered.len() < BURST_BUFFER {
                 continue;
             }
         }
-        let mut slices = [IoSlice::new(&gathered), IoSlice::new(payload)];
-        let slices = &mut slices[..if large { 2 } else { 1 }];
-        match tokio::time::timeout(step, write_all_vectored(&mut writer, slices)).await {
+        let mut slices = vec![IoSlice::new(&gathered)];
+        if large {
+            slices.extend(send.payload.iter().map(|p| IoSlice::new(p)));
+        }
+        match tokio::time::timeout(step, write_all_vectored(&mut writer, &mut slices)).await {
             Ok(Ok(())) => gathered.clear(),
             Ok(Err(e)) => return Err(failed(e)),
             Err(_) => return Err(timed_out()),
@@ -265,13 +293,13 @@ pub(crate) async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     Ok(())
 }
 
-async fn receive_all<R: tokio::io::AsyncRead + Unpin>(
+async fn receive_all<R: AsyncRead + Unpin>(
     reader: R,
     expects: Vec<Expect<'_>>,
     step: Duration,
     endpoint: &str,
 ) -> Burst {
-    let mut input = BufReader::with_capacity(BURST_BUFFER, reader);
+    let mut input = AnswerReader::new(reader);
     let mut results = Vec::with_capacity(expects.len());
     let stop = |results, error, timed_out| Burst {
         results,
@@ -285,7 +313,10 @@ async fn receive_all<R: tokio::io::AsyncRead + Unpin>(
     };
     for expect in expects {
         let mut raw = [0u8; RESPONSE_LEN];
-        match tokio::time::timeout(step, input.read_exact(&mut raw)).await {
+        // Buffering past the header is fine before a small payload (answers share reads), but
+        // a large one goes from the socket straight into its sink.
+        let greedy = expect.op != DataOp::Read || expect.len < (BURST_BUFFER / 4) as u64;
+        match tokio::time::timeout(step, input.read_header(&mut raw, greedy)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 let error = transfer_fail(endpoint, &format!("receive answer: {e}"));
@@ -327,18 +358,20 @@ async fn receive_all<R: tokio::io::AsyncRead + Unpin>(
             results.push(Err(error));
             continue;
         }
-        if let Some(sink) = expect.sink {
-            if answer.length != sink.len() as u64 {
+        if expect.op == DataOp::Read {
+            if answer.length != expect.len {
                 let error = transfer_fail(endpoint, "read answered with a different length");
                 return stop(results, error, false);
             }
-            match tokio::time::timeout(step, input.read_exact(sink)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    let error = transfer_fail(endpoint, &format!("receive read bytes: {e}"));
-                    return stop(results, error, false);
+            for sink in expect.sinks {
+                match tokio::time::timeout(step, input.read_payload(sink)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        let error = transfer_fail(endpoint, &format!("receive read bytes: {e}"));
+                        return stop(results, error, false);
+                    }
+                    Err(_) => return stop(results, timed_out(), true),
                 }
-                Err(_) => return stop(results, timed_out(), true),
             }
         }
         results.push(Ok(()));
@@ -346,5 +379,74 @@ async fn receive_all<R: tokio::io::AsyncRead + Unpin>(
     Burst {
         results,
         broken: None,
+    }
+}
+
+/// The reading side of a burst: answer headers come through a buffer, so the answers of small
+/// requests share reads, and payloads go from that buffer (what it already holds) and then
+/// from the socket straight into their sinks. A header read before a large payload asks the
+/// socket for no more than the header, so that payload is never copied through the buffer.
+struct AnswerReader<R> {
+    inner: R,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl<R: AsyncRead + Unpin> AnswerReader<R> {
+    fn new(inner: R) -> Self {
+        AnswerReader {
+            inner,
+            buf: vec![0u8; BURST_BUFFER].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Fills `out` with the next header; `greedy` lets the read take whatever else is there.
+    async fn read_header(
+        &mut self,
+        out: &mut [u8; RESPONSE_LEN],
+        greedy: bool,
+    ) -> std::io::Result<()> {
+        while self.end - self.start < RESPONSE_LEN {
+            if self.start > 0 && self.buf.len() - self.start < RESPONSE_LEN {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            let limit = if greedy {
+                self.buf.len()
+            } else {
+                self.start + RESPONSE_LEN
+            };
+            let n = self.inner.read(&mut self.buf[self.end..limit]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.end += n;
+        }
+        out.copy_from_slice(&self.buf[self.start..self.start + RESPONSE_LEN]);
+        self.start += RESPONSE_LEN;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Ok(())
+    }
+
+    /// Fills `sink` with the next payload bytes.
+    async fn read_payload(&mut self, sink: &mut [u8]) -> std::io::Result<()> {
+        let buffered = (self.end - self.start).min(sink.len());
+        sink[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
+        self.start += buffered;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        if buffered < sink.len() {
+            self.inner.read_exact(&mut sink[buffered..]).await?;
+        }
+        Ok(())
     }
 }

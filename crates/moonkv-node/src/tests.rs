@@ -455,6 +455,110 @@ async fn pipelined_requests_are_answered_in_order_with_a_refusal_in_the_middle()
 }
 
 #[tokio::test]
+async fn vectored_requests_gather_writes_and_scatter_reads_beside_single_ones() {
+    use moonkv_dataplane::Piece;
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(1 << 20).await;
+        let (id, base) = (f.segment.id(), f.segment.base());
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
+        // Parts of unequal sizes, large and small, so answers come both through the reader's
+        // buffer and straight into the sinks.
+        let sizes = [100_000usize, 7, 4096, 200_000, 1];
+        let parts: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|b| (b * 7 + i * 31) as u8).collect())
+            .collect();
+        let total: usize = sizes.iter().sum();
+        let small = vec![0x5au8; 300];
+        let writes = vec![
+            Piece::Write {
+                segment: id,
+                address: base + total as u64,
+                data: &small,
+                grant: &[],
+            },
+            Piece::WriteV {
+                segment: id,
+                address: base,
+                parts: parts.iter().map(Vec::as_slice).collect(),
+                grant: &[],
+            },
+        ];
+        let burst = conn.burst(writes, LIMIT).await;
+        assert!(burst.into_results(2).iter().all(|r| r.is_ok()));
+        let joined: Vec<u8> = parts.concat();
+        assert_eq!(
+            &f.segment.read_view(base, total as u64).await.unwrap()[..],
+            &joined[..]
+        );
+
+        // Read back cut differently from how it was written, around a small single read.
+        let cuts = [1usize, 150_000, 3, total - 150_004];
+        let mut back: Vec<Vec<u8>> = cuts.iter().map(|&n| vec![0u8; n]).collect();
+        let mut small_back = vec![0u8; 300];
+        let mut tail = vec![0u8; 1];
+        let reads = vec![
+            Piece::Read {
+                segment: id,
+                address: base + total as u64,
+                buf: &mut small_back,
+                grant: &[],
+            },
+            Piece::ReadV {
+                segment: id,
+                address: base,
+                bufs: back.iter_mut().map(Vec::as_mut_slice).collect(),
+                grant: &[],
+            },
+            Piece::ReadV {
+                segment: id,
+                address: base + total as u64 - 1,
+                bufs: vec![&mut tail],
+                grant: &[],
+            },
+        ];
+        let burst = conn.burst(reads, LIMIT).await;
+        assert!(burst.into_results(3).iter().all(|r| r.is_ok()));
+        assert_eq!(small_back, small);
+        assert_eq!(back.concat(), joined);
+        assert_eq!(tail, [joined[total - 1]]);
+
+        // A vectored read past the segment's end is refused as a whole and the connection
+        // stays in step for the next request.
+        let mut a = vec![0u8; 1000];
+        let mut b = vec![0u8; 1000];
+        let mut after = vec![0u8; 7];
+        let reads = vec![
+            Piece::ReadV {
+                segment: id,
+                address: base + (1 << 20) - 1500,
+                bufs: vec![&mut a, &mut b],
+                grant: &[],
+            },
+            Piece::Read {
+                segment: id,
+                address: base + 100_000,
+                buf: &mut after,
+                grant: &[],
+            },
+        ];
+        let burst = conn.burst(reads, LIMIT).await;
+        assert!(burst.broken.is_none(), "{:?}", burst.broken);
+        assert_eq!(
+            burst.results[0].as_ref().map_err(|e| e.code),
+            Err(ErrorCode::INVALID_PARAMS)
+        );
+        assert!(burst.results[1].is_ok());
+        assert_eq!(after, parts[1]);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
 async fn a_node_with_an_unusable_secret_refuses_to_start_rather_than_serve_openly() {
     let short = moonkv_proto::auth::Secret::new(b"short".to_vec());
     let config = NodeConfig::new("127.0.0.1:1", 1 << 20).with_secrets(short.map(Some), Ok(None));

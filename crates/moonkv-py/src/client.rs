@@ -118,8 +118,12 @@ impl Client {
             enable_client_http_server: false,
         };
         let settings = raw.validate().map_err(|e| raise(py, &e))?;
+        let tuning = StoreTuning {
+            rpc_timeout,
+            ..StoreTuning::from_env().map_err(|e| raise(py, &e))?
+        };
         let engine = py
-            .detach(|| Engine::start(&settings, StoreTuning { rpc_timeout }))
+            .detach(|| Engine::start(&settings, tuning))
             .map_err(|e| raise(py, &e))?;
         Ok(Client {
             engine: RwLock::new(Some(Arc::new(engine))),

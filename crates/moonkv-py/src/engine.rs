@@ -4,6 +4,7 @@
 use crate::errors::invalid;
 use crate::registry::Registry;
 use crate::settings::{host_and_port, Settings};
+use moonkv_client::store::CallerLanes;
 use moonkv_client::{Store, StoreConfig};
 use moonkv_node::{Node, NodeConfig, NodeHandle};
 use moonkv_proto::msg::{Request, ServiceReadyRequest};
@@ -38,6 +39,9 @@ pub(crate) struct Engine {
     pub local_segment: Option<String>,
     pub staging: Arc<Staging>,
     pub registry: Registry,
+    /// Runtimes driven by the calling thread, for calls that go through [`Engine::run`]
+    /// (`None`: disabled, or the master is an HA cluster).
+    lanes: Option<CallerLanes>,
 }
 
 impl Engine {
@@ -73,6 +77,7 @@ impl Engine {
                 return Err(e);
             }
         };
+        let lanes = CallerLanes::new(&store, connect.caller_lanes, connect.spin);
         let hostname = node.as_ref().map_or_else(
             || settings.local_hostname.clone(),
             |n| n.endpoint().to_string(),
@@ -85,7 +90,25 @@ impl Engine {
             hostname,
             staging: Arc::new(Staging::new(settings.local_buffer_size)),
             registry: Registry::default(),
+            lanes,
         })
+    }
+
+    /// Runs `op` on the store to completion with the GIL released: on a lane driven by the
+    /// calling thread when one is free (its answers are read by this thread, which polls for a
+    /// short while before it sleeps), else on the store's own runtime.
+    pub(crate) fn run<F, Fut>(&self, py: Python<'_>, op: F) -> Fut::Output
+    where
+        F: FnOnce(Store) -> Fut + Send,
+        Fut: Future,
+        Fut::Output: Send,
+    {
+        py.detach(
+            || match self.lanes.as_ref().and_then(CallerLanes::checkout) {
+                Some(lane) => lane.block_on(op(lane.store())),
+                None => self.block_on(op(self.store.clone())),
+            },
+        )
     }
 
     /// Runs `work` to completion with the GIL released.
@@ -108,6 +131,9 @@ impl Engine {
 
     /// Unmounts the embedded node's memory and stops it; later calls fail. Blocks.
     pub(crate) fn shut_down(&self) {
+        if let Some(lanes) = &self.lanes {
+            lanes.close();
+        }
         let node = self.node.lock().take();
         if let Some(node) = node {
             self.block_on(node.shutdown());
@@ -148,9 +174,58 @@ impl Drop for Engine {
 }
 
 /// Deadlines a store is built with (defaults are the Rust client's).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct StoreTuning {
     pub rpc_timeout: Option<Duration>,
+    /// Most lanes driven by calling threads (`MOONKV_CALLER_LANES`, 0 = none).
+    pub caller_lanes: usize,
+    /// How long a calling thread polls before it sleeps (`MOONKV_SPIN_US`).
+    pub spin: Duration,
+}
+
+impl Default for StoreTuning {
+    fn default() -> Self {
+        StoreTuning {
+            rpc_timeout: None,
+            caller_lanes: DEFAULT_CALLER_LANES,
+            spin: DEFAULT_SPIN,
+        }
+    }
+}
+
+/// Lanes a store keeps at most: one per calling thread up to this many.
+const DEFAULT_CALLER_LANES: usize = 16;
+/// Polling before sleeping: a small object's round trip on loopback fits well inside it.
+const DEFAULT_SPIN: Duration = Duration::from_micros(200);
+/// Environment variable: most caller lanes (0 turns them off).
+pub(crate) const CALLER_LANES_ENV: &str = "MOONKV_CALLER_LANES";
+/// Environment variable: microseconds a calling thread polls before it sleeps (0: never).
+pub(crate) const SPIN_ENV: &str = "MOONKV_SPIN_US";
+
+impl StoreTuning {
+    /// The defaults, with `MOONKV_CALLER_LANES` and `MOONKV_SPIN_US` applied.
+    pub(crate) fn from_env() -> Result<StoreTuning, Error> {
+        let mut tuning = StoreTuning::default();
+        if let Some(n) = env_number(CALLER_LANES_ENV, "a number of lanes")? {
+            tuning.caller_lanes = n as usize;
+        }
+        if let Some(us) = env_number(SPIN_ENV, "a number of microseconds")? {
+            tuning.spin = Duration::from_micros(us);
+        }
+        Ok(tuning)
+    }
+}
+
+fn env_number(name: &str, what: &str) -> Result<Option<u64>, Error> {
+    match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(invalid(format!("{name} is not UTF-8"))),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| invalid(format!("{name} must be {what} (a whole number), got {v:?}"))),
+    }
 }
 
 impl StoreTuning {

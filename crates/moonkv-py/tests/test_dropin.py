@@ -107,6 +107,50 @@ def test_setup_without_a_master_fails_within_the_deadline():
     assert s.health_check() == 1
 
 
+@pytest.mark.parametrize("name,value", [("MOONKV_SPIN_US", "fast"), ("MOONKV_CALLER_LANES", "-1"), ("MOONKV_SPIN_US", "1.5")])
+def test_setup_refuses_caller_lane_settings_that_are_not_whole_numbers(master, monkeypatch, caplog, name, value):
+    monkeypatch.setenv(name, value)
+    s = moonkv.MooncakeDistributedStore()
+    with caplog.at_level("ERROR", logger="moonkv"):
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master.addr) == INVALID_PARAMS
+    assert any(name in r.getMessage() for r in caplog.records), "the variable is named"
+    assert s.health_check() == 1
+
+
+@pytest.mark.parametrize("lanes,spin", [("0", "200"), ("1", "0"), ("16", "200")])
+def test_data_calls_give_the_same_answers_with_and_without_caller_lanes(store, master, monkeypatch, key, lanes, spin):
+    # `store` holds the memory (its embedded node); this one reaches it over the network.
+    monkeypatch.setenv("MOONKV_CALLER_LANES", lanes)
+    monkeypatch.setenv("MOONKV_SPIN_US", spin)
+    s = setup_store(master.addr, segment=0)
+    try:
+        value = bytes(range(256)) * 17
+        assert s.put(key, value) == 0
+        assert s.is_exist(key) == 1
+        assert s.get(key) == value
+        n = len(value)
+        buf = ctypes.create_string_buffer(4 * n)
+        ptr = ctypes.addressof(buf)
+        assert s.register_buffer(ptr, 4 * n) == 0
+        assert s.get_into(key, ptr, n) == n
+        assert buf.raw[:n] == value
+        keys = [f"{key}-{i}" for i in range(4)]
+        parts = [bytes([i]) * n for i in range(4)]
+        ctypes.memmove(ptr, b"".join(parts), 4 * n)
+        ptrs = [ptr + i * n for i in range(4)]
+        assert s.batch_put_from(keys, ptrs, [n] * 4) == [0] * 4
+        assert s.batch_is_exist(keys + [key + "-missing"]) == [1, 1, 1, 1, 0]
+        ctypes.memset(ptr, 0xEE, 4 * n)
+        assert s.batch_get_into(keys, ptrs, [n] * 4) == [n] * 4
+        assert buf.raw == b"".join(parts)
+        assert s.get(key + "-missing") == b""
+        assert s.unregister_buffer(ptr) == 0
+        assert s.remove(key, True) == 0
+        assert s.batch_remove(keys, True) == [0] * 4
+    finally:
+        s.close()
+
+
 def test_setup_twice_is_refused(store, master):
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", master.addr) == INVALID_PARAMS
 

@@ -368,6 +368,20 @@ fn a_caller_that_stalls_mid_request_loses_its_range_lock_within_the_io_deadline(
         .write_all(&RequestHeader::new(DataOp::Write, 1, id, base, size).encode())
         .unwrap();
     stalled.write_all(&[0u8; 100]).unwrap();
+    // The honest put below must come after the node took the stalled write's lock (otherwise
+    // the stalled bytes could land after it): wait until a read of the range is held up.
+    let held = (0..500).any(|_| {
+        use std::io::Read;
+        let mut probe = std::net::TcpStream::connect(&segment.endpoint).unwrap();
+        probe
+            .write_all(&RequestHeader::new(DataOp::Read, 1, id, base, 1).encode())
+            .unwrap();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        probe.read(&mut [0u8; 64]).is_err()
+    });
+    assert!(held, "the stalled write never held its range");
 
     let runtime = runtime();
     runtime.block_on(async {

@@ -139,7 +139,7 @@ impl MasterClient {
     /// Connects to the master (hello included) and returns the client.
     pub async fn connect(config: MasterClientConfig) -> Result<MasterClient> {
         let client = MasterClient::lazy(config);
-        client.connection().await?;
+        client.connect_now().await?;
         Ok(client)
     }
 
@@ -168,6 +168,16 @@ impl MasterClient {
                 hook_task: Mutex::new(None),
             }),
         }
+    }
+
+    /// Opens the connection now (hello included) instead of on the first call.
+    pub async fn connect_now(&self) -> Result<()> {
+        self.connection().await.map(drop)
+    }
+
+    /// Whether the address is `etcd://`: the client follows an HA cluster's leader.
+    pub fn follows_leader(&self) -> bool {
+        self.inner.lookup.is_some()
     }
 
     /// Identity of this client towards the master.

@@ -93,6 +93,46 @@ impl<'a> Job<'a> {
     }
 }
 
+/// Jobs that travel as one request: neighbours in one segment, moving the same way.
+type Group<'a> = Vec<Job<'a>>;
+
+/// The one request a group makes: a single range as it is, several as one vectored request.
+fn piece_of<'b>(group: &'b mut [Job<'_>]) -> Piece<'b> {
+    if let [one] = group {
+        return one.piece();
+    }
+    let (segment, address, grant) = (group[0].segment, group[0].address, group[0].grant);
+    if group[0].is_write() {
+        let parts = group
+            .iter()
+            .filter_map(|j| match &j.io {
+                JobIo::Write(data) => Some(*data),
+                JobIo::Read(_) => None,
+            })
+            .collect();
+        Piece::WriteV {
+            segment,
+            address,
+            parts,
+            grant,
+        }
+    } else {
+        let bufs = group
+            .iter_mut()
+            .filter_map(|j| match &mut j.io {
+                JobIo::Read(buf) => Some(&mut **buf),
+                JobIo::Write(_) => None,
+            })
+            .collect();
+        Piece::ReadV {
+            segment,
+            address,
+            bufs,
+            grant,
+        }
+    }
+}
+
 impl Transfer {
     /// Runs every job; one result per object index in `0..objects` (the first failure of an
     /// object's ranges, `Ok` for objects without jobs).
@@ -109,10 +149,11 @@ impl Transfer {
         let lanes = lanes.clamp(1, self.pool_cap());
         let mut work = Vec::new();
         for (endpoint, jobs) in by_node {
-            let count = lanes.min(jobs.len());
-            let mut dealt: Vec<Vec<Job<'_>>> = (0..count).map(|_| Vec::new()).collect();
-            for (i, job) in jobs.into_iter().enumerate() {
-                dealt[i % count].push(job);
+            let groups = coalesce(jobs, self.chunk_size());
+            let count = lanes.min(groups.len());
+            let mut dealt: Vec<Vec<Group<'_>>> = (0..count).map(|_| Vec::new()).collect();
+            for (i, group) in groups.into_iter().enumerate() {
+                dealt[i % count].push(group);
             }
             work.extend(dealt.into_iter().map(|lane| self.run_lane(endpoint, lane)));
         }
@@ -125,31 +166,37 @@ impl Transfer {
         results
     }
 
-    /// One connection working through its jobs as one burst; a burst on a connection from the
-    /// idle list that fails before its first answer is retried once on a new connection (the
-    /// node may have closed the idle socket).
-    async fn run_lane(&self, endpoint: &str, mut jobs: Vec<Job<'_>>) -> Vec<(usize, Result<()>)> {
-        let mut out = Vec::with_capacity(jobs.len());
-        let fail_all = |jobs: &[Job<'_>], out: &mut Vec<(usize, Result<()>)>, e: &Error| {
-            out.extend(jobs.iter().map(|j| (j.object, Err(e.clone()))));
+    /// One connection working through its requests as one burst; a burst on a connection from
+    /// the idle list that fails before its first answer is retried once on a new connection
+    /// (the node may have closed the idle socket).
+    async fn run_lane(
+        &self,
+        endpoint: &str,
+        mut groups: Vec<Group<'_>>,
+    ) -> Vec<(usize, Result<()>)> {
+        let mut out = Vec::with_capacity(groups.len());
+        let fail_all = |groups: &[Group<'_>], out: &mut Vec<(usize, Result<()>)>, e: &Error| {
+            out.extend(groups.iter().flatten().map(|j| (j.object, Err(e.clone()))));
         };
         let (mut conn, mut reused) = match self.pool().checkout(endpoint).await {
             Ok(checked_out) => checked_out,
             Err(e) => {
-                fail_all(&jobs, &mut out, &e);
+                fail_all(&groups, &mut out, &e);
                 return out;
             }
         };
         let mut done = 0;
         loop {
-            let pieces: Vec<Piece<'_>> = jobs[done..].iter_mut().map(Job::piece).collect();
+            let pieces: Vec<Piece<'_>> = groups[done..].iter_mut().map(|g| piece_of(g)).collect();
             let burst = conn.burst(pieces, self.step_timeout()).await;
             let answered = burst.results.len();
-            for (job, result) in jobs[done..].iter().zip(burst.results) {
-                if result.is_ok() {
-                    self.advance(job.len());
+            for (group, result) in groups[done..].iter().zip(burst.results) {
+                for job in group {
+                    if result.is_ok() {
+                        self.advance(job.len());
+                    }
+                    out.push((job.object, result.clone()));
                 }
-                out.push((job.object, result));
             }
             done += answered;
             let Some(broken) = burst.broken else {
@@ -159,26 +206,158 @@ impl Transfer {
             if reused && answered == 0 && !broken.timed_out {
                 reused = false;
                 if let Err(e) = self.pool().redial(&mut conn).await {
-                    fail_all(&jobs[done..], &mut out, &e);
+                    fail_all(&groups[done..], &mut out, &e);
                     return out;
                 }
                 continue;
             }
-            let rest = &jobs[done..];
+            let rest = &groups[done..];
             fail_all(rest, &mut out, &broken.error);
-            if broken.timed_out && rest.iter().any(Job::is_write) {
+            let writes: Vec<ReplicaId> = rest
+                .iter()
+                .flatten()
+                .filter(|j| j.is_write())
+                .map(|j| j.replica)
+                .collect();
+            if broken.timed_out && !writes.is_empty() {
                 // Bytes already sent may still be applied by a stalled node.
-                let ids: Vec<ReplicaId> = rest
-                    .iter()
-                    .filter(|j| j.is_write())
-                    .map(|j| j.replica)
-                    .collect();
-                self.fence(ids, conn);
+                self.fence(writes, conn);
             } else {
                 self.pool().forget(endpoint);
                 drop::<DataConnection>(conn);
             }
             return out;
         }
+    }
+}
+
+/// Sorts one node's jobs by place and merges neighbours into requests of at most `limit` bytes:
+/// ranges that follow each other in one segment, move the same way and carry no grant (a
+/// grant names one replica, so a range with one stays a request of its own). The small objects
+/// of a batch, which the master places side by side, then cost one request per `limit` bytes
+/// instead of one each.
+fn coalesce(mut jobs: Vec<Job<'_>>, limit: usize) -> Vec<Group<'_>> {
+    jobs.sort_by_key(|j| (j.segment, j.address));
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    let mut size = 0;
+    for job in jobs {
+        let follows = |last: &Job<'_>| {
+            last.segment == job.segment
+                && last.address + last.len() as u64 == job.address
+                && last.is_write() == job.is_write()
+                && last.grant.is_empty()
+                && job.grant.is_empty()
+        };
+        match groups.last_mut() {
+            Some(group) if group.last().is_some_and(follows) && size + job.len() <= limit => {
+                size += job.len();
+                group.push(job);
+            }
+            _ => {
+                size = job.len();
+                groups.push(vec![job]);
+            }
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job<'a>(
+        object: usize,
+        segment: u64,
+        address: u64,
+        io: JobIo<'a>,
+        grant: &'a [u8],
+    ) -> Job<'a> {
+        Job {
+            object,
+            replica: ReplicaId(object as u64 + 1),
+            endpoint: "node:1",
+            segment: SegmentId::new(segment, 0),
+            address,
+            grant,
+            io,
+        }
+    }
+
+    /// (first object, objects) of each group.
+    fn shape(groups: &[Group<'_>]) -> Vec<Vec<usize>> {
+        groups
+            .iter()
+            .map(|g| g.iter().map(|j| j.object).collect())
+            .collect()
+    }
+
+    #[test]
+    fn neighbours_merge_up_to_the_limit_and_everything_else_stays_apart() {
+        let mut bufs: Vec<Vec<u8>> = (0..9).map(|_| vec![0u8; 100]).collect();
+        let data = vec![1u8; 100];
+        let grant = [9u8; 4];
+        let mut it = bufs.iter_mut();
+        let mut read = |object, segment, address| {
+            job(
+                object,
+                segment,
+                address,
+                JobIo::Read(it.next().unwrap()),
+                &[],
+            )
+        };
+        // Given out of order: sorting by place puts 0..=3 side by side.
+        let mut jobs = vec![
+            read(2, 1, 1200),
+            read(0, 1, 1000),
+            read(3, 1, 1300),
+            read(1, 1, 1100),
+            // A gap before it.
+            read(4, 1, 1500),
+            // Right after 4, but in another segment.
+            read(5, 2, 1600),
+        ];
+        jobs.push(job(6, 1, 1600, JobIo::Write(&data), &[]));
+        jobs.push(job(7, 1, 1700, JobIo::Write(&data), &grant));
+        jobs.push(job(8, 1, 1800, JobIo::Write(&data), &[]));
+        let groups = coalesce(jobs, 300);
+        assert_eq!(
+            shape(&groups),
+            // 0..=2 fill the 300-byte limit; 4 follows a gap; 6 is a write after the read 4; 7
+            // carries a grant and 8 follows a granted range; segment 2 sorts last.
+            vec![
+                vec![0, 1, 2],
+                vec![3],
+                vec![4],
+                vec![6],
+                vec![7],
+                vec![8],
+                vec![5]
+            ]
+        );
+    }
+
+    #[test]
+    fn a_merged_group_is_one_vectored_request_and_a_single_range_stays_plain() {
+        let mut a = vec![0u8; 10];
+        let mut b = vec![0u8; 20];
+        let mut group = vec![
+            job(0, 1, 100, JobIo::Read(&mut a), &[]),
+            job(1, 1, 110, JobIo::Read(&mut b), &[]),
+        ];
+        match piece_of(&mut group) {
+            Piece::ReadV { address, bufs, .. } => {
+                assert_eq!(address, 100);
+                assert_eq!(bufs.iter().map(|b| b.len()).collect::<Vec<_>>(), [10, 20]);
+            }
+            _ => panic!("two neighbours make one vectored read"),
+        }
+        let data = [1u8; 5];
+        let mut single = vec![job(2, 1, 200, JobIo::Write(&data), &[])];
+        assert!(matches!(
+            piece_of(&mut single),
+            Piece::Write { address: 200, .. }
+        ));
     }
 }

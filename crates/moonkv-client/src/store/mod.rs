@@ -10,6 +10,7 @@
 //! `LEASE_EXPIRED`. Bytes from a replaced replica are never returned.
 
 mod batch;
+mod caller;
 mod lanes;
 mod parts;
 pub(crate) mod transfer;
@@ -24,6 +25,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transfer::{Transfer, TransferConfig};
+
+pub use caller::{CallerLane, CallerLanes};
 
 /// How a [`Store`] connects and moves bytes.
 #[derive(Clone, Debug)]
@@ -114,6 +117,8 @@ pub struct Store {
     master: MasterClient,
     transfer: Arc<Transfer>,
     tenant: String,
+    /// What it was built from, for [`Store::sibling`].
+    config: Arc<StoreConfig>,
 }
 
 /// Which two-phase write a call performs.
@@ -126,6 +131,13 @@ pub(crate) enum WriteKind {
 impl Store {
     /// Connects to the master and returns a store for `config.tenant`.
     pub async fn connect(config: StoreConfig) -> Result<Store> {
+        let store = Store::lazy(config)?;
+        store.master.connect_now().await?;
+        Ok(store)
+    }
+
+    /// Builds a store that connects to the master on its first call.
+    fn lazy(config: StoreConfig) -> Result<Store> {
         let tenant = checked_tenant(&config.tenant)?;
         let mut master_config = MasterClientConfig::new(config.master_addr.clone());
         if let Some(id) = config.client_id {
@@ -137,7 +149,7 @@ impl Store {
         master_config.tls = config.tls.clone();
         let tls = moonkv_dataplane::stream::TlsConnector::load_if_set(config.tls.as_ref())
             .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, format!("TLS settings: {e}")))?;
-        let master = MasterClient::connect(master_config).await?;
+        let master = MasterClient::lazy(master_config);
         let transfer = Transfer::new(TransferConfig {
             chunk_size: config.chunk_size,
             lanes: config.transfer_connections,
@@ -153,7 +165,24 @@ impl Store {
             master,
             transfer: Arc::new(transfer),
             tenant,
+            config: Arc::new(config),
         })
+    }
+
+    /// A store with the same settings, writer identity and tenant but connections of its own,
+    /// opened on first use in whichever runtime first uses them (see [`CallerLanes`]).
+    pub fn sibling(&self) -> Result<Store> {
+        let mut config = (*self.config).clone();
+        config.client_id = Some(self.master.client_id());
+        let mut store = Store::lazy(config)?;
+        store.tenant = self.tenant.clone();
+        Ok(store)
+    }
+
+    /// Background tasks this store (and its clones) still runs after a call returned: revokes
+    /// waiting for an abandoned write to settle.
+    pub fn background_tasks(&self) -> usize {
+        self.transfer.background_tasks()
     }
 
     /// The same store acting in another tenant (shares connections).
@@ -436,7 +465,7 @@ impl Store {
             return false;
         };
         let (store, key, ids) = (self.clone(), key.to_string(), ids.to_vec());
-        tokio::spawn(async move {
+        self.transfer.spawn_background(async move {
             if settled.await {
                 store.send_revoke(kind, &key, ids).await;
             } else {

@@ -15,7 +15,7 @@ use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ pub(crate) struct Transfer {
     progress: Option<Arc<AtomicU64>>,
     /// Writes whose deadline passed while the node may still be applying them, by replica.
     fences: Mutex<HashMap<ReplicaId, Vec<Fence>>>,
+    /// Tasks started by [`Transfer::spawn_background`] that have not finished.
+    background: Arc<AtomicUsize>,
 }
 
 /// How a store moves bytes (from `StoreConfig`).
@@ -85,7 +87,30 @@ impl Transfer {
             local: config.local,
             progress: config.progress,
             fences: Mutex::default(),
+            background: Arc::default(),
         }
+    }
+
+    /// Runs `task` in the current runtime, counted by [`Transfer::background_tasks`] until it
+    /// ends.
+    pub(crate) fn spawn_background(&self, task: impl Future<Output = ()> + Send + 'static) {
+        struct Done(Arc<AtomicUsize>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.background.fetch_add(1, Ordering::AcqRel);
+        let done = Done(self.background.clone());
+        tokio::spawn(async move {
+            let _done = done;
+            task.await
+        });
+    }
+
+    /// Background tasks (settling fences, deferred revokes) still running.
+    pub fn background_tasks(&self) -> usize {
+        self.background.load(Ordering::Acquire)
     }
 
     /// New data-plane connections use TLS with these settings.
@@ -96,6 +121,11 @@ impl Transfer {
 
     pub(crate) fn pool(&self) -> &ConnectionPool {
         &self.pool
+    }
+
+    /// Most bytes of one data-plane request.
+    pub(crate) fn chunk_size(&self) -> usize {
+        self.chunk_size
     }
 
     pub(crate) fn pool_cap(&self) -> usize {
@@ -141,8 +171,11 @@ impl Transfer {
 
     /// Settles `conn` in the background; writes into `replicas` count as unsettled until then.
     pub(crate) fn fence(&self, replicas: Vec<ReplicaId>, conn: DataConnection) {
-        let task = tokio::spawn(conn.fence(FENCE_LIMIT));
-        let fence: Fence = async move { task.await.unwrap_or(false) }.boxed().shared();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.spawn_background(async move {
+            let _ = tx.send(conn.fence(FENCE_LIMIT).await);
+        });
+        let fence: Fence = async move { rx.await.unwrap_or(false) }.boxed().shared();
         let mut all = self.fences.lock();
         for id in replicas {
             all.entry(id).or_default().push(fence.clone());

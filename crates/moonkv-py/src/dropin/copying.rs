@@ -59,12 +59,12 @@ impl DropIn {
                 &joined
             }
         };
-        let store = &engine.store;
-        engine.wait(py, async {
+        let (key, config) = (&key, &config);
+        engine.run(py, |store| async move {
             if upsert {
-                store.upsert(&key, value, &config).await
+                store.upsert(key, value, config).await
             } else {
-                store.put(&key, value, &config).await
+                store.put(key, value, config).await
             }
         })
     }
@@ -163,7 +163,9 @@ impl DropIn {
     ) -> Result<(Vec<u8>, StagingLease), Error> {
         let engine = self.engine()?;
         let key = key?;
-        let bytes = engine.wait(py, engine.store.get(&key)).inspect_err(|e| {
+        let wanted = key.as_str();
+        let got = engine.run(py, |store| async move { store.get(wanted).await });
+        let bytes = got.inspect_err(|e| {
             if !e.is_not_found() {
                 tracing::debug!(%key, error = %e, "get failed");
             }

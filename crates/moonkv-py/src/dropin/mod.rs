@@ -151,7 +151,14 @@ impl DropIn {
                 return Ok(code(&e));
             }
         };
-        match py.detach(|| Engine::start(&settings, StoreTuning::default())) {
+        let tuning = match StoreTuning::from_env() {
+            Ok(t) => t,
+            Err(e) => {
+                log(py, "error", &format!("setup: {}", e.message));
+                return Ok(code(&e));
+            }
+        };
+        match py.detach(|| Engine::start(&settings, tuning)) {
             Ok(engine) => {
                 *self.engine.write() = Some(Arc::new(engine));
                 Ok(0)
@@ -669,7 +676,7 @@ impl DropIn {
     fn is_exist(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<i64> {
         let key = args::key(key)?;
         let result = self.with_key(key, |engine, key| {
-            engine.wait(py, engine.store.exists(&key))
+            engine.run(py, |store| async move { store.exists(&key).await })
         });
         Ok(codes(vec![result], i64::from).remove(0))
     }
@@ -682,7 +689,8 @@ impl DropIn {
             Err(e) => return Ok(all_failed(split.merge::<()>(vec![]).len(), &e)),
         };
         let refs: Vec<&str> = split.valid.iter().map(String::as_str).collect();
-        let results = engine.wait(py, engine.store.batch_exists(&refs));
+        let refs = &refs;
+        let results = engine.run(py, |store| async move { store.batch_exists(refs).await });
         Ok(codes(split.merge(results), i64::from))
     }
 

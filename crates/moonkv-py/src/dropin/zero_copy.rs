@@ -49,8 +49,7 @@ pub(super) fn put_from(
     }
     // SAFETY: `check` found the range inside a registered buffer that `lease` keeps registered.
     let value = unsafe { registry::slice(range, &lease) };
-    let store = &engine.store;
-    engine.wait(py, async {
+    engine.run(py, |store| async move {
         if upsert {
             store.upsert(key, value, config).await
         } else {
@@ -72,7 +71,7 @@ pub(super) fn get_into(
     }
     // SAFETY: checked and leased as above; it is the call's only destination.
     let buf = unsafe { registry::slice_mut(range, &lease) };
-    engine.wait(py, engine.store.get_into(key, buf))
+    engine.run(py, |store| async move { store.get_into(key, buf).await })
 }
 
 /// `batch_put_from` / `batch_upsert_from`: one result per key.
@@ -99,17 +98,17 @@ pub(super) fn batch_put_from(
     keep_groups_of(&mut config, &split.valid_positions(), n);
     let keys: Vec<&str> = split.valid.iter().map(|(k, _)| k.as_str()).collect();
     let values: Vec<&[u8]> = split.valid.iter().map(|(_, v)| *v).collect();
-    let store = &engine.store;
-    let results = engine.wait(py, async {
+    let (keys, values, config) = (&keys, &values, &config);
+    let results = engine.run(py, |store| async move {
         if upsert {
             let writes = keys
                 .iter()
-                .zip(&values)
-                .map(|(k, v)| store.upsert(k, v, &config))
+                .zip(values)
+                .map(|(k, v)| store.upsert(k, v, config))
                 .collect::<Vec<_>>();
             join_all(writes).await
         } else {
-            store.batch_put_from(&keys, &values, &config).await
+            store.batch_put_from(keys, values, config).await
         }
     });
     split.merge(results)
@@ -136,7 +135,10 @@ pub(super) fn batch_get_into(
     let keys: Vec<String> = split.valid.iter().map(|(k, _)| k.clone()).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let mut bufs: Vec<&mut [u8]> = split.valid.drain(..).map(|(_, b)| b).collect();
-    let results = engine.wait(py, engine.store.batch_get_into(&key_refs, &mut bufs));
+    let (key_refs, bufs) = (&key_refs, &mut bufs);
+    let results = engine.run(py, |store| async move {
+        store.batch_get_into(key_refs, bufs).await
+    });
     split.merge(results)
 }
 
