@@ -5,19 +5,11 @@
 use moonkv_client::store::CallerLanes;
 use moonkv_client::{ErrorExt, ReplicateConfig, Store};
 use moonkv_master::server::{self, MasterConfig};
-use moonkv_testkit::cluster::Cluster;
+use moonkv_testkit::cluster::{runtime, Cluster};
 use moonkv_testkit::payload::pattern;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Put, read back two ways, check, remove: on a lane when one is free, else on `rt`.
 fn exercise(

@@ -17,6 +17,16 @@ pub async fn bounded<F: Future<Output = ()>>(body: F) {
         .expect("test exceeded its time limit");
 }
 
+/// A two-worker runtime for tests whose own thread blocks (plain `#[test]`s driving a cluster
+/// or a store from outside any runtime).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a test runtime")
+}
+
 /// Master plus nodes.
 pub struct Cluster {
     pub master: Option<MasterHandle>,

@@ -11,6 +11,7 @@
 use moonkv_client::store::{Store, StoreConfig};
 use moonkv_dataplane::header::{DataOp, RequestHeader};
 use moonkv_proto::{ReplicaDescriptor, ReplicateConfig, SegmentId};
+use moonkv_testkit::cluster::runtime;
 use moonkv_testkit::{Moonkv, Proc};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -33,14 +34,6 @@ fn start(args: &[&str]) -> Proc {
         .env_remove("MOONKV_GRANT_SECRET")
         .env_remove("MOONKV_GRANT_SECRET_FILE");
     Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// Whether the peer closed `stream` (end of stream or an error after any answer); does not

@@ -8,6 +8,7 @@ use moonkv_dataplane::DataConnection;
 use moonkv_proto::auth::Secret;
 use moonkv_proto::grant::{unix_now_ms, Grant, READ};
 use moonkv_proto::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
+use moonkv_testkit::cluster::runtime;
 use moonkv_testkit::{http_get, output_of, Moonkv, Proc};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -118,14 +119,6 @@ async fn replica(store: &Store, key: &str) -> ReplicaDescriptor {
     let replica = found.remove(0).replicas.remove(0);
     assert!(replica.grant.is_some(), "a secured master hands out grants");
     replica
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]

@@ -13,6 +13,7 @@ use moonkv_proto::auth::Secret;
 use moonkv_proto::msg::{EndRequest, MountSegmentRequest, PutStartRequest, UnmountSegmentRequest};
 use moonkv_proto::{ClientId, ErrorCode, ReplicaDescriptor, ReplicaType, ReplicateConfig};
 use moonkv_proto::{SegmentId, Uuid};
+use moonkv_testkit::cluster::runtime;
 use moonkv_testkit::{http_with, Moonkv, Proc};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,14 +23,6 @@ const GRANT_SECRET: &str = "stale-grant-test-grant-secret-001";
 const LIMIT: Duration = Duration::from_secs(10);
 const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
 const SIZE: usize = 64 << 10;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn secret() -> Secret {
     Secret::new(SECRET.as_bytes().to_vec()).unwrap()
