@@ -147,18 +147,6 @@ impl CallerLanes {
         self.open.load(Ordering::Acquire)
     }
 
-    /// Data-plane connections the lanes opened in all, and hold now.
-    pub fn data_plane_stats(&self) -> moonkv_dataplane::PoolStats {
-        let idle = self.idle.lock();
-        let mut total = moonkv_dataplane::PoolStats::default();
-        for lane in idle.iter() {
-            let s = lane.store.data_plane_stats();
-            total.opened += s.opened;
-            total.open += s.open;
-        }
-        total
-    }
-
     /// Closes the idle lanes' connections; lanes in use close when their call returns, and no
     /// new lane is handed out.
     pub fn close(&self) {
@@ -171,7 +159,6 @@ impl CallerLanes {
 
     fn retire(&self, lane: Lane) {
         lane.runtime.block_on(lane.store.master().close());
-        drop(lane);
         self.open.fetch_sub(1, Ordering::AcqRel);
     }
 
@@ -192,14 +179,6 @@ impl CallerLanes {
             self.retire(lane);
         } else {
             self.idle.lock().push(lane);
-        }
-    }
-}
-
-impl Drop for CallerLanes {
-    fn drop(&mut self) {
-        for lane in std::mem::take(&mut *self.idle.lock()) {
-            drop(lane);
         }
     }
 }

@@ -7,7 +7,7 @@ use super::disk::{disk_charge, DiskHandle, DiskSlot, DiskState};
 use super::object::{ObjectMeta, Placement, Replica};
 use super::replica_list::ReplicaList;
 use super::shard::After;
-use super::sink::{emit_diff, Medium};
+use super::sink::Medium;
 use super::validate::{check_key, invalid, read_tenant};
 use super::Engine;
 use moonkv_proto::msg::{MountDiskSegmentRequest, UnmountDiskSegmentRequest};
@@ -200,14 +200,7 @@ impl Engine {
                             }
                         }
                     }
-                    emit_diff(
-                        self.sink.as_ref(),
-                        &t.tenant,
-                        key,
-                        obj.group(),
-                        before,
-                        obj.media(),
-                    );
+                    self.media_changed(&t.tenant, key, obj, before);
                 }
             }
         }
@@ -281,14 +274,7 @@ impl Engine {
             return false;
         };
         handle.reattach(slot);
-        emit_diff(
-            self.sink.as_ref(),
-            tenant,
-            key,
-            obj.group(),
-            before,
-            obj.media(),
-        );
+        self.media_changed(tenant, key, obj, before);
         true
     }
 }

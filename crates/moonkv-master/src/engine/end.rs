@@ -7,7 +7,6 @@
 
 use super::object::{same_ids, ObjectMeta, PinIntent, Replica};
 use super::shard::{After, Shard};
-use super::sink::emit_diff;
 use super::validate::{check_key, read_tenant};
 use super::Engine;
 use moonkv_proto::msg::{BatchEndRequest, BatchRevokeRequest, EndRequest, RevokeRequest};
@@ -191,14 +190,7 @@ impl Engine {
             started = obj.in_flight;
             // A zero lease: a freshly written object is immediately removable and evictable.
             obj.grant_lease(now, 0);
-            emit_diff(
-                self.sink.as_ref(),
-                tenant_id,
-                args.key,
-                obj.group(),
-                before,
-                obj.media(),
-            );
+            self.media_changed(tenant_id, args.key, obj, before);
             (Ok(()), After::Keep)
         });
         if started {

@@ -11,7 +11,6 @@
 use super::disk::{disk_charge, DiskHandle, PendingOffload};
 use super::object::{ObjectMeta, Placement, Replica};
 use super::shard::After;
-use super::sink::emit_diff;
 use super::validate::read_tenant;
 use super::Engine;
 use moonkv_proto::msg::{NotifyOffloadRequest, OffloadHeartbeatRequest};
@@ -300,14 +299,7 @@ impl Engine {
         let (mut replica, still_pending) = (*pending).into_replica();
         replica.status = ReplicaStatus::Complete;
         obj.replicas.push(replica);
-        emit_diff(
-            self.sink.as_ref(),
-            tenant,
-            key,
-            obj.group(),
-            before,
-            obj.media(),
-        );
+        self.media_changed(tenant, key, obj, before);
         self.counters
             .offloads_completed
             .fetch_add(1, Ordering::Relaxed);

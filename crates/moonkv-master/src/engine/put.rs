@@ -282,14 +282,7 @@ impl Engine {
                 }
                 obj.set_pin_intent(spec.pin);
                 obj.in_flight = true;
-                emit_diff(
-                    self.sink.as_ref(),
-                    tenant,
-                    spec.key,
-                    obj.group(),
-                    before,
-                    obj.media(),
-                );
+                self.media_changed(tenant, spec.key, obj, before);
                 let descriptors = obj
                     .replicas
                     .iter()

@@ -156,6 +156,19 @@ impl Engine {
         obj: &mut ObjectMeta,
         before: MediaSet,
     ) {
+        self.media_changed(tenant, key, obj, before);
+        self.settle_charge(tenant.as_str(), obj);
+    }
+
+    /// The availability events of the media `obj` gained or lost since `before` (a change that
+    /// leaves its memory, hence its quota charge, as it was).
+    pub(crate) fn media_changed(
+        &self,
+        tenant: &TenantId,
+        key: &str,
+        obj: &ObjectMeta,
+        before: MediaSet,
+    ) {
         emit_diff(
             self.sink.as_ref(),
             tenant,
@@ -164,7 +177,6 @@ impl Engine {
             before,
             obj.media(),
         );
-        self.settle_charge(tenant.as_str(), obj);
     }
 
     /// Brings the object's quota charge in line with the memory it holds (multi-tenant mode).
