@@ -77,7 +77,23 @@ class Master:
         self.proc.wait(timeout=WAIT)
 
     def pause(self) -> None:
+        """Stops the master and returns once every one of its threads is stopped: the signal is
+        delivered asynchronously, and a thread still running could answer one more request."""
         self.proc.send_signal(signal.SIGSTOP)
+        tasks = f"/proc/{self.proc.pid}/task"
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            states = []
+            for tid in os.listdir(tasks):
+                try:
+                    with open(f"{tasks}/{tid}/stat") as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except FileNotFoundError:
+                    continue
+            if states and all(s in ("T", "t") for s in states):
+                return
+            time.sleep(0.001)
+        raise AssertionError(f"master {self.proc.pid} did not stop within {WAIT} s")
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
