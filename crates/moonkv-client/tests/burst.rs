@@ -41,6 +41,7 @@ impl Granting {
             claims: Default::default(),
             deadlines: Default::default(),
             max_connections: None,
+            refuse_same_host: false,
         };
         let server = DataServer::spawn_with_disk(listener, table, None, access).unwrap();
         Granting { server, segment }

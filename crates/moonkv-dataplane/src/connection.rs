@@ -5,7 +5,8 @@
 
 use crate::handshake::{self, Answer, Mode, ANSWER_LEN};
 use crate::header::{
-    DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN, RESPONSE_LEN,
+    AttachRequest, DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN,
+    RESPONSE_LEN,
 };
 use crate::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::auth::{Secret, NONCE_LEN, SECRET_ENV, SECRET_FILE_ENV};
@@ -21,6 +22,9 @@ pub struct DataConnection {
     next_request_id: u64,
     /// False once the stream may be out of step (I/O error); such a connection is not pooled.
     pub(crate) healthy: bool,
+    /// The node agreed to copy this connection's memory ranges straight from and to this
+    /// process (see [`DataConnection::attach`]).
+    pub(crate) attached: bool,
     /// The pool's slot this connection occupies while checked out (none while idle or fenced).
     pub(crate) permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Keeps the pool's count of open connections right when this one is dropped.
@@ -71,9 +75,69 @@ impl DataConnection {
             endpoint: endpoint.to_string(),
             next_request_id: 1,
             healthy: true,
+            attached: false,
             permit: None,
             _open: None,
         })
+    }
+
+    /// Asks the node to copy this connection's memory ranges straight between its segments and
+    /// this process's memory (`crate::same_host`). Only tried over plain TCP to a loopback
+    /// address; `Ok(false)` when not tried or when the node declines (an older node, one
+    /// started with same-host copies off, or one that cannot reach this process), and the
+    /// connection then carries bytes over the socket as before. `Err` only when the connection
+    /// itself failed.
+    pub async fn attach(&mut self, timeout: Duration) -> Result<bool> {
+        #[allow(irrefutable_let_patterns)]
+        let Stream::Plain(tcp) = &self.stream
+        else {
+            return Ok(false);
+        };
+        if !tcp.peer_addr().is_ok_and(|peer| peer.ip().is_loopback()) {
+            return Ok(false);
+        }
+        // The node reads these bytes out of this process to show it can reach it; they live
+        // until its answer has come.
+        let probe: Box<[u8; 16]> = Box::new(rand::random());
+        let request = AttachRequest {
+            pid: std::process::id(),
+            probe_address: probe.as_ptr() as u64,
+            probe: *probe,
+        };
+        let id = self.take_id();
+        let header = RequestHeader::new(
+            DataOp::Attach,
+            id,
+            SegmentId::new(0, 0),
+            0,
+            AttachRequest::LEN as u64,
+        );
+        let mut bytes = head(header, &[])?.to_vec();
+        bytes.extend_from_slice(&request.encode());
+        self.healthy = false;
+        let asked = async {
+            self.stream
+                .write_all(&bytes)
+                .await
+                .map_err(|e| self.io_fail("send attach", e))?;
+            self.read_response(id).await
+        };
+        let response = tokio::time::timeout(timeout, asked)
+            .await
+            .map_err(|_| transfer_fail(&self.endpoint, "attach: no answer in time"))??;
+        drop(probe);
+        self.healthy = stays_in_step(response.status);
+        if !self.healthy {
+            return Err(self.refused("attach", SegmentId::new(0, 0), 0, 0, response.status));
+        }
+        self.attached = response.status == DataStatus::Ok;
+        Ok(self.attached)
+    }
+
+    /// Whether the node copies this connection's memory ranges straight to and from this
+    /// process.
+    pub fn is_attached(&self) -> bool {
+        self.attached
     }
 
     pub(crate) fn stream_mut(&mut self) -> &mut Stream {

@@ -33,6 +33,135 @@ pub enum DataOp {
     /// Send the node's data-plane counters as a JSON object ([`NodeStats`]); the request has
     /// length 0, segment and address are ignored.
     Stats = 5,
+    /// Same-host read: the node copies `length` bytes at `address` straight into the caller's
+    /// memory, at the places a [`LocalPlan`] (which follows the header and grant) lists. Only on
+    /// a connection the node has attached ([`DataOp::Attach`]); answered with no payload.
+    ReadLocal = 6,
+    /// Same-host write: the node copies `length` bytes from the caller's memory, at the places
+    /// the [`LocalPlan`] lists, to `address`. No payload travels.
+    WriteLocal = 7,
+    /// Asks the node to copy this connection's bytes straight between its segments and the
+    /// caller's memory from now on; the payload is an [`AttachRequest`] (`length` is its size).
+    Attach = 8,
+}
+
+impl DataOp {
+    /// The socket op a same-host op stands for (READ for READ_LOCAL, WRITE for WRITE_LOCAL):
+    /// grants, bounds and locks are checked as for it.
+    pub fn as_socket_op(op: u8) -> u8 {
+        match op {
+            o if o == DataOp::ReadLocal as u8 => DataOp::Read as u8,
+            o if o == DataOp::WriteLocal as u8 => DataOp::Write as u8,
+            o => o,
+        }
+    }
+
+    /// Whether `op` is a same-host copy (its [`LocalPlan`] follows the header and grant).
+    pub fn is_local(op: u8) -> bool {
+        op == DataOp::ReadLocal as u8 || op == DataOp::WriteLocal as u8
+    }
+}
+
+/// Most caller ranges one [`LocalPlan`] may list (the kernel's `IOV_MAX`).
+pub const MAX_LOCAL_RANGES: usize = 1024;
+
+/// Where in the caller's memory a same-host request's bytes go (READ_LOCAL) or come from
+/// (WRITE_LOCAL), and until when the caller still waits for them.
+///
+/// Layout (big-endian): `deadline_ns: u64` (`CLOCK_MONOTONIC` of the machine both run on),
+/// `count: u32`, `0: u32`, then `count` pairs `address: u64, length: u64`. The lengths add up to
+/// the header's `length`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalPlan {
+    /// The node copies nothing once the machine's monotonic clock has passed this.
+    pub deadline_ns: u64,
+    /// Caller ranges `(address, length)`, in order.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl LocalPlan {
+    /// Fixed part of the encoding.
+    pub const FIXED_LEN: usize = 16;
+
+    /// Encoded length of a plan of `ranges` ranges.
+    pub fn encoded_len(ranges: usize) -> usize {
+        Self::FIXED_LEN + 16 * ranges
+    }
+
+    /// Appends the encoding to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.deadline_ns.to_be_bytes());
+        out.extend_from_slice(&(self.ranges.len() as u32).to_be_bytes());
+        out.extend_from_slice(&0u32.to_be_bytes());
+        for (address, len) in &self.ranges {
+            out.extend_from_slice(&address.to_be_bytes());
+            out.extend_from_slice(&len.to_be_bytes());
+        }
+    }
+
+    /// Reads the range count from the fixed part; `None` when it exceeds [`MAX_LOCAL_RANGES`].
+    pub fn count(fixed: &[u8; Self::FIXED_LEN]) -> Option<usize> {
+        let count = u32::from_be_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]) as usize;
+        (count <= MAX_LOCAL_RANGES).then_some(count)
+    }
+
+    /// Decodes the fixed part and `count` ranges; `None` when the ranges do not add up to
+    /// `length` (or overflow).
+    pub fn decode(fixed: &[u8; Self::FIXED_LEN], ranges: &[u8], length: u64) -> Option<LocalPlan> {
+        let plan = LocalPlan {
+            deadline_ns: be_u64(fixed, 0),
+            ranges: ranges
+                .chunks_exact(16)
+                .map(|pair| (be_u64(pair, 0), be_u64(pair, 8)))
+                .collect(),
+        };
+        let total = plan.ranges.iter().try_fold(0u64, |sum, (address, len)| {
+            address.checked_add(*len)?;
+            sum.checked_add(*len)
+        })?;
+        (total == length).then_some(plan)
+    }
+}
+
+/// The payload of an ATTACH request: who the caller is, and a probe the node must read out of
+/// the caller's memory to show it can reach it.
+///
+/// Layout (big-endian, [`AttachRequest::LEN`] bytes): `pid: u32` (the caller's process id as the
+/// node's `/proc` sees it), `probe_address: u64`, `probe: [u8; 16]` (the 16 bytes stored at
+/// `probe_address`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachRequest {
+    /// The caller's process id.
+    pub pid: u32,
+    /// Where the probe bytes lie in the caller's memory.
+    pub probe_address: u64,
+    /// The probe bytes.
+    pub probe: [u8; 16],
+}
+
+impl AttachRequest {
+    /// Encoded length.
+    pub const LEN: usize = 28;
+
+    /// Encodes the request.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[0..4].copy_from_slice(&self.pid.to_be_bytes());
+        out[4..12].copy_from_slice(&self.probe_address.to_be_bytes());
+        out[12..28].copy_from_slice(&self.probe);
+        out
+    }
+
+    /// Decodes the request.
+    pub fn decode(bytes: &[u8; Self::LEN]) -> AttachRequest {
+        let mut probe = [0u8; 16];
+        probe.copy_from_slice(&bytes[12..28]);
+        AttachRequest {
+            pid: u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            probe_address: be_u64(bytes, 4),
+            probe,
+        }
+    }
 }
 
 /// What a node reports to a STATS request.
@@ -44,6 +173,9 @@ pub struct NodeStats {
     pub connections_open: u64,
     /// Requests answered since the node started.
     pub requests: u64,
+    /// Same-host requests served (bytes copied straight to or from a caller on this machine).
+    #[serde(default)]
+    pub same_host_requests: u64,
 }
 
 /// Largest STATS answer a caller accepts.
@@ -82,6 +214,11 @@ pub enum DataStatus {
     /// The request's grant is missing, forged, expired, of the wrong kind or does not cover the
     /// range; the node keeps serving.
     Forbidden = 13,
+    /// A same-host request or attach the node would not or could not carry out (the connection
+    /// is not attached, the caller's deadline passed, the caller's memory could not be reached,
+    /// or the caller is not a process on the node's machine); nothing was copied and the node
+    /// keeps serving.
+    LocalRefused = 14,
 }
 
 impl DataStatus {
@@ -101,6 +238,7 @@ impl DataStatus {
             11 => DataStatus::FileReadFail,
             12 => DataStatus::Unauthenticated,
             13 => DataStatus::Forbidden,
+            14 => DataStatus::LocalRefused,
             _ => DataStatus::BadHeader,
         }
     }
@@ -126,6 +264,10 @@ impl DataStatus {
             }
             DataStatus::Forbidden => {
                 "no valid grant for this range (missing, forged, expired or for another range)"
+            }
+            DataStatus::LocalRefused => {
+                "the same-host copy was refused (connection not attached, deadline passed, or \
+                 the caller's memory unreachable)"
             }
         }
     }

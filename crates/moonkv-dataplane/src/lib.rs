@@ -11,8 +11,10 @@
 //!   master connection).
 //! - [`local`]: the handle through which an embedded node lends its segments to a store in the
 //!   same process, so local replicas are copied without the network.
+//! - [`same_host`]: what a caller on the node's own machine needs to let the node copy bytes
+//!   straight between its segments and the caller's memory (READ_LOCAL / WRITE_LOCAL).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod connection;
 pub mod handshake;
@@ -20,6 +22,7 @@ pub mod header;
 pub mod local;
 pub mod pipeline;
 pub mod pool;
+pub mod same_host;
 pub mod stream;
 
 pub use connection::DataConnection;

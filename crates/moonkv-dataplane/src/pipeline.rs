@@ -12,7 +12,9 @@
 //! the node closes the connection fails that request and every later one of the burst.
 
 use crate::connection::{head, refusal, stays_in_step, transfer_fail, DataConnection, HeadBytes};
-use crate::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use crate::header::{
+    DataOp, DataStatus, LocalPlan, RequestHeader, ResponseHeader, MAX_LOCAL_RANGES, RESPONSE_LEN,
+};
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::io::IoSlice;
 use std::pin::pin;
@@ -123,6 +125,8 @@ impl Burst {
 /// What the writer sends for one piece.
 struct Send<'a> {
     head: HeadBytes,
+    /// Bytes that follow the head before any payload (a same-host request's plan).
+    extra: Vec<u8>,
     payload: Vec<&'a [u8]>,
 }
 
@@ -133,7 +137,7 @@ struct Expect<'a> {
     segment: SegmentId,
     address: u64,
     len: u64,
-    /// Where a read's payload goes, in order (empty for a write).
+    /// Where a read's payload goes, in order (empty for a write and a same-host request).
     sinks: Vec<&'a mut [u8]>,
 }
 
@@ -143,6 +147,9 @@ impl DataConnection {
     pub async fn burst(&mut self, pieces: Vec<Piece<'_>>, step: Duration) -> Burst {
         let mut sends = Vec::with_capacity(pieces.len());
         let mut expects = Vec::with_capacity(pieces.len());
+        // Same-host requests name the caller's memory instead of carrying bytes; the node copies
+        // nothing after this (see `crate::same_host`).
+        let deadline_ns = self.attached.then(|| crate::same_host::deadline_for(step));
         for piece in pieces {
             let id = self.take_id();
             let len = piece.len();
@@ -172,6 +179,39 @@ impl DataConnection {
                     grant,
                 } => (DataOp::Write, segment, address, grant, parts, vec![]),
             };
+            let ranges: Vec<(u64, u64)> = match deadline_ns {
+                None => Vec::new(),
+                Some(_) if op == DataOp::Read => sinks
+                    .iter()
+                    .filter(|b| !b.is_empty())
+                    .map(|b| (b.as_ptr() as u64, b.len() as u64))
+                    .collect(),
+                Some(_) => payload
+                    .iter()
+                    .filter(|p| !p.is_empty())
+                    .map(|p| (p.as_ptr() as u64, p.len() as u64))
+                    .collect(),
+            };
+            let local = match deadline_ns {
+                Some(deadline_ns) if ranges.len() <= MAX_LOCAL_RANGES => Some(LocalPlan {
+                    deadline_ns,
+                    ranges,
+                }),
+                _ => None,
+            };
+            let (op, payload, sinks, extra) = match local {
+                None => (op, payload, sinks, Vec::new()),
+                Some(plan) => {
+                    let mut extra = Vec::with_capacity(LocalPlan::encoded_len(plan.ranges.len()));
+                    plan.encode_into(&mut extra);
+                    let local_op = if op == DataOp::Read {
+                        DataOp::ReadLocal
+                    } else {
+                        DataOp::WriteLocal
+                    };
+                    (local_op, vec![], vec![], extra)
+                }
+            };
             let head = match head(
                 RequestHeader::new(op, id, segment, address, len as u64),
                 grant,
@@ -188,7 +228,11 @@ impl DataConnection {
                     }
                 }
             };
-            sends.push(Send { head, payload });
+            sends.push(Send {
+                head,
+                extra,
+                payload,
+            });
             expects.push(Expect {
                 request_id: id,
                 op,
@@ -246,6 +290,7 @@ async fn send_all<W: tokio::io::AsyncWrite + Unpin>(
     let timed_out = || SendEnd::Failed("send request: timed out".to_string());
     for send in sends {
         gathered.extend_from_slice(&send.head);
+        gathered.extend_from_slice(&send.extra);
         let size: usize = send.payload.iter().map(|p| p.len()).sum();
         let large = size >= BURST_BUFFER / 4;
         if !large {
@@ -339,10 +384,11 @@ async fn receive_all<R: AsyncRead + Unpin>(
             );
         }
         if answer.status != DataStatus::Ok {
-            let what = if expect.op == DataOp::Read {
-                "read"
-            } else {
-                "write"
+            let what = match expect.op {
+                DataOp::Read => "read",
+                DataOp::ReadLocal => "same-host read",
+                DataOp::WriteLocal => "same-host write",
+                _ => "write",
             };
             let error = refusal(
                 endpoint,

@@ -26,6 +26,7 @@ pub struct PoolCounters {
     opened: AtomicU64,
     open: AtomicU64,
     waited: AtomicU64,
+    attached: AtomicU64,
 }
 
 /// A point-in-time copy of [`PoolCounters`].
@@ -37,6 +38,8 @@ pub struct PoolStats {
     pub open: u64,
     /// Checkouts that had to wait because an endpoint was at its cap.
     pub waited: u64,
+    /// Connections dialled whose node copies straight to and from this process (same host).
+    pub attached: u64,
 }
 
 impl PoolCounters {
@@ -45,6 +48,7 @@ impl PoolCounters {
             opened: self.opened.load(Ordering::Relaxed),
             open: self.open.load(Ordering::Relaxed),
             waited: self.waited.load(Ordering::Relaxed),
+            attached: self.attached.load(Ordering::Relaxed),
         }
     }
 }
@@ -72,6 +76,7 @@ pub struct ConnectionPool {
     connect_timeout: Duration,
     secret: Option<Secret>,
     tls: Option<TlsConnector>,
+    same_host: bool,
     counters: Arc<PoolCounters>,
 }
 
@@ -85,8 +90,16 @@ impl ConnectionPool {
             connect_timeout,
             secret,
             tls: None,
+            same_host: false,
             counters: Arc::default(),
         }
+    }
+
+    /// New connections to nodes on this machine ask for same-host copies
+    /// ([`DataConnection::attach`]).
+    pub fn with_same_host(mut self, same_host: bool) -> Self {
+        self.same_host = same_host;
+        self
     }
 
     /// New connections use TLS with these settings.
@@ -160,6 +173,11 @@ impl ConnectionPool {
             self.tls.as_ref(),
         )
         .await?;
+        if self.same_host && self.tls.is_none() {
+            if conn.attach(self.connect_timeout).await? {
+                self.counters.attached.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
         self.counters.open.fetch_add(1, Ordering::Relaxed);
         conn._open = Some(OpenGuard(self.counters.clone()));

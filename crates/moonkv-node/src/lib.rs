@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod node;
 mod offload;
 mod range_lock;
+mod same_host;
 pub mod segment;
 pub mod server;
 mod timed;
@@ -38,3 +39,5 @@ pub use node::{DiskConfig, Node, NodeConfig, NodeHandle};
 mod tests;
 #[cfg(test)]
 mod tests_auth;
+#[cfg(test)]
+mod tests_same_host;

@@ -18,9 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The data-plane operations, with their `op` label.
-const OPS: [(DataOp, &str); 5] = [
+const OPS: [(DataOp, &str); 7] = [
     (DataOp::Read, "read"),
     (DataOp::Write, "write"),
+    (DataOp::ReadLocal, "read_local"),
+    (DataOp::WriteLocal, "write_local"),
     (DataOp::FileRead, "file_read"),
     (DataOp::FileWrite, "file_write"),
     (DataOp::Stats, "stats"),

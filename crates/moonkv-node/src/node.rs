@@ -78,6 +78,9 @@ pub struct NodeConfig {
     pub data_deadlines: crate::Deadlines,
     /// Most data-plane connections open at once; more are closed at accept.
     pub data_max_connections: usize,
+    /// Decline same-host copies (`docs/data-plane.md`): callers on this machine then move
+    /// bytes over the socket like remote ones.
+    pub refuse_same_host: bool,
 }
 
 impl NodeConfig {
@@ -105,6 +108,7 @@ impl NodeConfig {
             secret_error: None,
             data_deadlines: crate::Deadlines::default(),
             data_max_connections: 4096,
+            refuse_same_host: false,
         }
         .with_secrets(
             moonkv_proto::auth::Secret::from_env(),
@@ -210,6 +214,7 @@ impl Node {
             claims: Arc::default(),
             deadlines: config.data_deadlines,
             max_connections: Some(config.data_max_connections),
+            refuse_same_host: config.refuse_same_host,
         };
         let local_views: Vec<Arc<dyn LocalSegment>> = memories
             .iter()

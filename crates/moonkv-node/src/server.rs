@@ -5,11 +5,13 @@
 
 use crate::claims::Claims;
 use crate::disk::{format::MAX_TENANT_LEN, with_cause, DiskFault, DiskStore, WriteError};
+use crate::same_host;
 use crate::segment::SegmentMemory;
 use crate::timed::{Deadlines, Timed};
 use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use moonkv_dataplane::header::{
-    DataOp, DataStatus, FileMeta, NodeStats, RequestHeader, ResponseHeader, REQUEST_LEN,
+    AttachRequest, DataOp, DataStatus, FileMeta, LocalPlan, NodeStats, RequestHeader,
+    ResponseHeader, REQUEST_LEN,
 };
 use moonkv_dataplane::stream::{Stream, TlsAcceptor};
 use moonkv_proto::auth::{Secret, NONCE_LEN};
@@ -57,6 +59,8 @@ pub struct Access {
     pub deadlines: Deadlines,
     /// Most connections open at once; more are closed at accept (`None`: no cap).
     pub max_connections: Option<usize>,
+    /// Decline same-host copies: callers on this machine move bytes over the socket too.
+    pub refuse_same_host: bool,
 }
 
 /// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
@@ -75,6 +79,7 @@ pub(crate) struct Counters {
     opened: AtomicU64,
     open: AtomicU64,
     requests: AtomicU64,
+    same_host: AtomicU64,
 }
 
 impl Counters {
@@ -83,6 +88,7 @@ impl Counters {
             connections_opened: self.opened.load(Ordering::Relaxed),
             connections_open: self.open.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
+            same_host_requests: self.same_host.load(Ordering::Relaxed),
         }
     }
 }
@@ -231,6 +237,13 @@ async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()
 
 /// [`open_and_serve`] once the caller has sent its first byte.
 async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
+    // Same-host copies are offered only on plain connections from this machine.
+    let ends = match (stream.peer_addr(), stream.local_addr()) {
+        (Ok(peer), Ok(local)) if served.access.tls.is_none() && !served.access.refuse_same_host => {
+            Some((peer, local))
+        }
+        _ => None,
+    };
     let stream = match &served.access.tls {
         None => Stream::Plain(stream),
         Some(tls) => {
@@ -252,17 +265,21 @@ async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::R
                 })?
         }
     };
-    serve_connection(stream, served).await
+    serve_connection(stream, served, ends).await
 }
 
 /// Serves one connection until the peer closes it or sends something unrecoverable.
-pub(crate) async fn serve_connection(stream: Stream, served: Arc<Served>) -> io::Result<()> {
+pub(crate) async fn serve_connection(
+    stream: Stream,
+    served: Arc<Served>,
+    ends: Option<(SocketAddr, SocketAddr)>,
+) -> io::Result<()> {
     let deadlines = served.access.deadlines;
     let mut conn = BufReader::with_capacity(
         CONNECTION_BUFFER,
         BufWriter::with_capacity(CONNECTION_BUFFER, Timed::new(stream, deadlines.io)),
     );
-    let served_until = serve_requests(&mut conn, &served).await;
+    let served_until = serve_requests(&mut conn, &served, ends).await;
     // Answers still buffered (the last one before a close, say) go out before the socket does.
     let _ = conn.flush().await;
     served_until
@@ -271,7 +288,11 @@ pub(crate) async fn serve_connection(stream: Stream, served: Arc<Served>) -> io:
 /// The request loop of one connection. Answers are buffered while more requests are already
 /// waiting, so a pipelined burst is answered with few writes, and flushed before the loop waits
 /// for the caller.
-async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
+async fn serve_requests(
+    stream: &mut Conn,
+    served: &Served,
+    ends: Option<(SocketAddr, SocketAddr)>,
+) -> io::Result<()> {
     let mut raw = [0u8; REQUEST_LEN];
     if !read_header(stream, &mut raw[..HELLO_MAGIC.len()], 0).await? {
         return Ok(());
@@ -289,6 +310,8 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
     }
     let mut grant = [0u8; GRANT_LEN];
     let deadlines = served.access.deadlines;
+    // The caller process, once it attached this connection for same-host copies.
+    let mut attached: Option<same_host::Peer> = None;
     loop {
         if stream.buffer().is_empty() && !more_waiting(stream)? {
             stream.flush().await?;
@@ -321,6 +344,22 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
             ));
         }
         stream.read_exact(&mut grant[..grant_len]).await?;
+        if header.op == DataOp::Attach as u8 {
+            // Grants nothing by itself: every same-host request still needs its grant.
+            attached = attach(stream, &header, ends).await?;
+            continue;
+        }
+        let plan = if DataOp::is_local(header.op) {
+            match read_plan(stream, &header).await? {
+                Ok(plan) => Some(plan),
+                Err(status) => {
+                    respond(stream, status, header.request_id).await?;
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
         let mut granted_file_size = None;
         if let Some(key) = &served.access.grant_key {
             match check_grant(key, &served.access.claims, &header, &grant[..grant_len]) {
@@ -356,6 +395,15 @@ async fn serve_requests(stream: &mut Conn, served: &Served) -> io::Result<()> {
             }
             op if op == DataOp::Write as u8 => {
                 serve_write(stream, &header, served.segment(id)).await?
+            }
+            op if DataOp::is_local(op) => {
+                let plan = plan.as_ref().expect("read with the header");
+                let ok = serve_local(stream, &header, served.segment(id), attached.as_ref(), plan)
+                    .await?;
+                if ok {
+                    served.counters.same_host.fetch_add(1, Ordering::Relaxed);
+                }
+                ok
             }
             op if op == DataOp::FileRead as u8 => {
                 serve_file_read(stream, &header, served.disk(id)).await?
@@ -474,7 +522,7 @@ fn check_grant(
 ) -> Result<Option<u64>, Refusal> {
     let grant = Grant::open(secret, h.segment_id, token)?;
     let now = moonkv_proto::grant::unix_now_ms();
-    match h.op {
+    match DataOp::as_socket_op(h.op) {
         op if op == DataOp::Read as u8 => {
             claims.admit_range(h.segment_id, &grant, h.address, h.length, false)
         }
@@ -643,6 +691,176 @@ async fn refuse_write(stream: &mut Conn, h: &RequestHeader, status: DataStatus) 
         left -= take as u64;
     }
     respond(stream, status, h.request_id).await
+}
+
+/// Answers an ATTACH request: verifies that the process it names is the caller at the other
+/// end of this connection and that its memory can be reached (see [`crate::same_host`]).
+/// Returns the attached caller, or `None` (answered `LOCAL_REFUSED`) when same-host copies are
+/// off, the connection is not from this machine, or the check fails.
+async fn attach(
+    stream: &mut Conn,
+    h: &RequestHeader,
+    ends: Option<(SocketAddr, SocketAddr)>,
+) -> io::Result<Option<same_host::Peer>> {
+    if h.length != AttachRequest::LEN as u64 {
+        respond(stream, DataStatus::BadHeader, h.request_id).await?;
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad attach request length",
+        ));
+    }
+    let mut raw = [0u8; AttachRequest::LEN];
+    stream.read_exact(&mut raw).await?;
+    let request = AttachRequest::decode(&raw);
+    let verified = match ends {
+        None => Err("same-host copies are off on this connection".to_string()),
+        Some((peer, local)) => tokio::task::spawn_blocking(move || {
+            same_host::verify(
+                request.pid,
+                peer,
+                local,
+                request.probe_address,
+                request.probe,
+            )
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("verification failed: {e}"))),
+    };
+    match verified {
+        Ok(peer) => {
+            tracing::debug!(
+                pid = request.pid,
+                "data-plane connection attached for same-host copies"
+            );
+            respond(stream, DataStatus::Ok, h.request_id).await?;
+            Ok(Some(peer))
+        }
+        Err(why) => {
+            tracing::debug!(pid = request.pid, %why, "same-host attach declined");
+            respond(stream, DataStatus::LocalRefused, h.request_id).await?;
+            Ok(None)
+        }
+    }
+}
+
+/// Reads the plan of a same-host request. A plan listing too many ranges cannot be skipped
+/// safely: answered `BAD_HEADER` and the connection closed (`Err`). One whose ranges do not add
+/// up to the header's length is consumed and refused (`Ok(Err)`).
+async fn read_plan(
+    stream: &mut Conn,
+    h: &RequestHeader,
+) -> io::Result<Result<LocalPlan, DataStatus>> {
+    let mut fixed = [0u8; LocalPlan::FIXED_LEN];
+    stream.read_exact(&mut fixed).await?;
+    let Some(count) = LocalPlan::count(&fixed) else {
+        respond(stream, DataStatus::BadHeader, h.request_id).await?;
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "same-host request with too many ranges",
+        ));
+    };
+    let mut ranges = vec![0u8; count * 16];
+    stream.read_exact(&mut ranges).await?;
+    Ok(LocalPlan::decode(&fixed, &ranges, h.length).ok_or(DataStatus::OutOfRange))
+}
+
+/// Bytes a same-host copy moves between two looks at the caller's deadline and the runtime.
+const LOCAL_STEP: usize = 4 << 20;
+
+/// Serves READ_LOCAL / WRITE_LOCAL: the range is checked and locked exactly as for READ / WRITE,
+/// then copied straight between segment memory and the caller's ranges, in steps, each only
+/// while the caller's deadline has not passed and the caller still runs.
+async fn serve_local(
+    stream: &mut Conn,
+    h: &RequestHeader,
+    segment: Option<Arc<SegmentMemory>>,
+    peer: Option<&same_host::Peer>,
+    plan: &LocalPlan,
+) -> io::Result<bool> {
+    let Some(segment) = segment else {
+        return respond(stream, DataStatus::UnknownSegment, h.request_id)
+            .await
+            .map(|()| false);
+    };
+    let Some(peer) = peer else {
+        return respond(stream, DataStatus::LocalRefused, h.request_id)
+            .await
+            .map(|()| false);
+    };
+    if let Err(status) = segment.check(h.address, h.length) {
+        return respond(stream, status, h.request_id).await.map(|()| false);
+    }
+    let write = h.op == DataOp::WriteLocal as u8;
+    let copied = if write {
+        match segment.write_view(h.address, h.length).await {
+            Ok(mut view) => {
+                copy_local(peer, plan, view.len(), |at, ranges| {
+                    let end = (at + LOCAL_STEP).min(view.len());
+                    peer.read_from(&mut view[at..end], ranges)
+                })
+                .await
+            }
+            Err(status) => Err(status),
+        }
+    } else {
+        match segment.read_view(h.address, h.length).await {
+            Ok(view) => {
+                copy_local(peer, plan, view.len(), |at, ranges| {
+                    let end = (at + LOCAL_STEP).min(view.len());
+                    peer.write_to(&view[at..end], ranges)
+                })
+                .await
+            }
+            Err(status) => Err(status),
+        }
+    };
+    let status = copied.err().unwrap_or(DataStatus::Ok);
+    respond(stream, status, h.request_id)
+        .await
+        .map(|()| status == DataStatus::Ok)
+}
+
+/// Runs `step(offset, caller ranges)` over `len` bytes in steps of [`LOCAL_STEP`].
+async fn copy_local(
+    peer: &same_host::Peer,
+    plan: &LocalPlan,
+    len: usize,
+    mut step: impl FnMut(usize, &[(u64, u64)]) -> io::Result<()>,
+) -> Result<(), DataStatus> {
+    let mut at = 0;
+    while at < len {
+        if moonkv_dataplane::same_host::monotonic_now_ns() >= plan.deadline_ns || !peer.alive() {
+            return Err(DataStatus::LocalRefused);
+        }
+        let take = LOCAL_STEP.min(len - at);
+        let ranges = ranges_between(&plan.ranges, at as u64, take as u64);
+        if let Err(e) = step(at, &ranges) {
+            tracing::debug!(error = %e, "same-host copy failed");
+            return Err(DataStatus::LocalRefused);
+        }
+        at += take;
+        if at < len {
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(())
+}
+
+/// The part of `ranges` (laid end to end) covering bytes `[from, from + len)`.
+fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
+    let (end, mut pos) = (from + len, 0u64);
+    let mut out = Vec::new();
+    for &(address, size) in ranges {
+        let (start, stop) = (pos.max(from), (pos + size).min(end));
+        if start < stop {
+            out.push((address + (start - pos), stop - start));
+        }
+        pos += size;
+        if pos >= end {
+            break;
+        }
+    }
+    out
 }
 
 /// The data-plane answer to a disk fault.

@@ -47,6 +47,7 @@ async fn secured(node_secret: Option<Secret>) -> Secured {
         claims: Default::default(),
         deadlines: Default::default(),
         max_connections: None,
+        refuse_same_host: false,
     };
     let server = DataServer::spawn_with_disk(listener, table, Some(disk.clone()), access).unwrap();
     Secured {

@@ -69,6 +69,10 @@ pub struct NodeArgs {
     /// Most data-plane connections open at once; more are closed at accept.
     #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub data_max_connections: u32,
+    /// Decline same-host copies: callers on this machine then send their bytes over the
+    /// socket instead of letting the node copy them straight to and from their memory.
+    #[arg(long)]
+    pub no_same_host: bool,
     /// Serve the node's Prometheus metrics on `/metrics` at this address, e.g. `0.0.0.0:9310`
     /// (port 0 picks a free port); unset = no metrics endpoint.
     #[arg(long, value_name = "ADDR")]
@@ -168,6 +172,7 @@ impl NodeArgs {
             min_rate: self.data_min_rate,
         };
         config.data_max_connections = self.data_max_connections as usize;
+        config.refuse_same_host = self.no_same_host;
         config.data_bind = self.data_bind.clone();
         config.advertise_host = self.advertise_host.clone();
         config.host_id = self.host_id.clone().unwrap_or_else(host_name);

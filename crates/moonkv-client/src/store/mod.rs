@@ -63,6 +63,10 @@ pub struct StoreConfig {
     /// Connect to the master and to nodes over TLS, verifying them against this CA
     /// (`MOONKV_TLS_CA_FILE` by default); `None` = plain TCP.
     pub tls: Option<moonkv_dataplane::stream::TlsClientConfig>,
+    /// Ask nodes on this machine to copy bytes straight to and from this process's memory
+    /// (`docs/data-plane.md`, *Same-host copies*); on unless `MOONKV_SAME_HOST=0`. Never over
+    /// TLS.
+    pub same_host: bool,
 }
 
 impl StoreConfig {
@@ -84,6 +88,7 @@ impl StoreConfig {
             progress: None,
             auth_secret: crate::util::secret_from_env(),
             tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
+            same_host: moonkv_dataplane::same_host::enabled_by_env().unwrap_or(true),
         }
     }
 }
@@ -139,6 +144,8 @@ impl Store {
     /// Builds a store that connects to the master on its first call.
     fn lazy(config: StoreConfig) -> Result<Store> {
         let tenant = checked_tenant(&config.tenant)?;
+        moonkv_dataplane::same_host::enabled_by_env()
+            .map_err(|why| Error::new(ErrorCode::INVALID_PARAMS, why))?;
         let mut master_config = MasterClientConfig::new(config.master_addr.clone());
         if let Some(id) = config.client_id {
             master_config.client_id = id;
@@ -159,6 +166,7 @@ impl Store {
             local: config.local_segments.clone(),
             progress: config.progress.clone(),
             secret: config.auth_secret.clone(),
+            same_host: config.same_host,
         })
         .with_tls(tls);
         Ok(Store {

@@ -71,6 +71,7 @@ pub(crate) struct TransferConfig {
     pub local: Option<LocalSegments>,
     pub progress: Option<Arc<AtomicU64>>,
     pub secret: Option<Secret>,
+    pub same_host: bool,
 }
 
 impl Transfer {
@@ -80,7 +81,8 @@ impl Transfer {
                 config.connections_per_node,
                 config.connect_timeout,
                 config.secret,
-            ),
+            )
+            .with_same_host(config.same_host),
             chunk_size: config.chunk_size.max(4096),
             lanes: config.lanes.max(1),
             timeout: config.timeout,

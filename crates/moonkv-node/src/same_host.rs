@@ -1,0 +1,285 @@
+//! The node's side of same-host copies (`docs/data-plane.md`, *Same-host copies*).
+//!
+//! A caller on the node's machine attaches its connection by naming its process id. Before
+//! the node touches that process's memory it makes sure the process really is the caller:
+//! the connection's peer is a loopback address, the peer end of this very TCP connection (found
+//! in `/proc/net/tcp`) is an open file of that process (`/proc/PID/fd`), and the node can read
+//! the probe bytes the caller sent out of the caller's memory. A caller therefore cannot make
+//! the node read or write any process but itself. The process is then held by a pidfd, so a
+//! caller that exits is noticed before each copy, and its id can never lead to another process.
+//!
+//! The copies themselves are `process_vm_readv` / `process_vm_writev` between the segment bytes
+//! (under the same range lock as a socket request) and the caller's ranges. The kernel allows
+//! them only where it already lets the node's user trace the caller (same user, or a
+//! privileged node); anywhere else the attach is declined and the caller keeps using the socket.
+
+use std::fs;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// An attached caller process.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+}
+
+impl Peer {
+    /// Whether the caller process still runs (its pidfd is not yet readable).
+    pub(crate) fn alive(&self) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        let rc = unsafe { libc::poll(&mut poll, 1, 0) };
+        rc == 0
+    }
+
+    /// Copies `src` into the caller's `ranges` (whose lengths add up to `src.len()`).
+    pub(crate) fn write_to(&self, src: &[u8], ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.copy(src.as_ptr() as *mut u8, src.len(), ranges, true)
+    }
+
+    /// Fills `dst` from the caller's `ranges` (whose lengths add up to `dst.len()`).
+    pub(crate) fn read_from(&self, dst: &mut [u8], ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.copy(dst.as_mut_ptr(), dst.len(), ranges, false)
+    }
+
+    fn copy(&self, local: *mut u8, len: usize, ranges: &[(u64, u64)], out: bool) -> io::Result<()> {
+        let mut remote: Vec<libc::iovec> = ranges
+            .iter()
+            .map(|&(address, len)| libc::iovec {
+                iov_base: address as usize as *mut libc::c_void,
+                iov_len: len as usize,
+            })
+            .collect();
+        let mut done = 0usize;
+        let mut first = 0usize;
+        while done < len {
+            let local_iov = libc::iovec {
+                // SAFETY (of the pointer arithmetic): `done < len`, inside the local buffer.
+                iov_base: unsafe { local.add(done) }.cast(),
+                iov_len: len - done,
+            };
+            let rest = &remote[first..];
+            // SAFETY: the local iovec covers `[local + done, local + len)`, memory the caller of
+            // this function lent us for the call (readable for `out`, writable otherwise); the
+            // remote iovecs name the other process's memory, which the kernel checks itself.
+            let n = unsafe {
+                if out {
+                    libc::process_vm_writev(
+                        self.pid,
+                        &local_iov,
+                        1,
+                        rest.as_ptr(),
+                        rest.len() as libc::c_ulong,
+                        0,
+                    )
+                } else {
+                    libc::process_vm_readv(
+                        self.pid,
+                        &local_iov,
+                        1,
+                        rest.as_ptr(),
+                        rest.len() as libc::c_ulong,
+                        0,
+                    )
+                }
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "the caller's memory took no bytes",
+                ));
+            }
+            let mut n = n as usize;
+            done += n;
+            // Skip the remote ranges the copy filled, and shorten a partly filled one.
+            while n > 0 && first < remote.len() {
+                let take = n.min(remote[first].iov_len);
+                remote[first].iov_base = (remote[first].iov_base as usize + take) as *mut _;
+                remote[first].iov_len -= take;
+                n -= take;
+                if remote[first].iov_len == 0 {
+                    first += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks that process `pid` is the caller at the other end of the connection `local ↔ peer`
+/// and that its memory can be reached (the 16 `probe` bytes lie at `probe_address` there).
+/// Blocking: reads `/proc`.
+pub(crate) fn verify(
+    pid: u32,
+    peer: SocketAddr,
+    local: SocketAddr,
+    probe_address: u64,
+    probe: [u8; 16],
+) -> Result<Peer, String> {
+    if !peer.ip().is_loopback() {
+        return Err(format!("peer {peer} is not a loopback address"));
+    }
+    let pid = libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("{pid} is not a process id"))?;
+    // Hold the process before checking it, so the checks are about the process held.
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(format!(
+            "no process {pid} here: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let inode = peer_socket_inode(peer, local)?;
+    let wanted = format!("socket:[{inode}]");
+    let fds = fs::read_dir(format!("/proc/{pid}/fd"))
+        .map_err(|e| format!("cannot list the files of process {pid}: {e}"))?;
+    let holds = fds.flatten().any(|entry| {
+        fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == wanted.as_str())
+    });
+    if !holds {
+        return Err(format!(
+            "process {pid} does not hold this connection (its socket {wanted})"
+        ));
+    }
+    let peer = Peer { pid, pidfd };
+    if !peer.alive() {
+        return Err(format!("process {pid} has exited"));
+    }
+    let mut seen = [0u8; 16];
+    peer.read_from(&mut seen, &[(probe_address, 16)])
+        .map_err(|e| format!("cannot read the memory of process {pid}: {e}"))?;
+    if seen != probe {
+        return Err(format!(
+            "the probe at {probe_address:#x} in process {pid} does not match"
+        ));
+    }
+    Ok(peer)
+}
+
+/// The inode of the caller's end of the TCP connection `local ↔ peer` (this node's end is
+/// `local`), from `/proc/net/tcp` or `/proc/net/tcp6` of the node's network namespace.
+fn peer_socket_inode(peer: SocketAddr, local: SocketAddr) -> Result<u64, String> {
+    let table = match peer.ip() {
+        IpAddr::V4(_) => "/proc/net/tcp",
+        IpAddr::V6(_) => "/proc/net/tcp6",
+    };
+    let text = fs::read_to_string(table).map_err(|e| format!("cannot read {table}: {e}"))?;
+    let (want_local, want_remote) = (proc_address(peer), proc_address(local));
+    for line in text.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() > 9 && fields[1] == want_local && fields[2] == want_remote {
+            return fields[9]
+                .parse()
+                .map_err(|_| format!("bad inode in {table}: {line}"));
+        }
+    }
+    Err(format!(
+        "the caller's end {peer} of this connection is not a socket of this machine"
+    ))
+}
+
+/// How `/proc/net/tcp{,6}` writes an address: the address as 32-bit words in the machine's
+/// byte order, in hex, then the port.
+fn proc_address(addr: SocketAddr) -> String {
+    let words: Vec<u32> = match addr.ip() {
+        IpAddr::V4(ip) => vec![u32::from_ne_bytes(ip.octets())],
+        IpAddr::V6(ip) => ip
+            .octets()
+            .chunks_exact(4)
+            .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+            .collect(),
+    };
+    let mut out: String = words.iter().map(|w| format!("{w:08X}")).collect();
+    out.push_str(&format!(":{:04X}", addr.port()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_addresses_are_written_as_the_kernel_writes_them() {
+        let v4: SocketAddr = "127.0.0.1:50051".parse().unwrap();
+        if cfg!(target_endian = "little") {
+            assert_eq!(proc_address(v4), "0100007F:C383");
+            let v6: SocketAddr = "[::1]:80".parse().unwrap();
+            assert_eq!(proc_address(v6), "00000000000000000000000001000000:0050");
+        }
+    }
+
+    #[test]
+    fn a_process_is_verified_only_for_a_connection_it_holds() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        let local = server.local_addr().unwrap();
+        let probe: Box<[u8; 16]> = Box::new(*b"0123456789abcdef");
+        let me = std::process::id();
+        let at = probe.as_ptr() as u64;
+        let attached = verify(me, peer, local, at, *probe).unwrap();
+        assert!(attached.alive());
+        // A wrong probe, another process, and a connection this process does not hold.
+        assert!(verify(me, peer, local, at, [0; 16])
+            .unwrap_err()
+            .contains("probe"));
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let other = verify(child.id(), peer, local, at, *probe).unwrap_err();
+        assert!(other.contains("does not hold"), "{other}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert!(verify(me, elsewhere, local, at, *probe).is_err());
+        assert!(verify(0, peer, local, at, *probe).is_err());
+        let remote: SocketAddr = "10.1.2.3:4000".parse().unwrap();
+        assert!(verify(me, remote, local, at, *probe)
+            .unwrap_err()
+            .contains("loopback"));
+        drop(client);
+    }
+
+    #[test]
+    fn copies_follow_the_caller_ranges() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        let probe: Box<[u8; 16]> = Box::new([7; 16]);
+        let attached = verify(
+            std::process::id(),
+            peer,
+            server.local_addr().unwrap(),
+            probe.as_ptr() as u64,
+            *probe,
+        )
+        .unwrap();
+        let source: Vec<u8> = (0..100u8).collect();
+        let (mut a, mut b) = (vec![0u8; 30], vec![0u8; 70]);
+        let ranges = [(a.as_mut_ptr() as u64, 30), (b.as_mut_ptr() as u64, 70)];
+        attached.write_to(&source, &ranges).unwrap();
+        assert_eq!(a, source[..30]);
+        assert_eq!(b, source[30..]);
+        let mut back = vec![0u8; 100];
+        attached.read_from(&mut back, &ranges).unwrap();
+        assert_eq!(back, source);
+        // An unmapped caller range fails the copy instead of touching anything else.
+        let err = attached.write_to(&source[..8], &[(8, 8)]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EFAULT));
+    }
+}

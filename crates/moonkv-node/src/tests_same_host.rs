@@ -1,0 +1,400 @@
+//! Same-host copies against the real data-plane server on loopback: the attach check, the
+//! copies under bursts, and every refusal keeping the connection in step.
+
+use crate::segment::SegmentMemory;
+use crate::server::*;
+use moonkv_dataplane::header::{
+    AttachRequest, DataOp, DataStatus, LocalPlan, RequestHeader, ResponseHeader, RESPONSE_LEN,
+};
+use moonkv_dataplane::same_host::monotonic_now_ns;
+use moonkv_dataplane::{DataConnection, Piece};
+use moonkv_proto::grant::{Grant, READ, WRITE};
+use moonkv_proto::{ErrorCode, SegmentId};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+struct Fixture {
+    server: DataServer,
+    segment: Arc<SegmentMemory>,
+}
+
+async fn fixture(access: Access) -> Fixture {
+    let segment = Arc::new(SegmentMemory::allocate(SegmentId::new(5, 6), 1 << 20).unwrap());
+    let table: SegmentTable = Arc::new(parking_lot::RwLock::new(
+        [(segment.id(), segment.clone())].into(),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    Fixture {
+        server: DataServer::spawn_with_disk(listener, table, None, access).unwrap(),
+        segment,
+    }
+}
+
+impl Fixture {
+    fn addr(&self) -> String {
+        self.server.local_addr().to_string()
+    }
+}
+
+async fn answer(stream: &mut TcpStream) -> ResponseHeader {
+    let mut raw = [0u8; RESPONSE_LEN];
+    stream.read_exact(&mut raw).await.unwrap();
+    ResponseHeader::decode(&raw).unwrap()
+}
+
+/// Sends an ATTACH naming `pid`, with a probe that really lies in this process.
+async fn attach_raw(stream: &mut TcpStream, pid: u32) -> DataStatus {
+    let probe: Box<[u8; 16]> = Box::new(rand::random());
+    let request = AttachRequest {
+        pid,
+        probe_address: probe.as_ptr() as u64,
+        probe: *probe,
+    };
+    let header = RequestHeader::new(
+        DataOp::Attach,
+        1,
+        SegmentId::new(0, 0),
+        0,
+        AttachRequest::LEN as u64,
+    );
+    stream.write_all(&header.encode()).await.unwrap();
+    stream.write_all(&request.encode()).await.unwrap();
+    let status = answer(stream).await.status;
+    drop(probe);
+    status
+}
+
+/// Sends a same-host request whose plan lists `ranges` with `deadline_ns`.
+async fn local_raw(
+    stream: &mut TcpStream,
+    op: DataOp,
+    id: u64,
+    segment: SegmentId,
+    address: u64,
+    length: u64,
+    deadline_ns: u64,
+    ranges: Vec<(u64, u64)>,
+) -> ResponseHeader {
+    let mut bytes = RequestHeader::new(op, id, segment, address, length)
+        .encode()
+        .to_vec();
+    LocalPlan {
+        deadline_ns,
+        ranges,
+    }
+    .encode_into(&mut bytes);
+    stream.write_all(&bytes).await.unwrap();
+    answer(stream).await
+}
+
+fn soon() -> u64 {
+    monotonic_now_ns() + 5_000_000_000
+}
+
+#[tokio::test]
+async fn attached_bursts_copy_straight_between_the_segment_and_the_callers_buffers() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(Access::default()).await;
+        let (id, base) = (f.segment.id(), f.segment.base());
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
+        assert!(
+            conn.attach(LIMIT).await.unwrap(),
+            "a loopback caller is attached"
+        );
+        let whole: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let (first, second) = whole.split_at(100_000);
+        let single = vec![9u8; 5000];
+        let pieces = vec![
+            Piece::WriteV {
+                segment: id,
+                address: base,
+                parts: vec![first, second],
+                grant: &[],
+            },
+            // Outside the segment: refused, the rest of the burst goes on.
+            Piece::Write {
+                segment: id,
+                address: base + (1 << 20) - 10,
+                data: &single,
+                grant: &[],
+            },
+            Piece::Write {
+                segment: id,
+                address: base + 400_000,
+                data: &single,
+                grant: &[],
+            },
+        ];
+        let results = conn.burst(pieces, LIMIT).await.into_results(3);
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert_eq!(
+            results[1].as_ref().unwrap_err().code,
+            ErrorCode::INVALID_PARAMS
+        );
+        let (mut a, mut b, mut c) = (vec![0u8; 7], vec![0u8; 299_993], vec![0u8; 5000]);
+        let pieces = vec![
+            Piece::ReadV {
+                segment: id,
+                address: base,
+                bufs: vec![&mut a, &mut b],
+                grant: &[],
+            },
+            Piece::Read {
+                segment: id,
+                address: base + 400_000,
+                buf: &mut c,
+                grant: &[],
+            },
+        ];
+        let results = conn.burst(pieces, LIMIT).await.into_results(2);
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        assert_eq!([a, b].concat(), whole);
+        assert_eq!(c, single);
+        // Four of the five requests were served as same-host copies.
+        assert_eq!(f.server.stats().same_host_requests, 4);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_node_with_same_host_copies_off_declines_and_the_socket_carries_the_bytes() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(Access {
+            refuse_same_host: true,
+            ..Access::default()
+        })
+        .await;
+        let (id, base) = (f.segment.id(), f.segment.base());
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
+        assert!(!conn.attach(LIMIT).await.unwrap());
+        let data = vec![3u8; 10_000];
+        let pieces = vec![Piece::Write {
+            segment: id,
+            address: base,
+            data: &data,
+            grant: &[],
+        }];
+        assert!(conn.burst(pieces, LIMIT).await.into_results(1)[0].is_ok());
+        let mut back = vec![0u8; 10_000];
+        conn.read(id, base, &mut back, &[]).await.unwrap();
+        assert_eq!(back, data);
+        assert_eq!(f.server.stats().same_host_requests, 0);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn same_host_requests_are_refused_unless_attached_in_time_and_well_formed() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(Access::default()).await;
+        let (id, base) = (f.segment.id(), f.segment.base());
+        f.segment.copy_in(base, &[0xAB; 64]).await.unwrap();
+        let mut stream = TcpStream::connect(f.addr()).await.unwrap();
+        let mut sink = vec![0u8; 64];
+        let at = sink.as_mut_ptr() as u64;
+
+        // Not attached yet: refused, nothing copied, the connection in step.
+        let a = local_raw(
+            &mut stream,
+            DataOp::ReadLocal,
+            2,
+            id,
+            base,
+            64,
+            soon(),
+            vec![(at, 64)],
+        )
+        .await;
+        assert_eq!((a.request_id, a.status), (2, DataStatus::LocalRefused));
+
+        // Naming another process is declined: it does not hold this connection.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert_eq!(
+            attach_raw(&mut stream, child.id()).await,
+            DataStatus::LocalRefused
+        );
+        let a = local_raw(
+            &mut stream,
+            DataOp::ReadLocal,
+            3,
+            id,
+            base,
+            64,
+            soon(),
+            vec![(at, 64)],
+        )
+        .await;
+        assert_eq!(a.status, DataStatus::LocalRefused);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(sink.iter().all(|b| *b == 0), "nothing was copied");
+
+        assert_eq!(
+            attach_raw(&mut stream, std::process::id()).await,
+            DataStatus::Ok
+        );
+        // A deadline already passed: refused before any byte moves.
+        let past = monotonic_now_ns() - 1;
+        let a = local_raw(
+            &mut stream,
+            DataOp::ReadLocal,
+            4,
+            id,
+            base,
+            64,
+            past,
+            vec![(at, 64)],
+        )
+        .await;
+        assert_eq!(a.status, DataStatus::LocalRefused);
+        assert!(
+            sink.iter().all(|b| *b == 0),
+            "an expired read copied nothing"
+        );
+        // Ranges that do not add up to the length, and a range outside the segment.
+        let a = local_raw(
+            &mut stream,
+            DataOp::ReadLocal,
+            5,
+            id,
+            base,
+            64,
+            soon(),
+            vec![(at, 63)],
+        )
+        .await;
+        assert_eq!(a.status, DataStatus::OutOfRange);
+        let a = local_raw(
+            &mut stream,
+            DataOp::ReadLocal,
+            6,
+            id,
+            base + (1 << 20),
+            64,
+            soon(),
+            vec![(at, 64)],
+        )
+        .await;
+        assert_eq!(a.status, DataStatus::OutOfRange);
+        // Caller memory that is not mapped: refused, the segment untouched.
+        let a = local_raw(
+            &mut stream,
+            DataOp::WriteLocal,
+            7,
+            id,
+            base,
+            64,
+            soon(),
+            vec![(16, 64)],
+        )
+        .await;
+        assert_eq!(a.status, DataStatus::LocalRefused);
+        // Then a good one, on the same connection.
+        let a = local_raw(
+            &mut stream,
+            DataOp::ReadLocal,
+            8,
+            id,
+            base,
+            64,
+            soon(),
+            vec![(at, 32), (at + 32, 32)],
+        )
+        .await;
+        assert_eq!((a.request_id, a.status, a.length), (8, DataStatus::Ok, 0));
+        assert!(sink.iter().all(|b| *b == 0xAB));
+
+        // A plan listing more ranges than allowed cannot be skipped: BAD_HEADER, closed.
+        let mut bytes = RequestHeader::new(DataOp::ReadLocal, 9, id, base, 1)
+            .encode()
+            .to_vec();
+        bytes.extend_from_slice(&soon().to_be_bytes());
+        bytes.extend_from_slice(&5000u32.to_be_bytes());
+        bytes.extend_from_slice(&0u32.to_be_bytes());
+        stream.write_all(&bytes).await.unwrap();
+        assert_eq!(answer(&mut stream).await.status, DataStatus::BadHeader);
+        let mut rest = Vec::new();
+        stream.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "the node closed the connection");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn same_host_requests_need_the_same_grants_as_socket_ones() {
+    tokio::time::timeout(LIMIT, async {
+        let key =
+            moonkv_proto::auth::Secret::new(b"a-grant-key-of-32-bytes-for-test".to_vec()).unwrap();
+        let f = fixture(Access {
+            grant_key: Some(key.clone()),
+            ..Access::default()
+        })
+        .await;
+        let (id, base) = (f.segment.id(), f.segment.base());
+        let later = moonkv_proto::grant::unix_now_ms() + 60_000;
+        let ro = Grant::new(READ, later, base, 4096, "alice").seal(&key, id);
+        let rw = Grant::new(READ | WRITE, later, base, 4096, "alice").seal(&key, id);
+        let mut conn = DataConnection::connect(&f.addr(), LIMIT, None)
+            .await
+            .unwrap();
+        assert!(conn.attach(LIMIT).await.unwrap());
+        let data = vec![5u8; 4096];
+        let write = |grant| {
+            vec![Piece::Write {
+                segment: id,
+                address: base,
+                data: &data,
+                grant,
+            }]
+        };
+        let refused = conn.burst(write(&ro), LIMIT).await.into_results(1);
+        assert_eq!(
+            refused[0].as_ref().unwrap_err().code,
+            ErrorCode::ILLEGAL_CLIENT
+        );
+        let mut back = vec![1u8; 4096];
+        f.segment.copy_out(base, &mut back).await.unwrap();
+        assert!(
+            back.iter().all(|b| *b == 0),
+            "the refused write changed nothing"
+        );
+        assert!(conn.burst(write(&rw), LIMIT).await.into_results(1)[0].is_ok());
+        // Beyond the granted range: refused; inside it: copied.
+        let mut out = vec![0u8; 4096];
+        let beyond = vec![Piece::Read {
+            segment: id,
+            address: base + 8,
+            buf: &mut out,
+            grant: &ro,
+        }];
+        let results = conn.burst(beyond, LIMIT).await.into_results(1);
+        assert_eq!(
+            results[0].as_ref().unwrap_err().code,
+            ErrorCode::ILLEGAL_CLIENT
+        );
+        let inside = vec![Piece::Read {
+            segment: id,
+            address: base,
+            buf: &mut out,
+            grant: &ro,
+        }];
+        assert!(conn.burst(inside, LIMIT).await.into_results(1)[0].is_ok());
+        assert_eq!(out, data);
+    })
+    .await
+    .unwrap();
+}
