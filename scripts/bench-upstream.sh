@@ -22,6 +22,8 @@
 #   CLIENT_PREFIX   command put before every Python client of both systems, e.g.
 #                   "taskset -c 0" to keep the client on one vCPU (default: none)
 #   SKIP_RUST=1     skip the `moonkv bench store` runs of moonkv's Rust client
+#   SOCKET_TOO=1    also run moonkv's client with same-host copies off (MOONKV_SAME_HOST=0) as
+#                   a third system, "socket", in the same rounds: what the same-host path adds
 #   PREFAULT=1      start moonkv's node with --prefault (its segment committed at start; on this
 #                   VM that takes about 9 s per GiB, and the node's readiness wait must allow it)
 #
@@ -132,6 +134,10 @@ run() {
         env -u PYTHONPATH MC_BENCH_SYS=upstream MC_TCP_BIND_ADDRESS=127.0.0.1 \
             timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --master 127.0.0.1:21051 \
             --metadata http://127.0.0.1:21080/metadata >"$base.jsonl" 2>"$base.err" || rc=$?
+    elif [[ $sys == socket ]]; then
+        env PYTHONPATH="$SHIM" MC_BENCH_SYS=moonkv MOONKV_SAME_HOST=0 \
+            timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --master 127.0.0.1:50051 \
+            --metadata P2PHANDSHAKE >"$base.jsonl" 2>"$base.err" || rc=$?
     else
         env PYTHONPATH="$SHIM" MC_BENCH_SYS=moonkv \
             timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --master 127.0.0.1:50051 \
@@ -159,6 +165,9 @@ cell_args() {
 T0=$(date +%s)
 for ((r = 1; r <= RUNS; r++)); do
     if ((r % 2)); then order=(upstream moonkv); else order=(moonkv upstream); fi
+    if [[ ${SOCKET_TOO:-} == 1 ]]; then
+        if ((r % 2)); then order+=(socket); else order=(socket "${order[@]}"); fi
+    fi
     for cell in "${CELLS[@]}"; do
         read -r -a a <<<"$(cell_args "$cell")"
         for sys in "${order[@]}"; do run "$sys" "$r" "$cell" "${a[@]}"; done
@@ -242,8 +251,8 @@ for cell in order:
     if not keys:
         continue
     print(f"\n#### {TITLE[cell]}\n")
-    print("| op | size | moonkv | upstream | unit | × upstream (medians) | × per round, min–max | moonkv p50 µs | upstream p50 µs | errors mk/up | target | |")
-    print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|---|")
+    print("| op | size | moonkv | upstream | unit | × upstream (medians) | × per round, min–max | moonkv p50 µs | upstream p50 µs | errors mk/up | target | | moonkv, socket only | × socket only |")
+    print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|---|--:|--:|")
     ops = ["batch_put_from", "batch_get_into", "batch_exists", "put", "get", "exists"]
     keys.sort(key=lambda k: (k[2], ops.index(k[1])))
     for k in keys:
@@ -257,6 +266,7 @@ for cell in order:
         m = med(mk, lambda d: metric(d, unit))
         u = med(up, lambda d: metric(d, unit))
         ratio = m / u if m and u else None
+        sk = med(per.get("socket", {}), lambda d: metric(d, unit))
         rr = [metric(mk[r], unit) / metric(up[r], unit) for r in mk if r in up and metric(up[r], unit)]
         errs = f"{sum(d['errors'] for d in mk.values())}/{sum(d['errors'] for d in up.values())}"
         verdict = ""
@@ -270,7 +280,8 @@ for cell in order:
         print(f"| {op} | {size_label(size)} | {fmt(m, unit)} | {fmt(u, unit)} | {unit} | "
               f"{'%.2f×' % ratio if ratio else '–'} | "
               f"{('%.2f–%.2f' % (min(rr), max(rr))) if rr else '–'} | "
-              f"{med(mk, lambda d: d['p50_us']) or '–'} | {med(up, lambda d: d['p50_us']) or '–'} | {errs} | {tlabel} | {verdict} |")
+              f"{med(mk, lambda d: d['p50_us']) or '–'} | {med(up, lambda d: d['p50_us']) or '–'} | {errs} | {tlabel} | {verdict} | "
+              f"{fmt(sk, unit)} | {'%.2f×' % (m / sk) if m and sk else '–'} |")
         firsts = {s: next((d["first_error"] for d in recs.values() if d.get("first_error")), None) for s, recs in per.items()}
         for s, f in firsts.items():
             if f:

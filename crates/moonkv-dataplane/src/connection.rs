@@ -105,15 +105,7 @@ impl DataConnection {
             probe: *probe,
         };
         let id = self.take_id();
-        let header = RequestHeader::new(
-            DataOp::Attach,
-            id,
-            SegmentId::new(0, 0),
-            0,
-            AttachRequest::LEN as u64,
-        );
-        let mut bytes = head(header, &[])?.to_vec();
-        bytes.extend_from_slice(&request.encode());
+        let bytes = request.header(id).encode();
         self.healthy = false;
         let asked = async {
             self.stream

@@ -123,15 +123,13 @@ impl LocalPlan {
     }
 }
 
-/// The payload of an ATTACH request: who the caller is, and a probe the node must read out of
-/// the caller's memory to show it can reach it.
-///
-/// Layout (big-endian, [`AttachRequest::LEN`] bytes): `pid: u32` (the caller's process id as the
-/// node's `/proc` sees it), `probe_address: u64`, `probe: [u8; 16]` (the 16 bytes stored at
-/// `probe_address`).
+/// An ATTACH request: who the caller is, and a probe the node must read out of the caller's
+/// memory to show it can reach it. It travels entirely in the request header, with no
+/// payload, so a node that does not know the op answers `BAD_OP` and stays in step: the
+/// probe bytes in `segment_id`, `probe_address` in `address`, the pid in `length`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttachRequest {
-    /// The caller's process id.
+    /// The caller's process id, as the node's `/proc` sees it.
     pub pid: u32,
     /// Where the probe bytes lie in the caller's memory.
     pub probe_address: u64,
@@ -140,27 +138,31 @@ pub struct AttachRequest {
 }
 
 impl AttachRequest {
-    /// Encoded length.
-    pub const LEN: usize = 28;
-
-    /// Encodes the request.
-    pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
-        out[0..4].copy_from_slice(&self.pid.to_be_bytes());
-        out[4..12].copy_from_slice(&self.probe_address.to_be_bytes());
-        out[12..28].copy_from_slice(&self.probe);
-        out
+    /// The request header carrying this request.
+    pub fn header(&self, request_id: u64) -> RequestHeader {
+        let mut hi = [0u8; 8];
+        let mut lo = [0u8; 8];
+        hi.copy_from_slice(&self.probe[..8]);
+        lo.copy_from_slice(&self.probe[8..]);
+        RequestHeader::new(
+            DataOp::Attach,
+            request_id,
+            SegmentId::new(u64::from_be_bytes(hi), u64::from_be_bytes(lo)),
+            self.probe_address,
+            u64::from(self.pid),
+        )
     }
 
-    /// Decodes the request.
-    pub fn decode(bytes: &[u8; Self::LEN]) -> AttachRequest {
+    /// The request an ATTACH header carries; `None` when its pid does not fit.
+    pub fn from_header(h: &RequestHeader) -> Option<AttachRequest> {
         let mut probe = [0u8; 16];
-        probe.copy_from_slice(&bytes[12..28]);
-        AttachRequest {
-            pid: u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
-            probe_address: be_u64(bytes, 4),
+        probe[..8].copy_from_slice(&h.segment_id.0.hi.to_be_bytes());
+        probe[8..].copy_from_slice(&h.segment_id.0.lo.to_be_bytes());
+        Some(AttachRequest {
+            pid: u32::try_from(h.length).ok()?,
+            probe_address: h.address,
             probe,
-        }
+        })
     }
 }
 

@@ -702,19 +702,11 @@ async fn attach(
     h: &RequestHeader,
     ends: Option<(SocketAddr, SocketAddr)>,
 ) -> io::Result<Option<same_host::Peer>> {
-    if h.length != AttachRequest::LEN as u64 {
-        respond(stream, DataStatus::BadHeader, h.request_id).await?;
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "bad attach request length",
-        ));
-    }
-    let mut raw = [0u8; AttachRequest::LEN];
-    stream.read_exact(&mut raw).await?;
-    let request = AttachRequest::decode(&raw);
-    let verified = match ends {
-        None => Err("same-host copies are off on this connection".to_string()),
-        Some((peer, local)) => tokio::task::spawn_blocking(move || {
+    let pid = h.length;
+    let verified = match (ends, AttachRequest::from_header(h)) {
+        (_, None) => Err(format!("{} is not a process id", h.length)),
+        (None, _) => Err("same-host copies are off on this connection".to_string()),
+        (Some((peer, local)), Some(request)) => tokio::task::spawn_blocking(move || {
             same_host::verify(
                 request.pid,
                 peer,
@@ -728,15 +720,12 @@ async fn attach(
     };
     match verified {
         Ok(peer) => {
-            tracing::debug!(
-                pid = request.pid,
-                "data-plane connection attached for same-host copies"
-            );
+            tracing::debug!(pid, "data-plane connection attached for same-host copies");
             respond(stream, DataStatus::Ok, h.request_id).await?;
             Ok(Some(peer))
         }
         Err(why) => {
-            tracing::debug!(pid = request.pid, %why, "same-host attach declined");
+            tracing::debug!(pid, %why, "same-host attach declined");
             respond(stream, DataStatus::LocalRefused, h.request_id).await?;
             Ok(None)
         }

@@ -54,15 +54,7 @@ async fn attach_raw(stream: &mut TcpStream, pid: u32) -> DataStatus {
         probe_address: probe.as_ptr() as u64,
         probe: *probe,
     };
-    let header = RequestHeader::new(
-        DataOp::Attach,
-        1,
-        SegmentId::new(0, 0),
-        0,
-        AttachRequest::LEN as u64,
-    );
-    stream.write_all(&header.encode()).await.unwrap();
-    stream.write_all(&request.encode()).await.unwrap();
+    stream.write_all(&request.header(1).encode()).await.unwrap();
     let status = answer(stream).await.status;
     drop(probe);
     status
