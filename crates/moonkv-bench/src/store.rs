@@ -276,8 +276,8 @@ fn run_cells(
         let stats = store.data_plane_stats();
         print!("{}", super::batch::table(&rows));
         println!(
-            "\ndata-plane connections: {} opened in all, {} open at the end, {} checkouts waited for a free connection",
-            stats.opened, stats.open, stats.waited
+            "\ndata-plane connections: {} opened in all, {} open at the end, {} checkouts waited for a free connection, {} attached for same-host copies",
+            stats.opened, stats.open, stats.waited, stats.attached
         );
         return Ok((Vec::new(), Vec::new()));
     }

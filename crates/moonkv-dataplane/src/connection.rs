@@ -93,7 +93,10 @@ impl DataConnection {
         else {
             return Ok(false);
         };
-        if !tcp.peer_addr().is_ok_and(|peer| peer.ip().is_loopback()) {
+        if !tcp
+            .peer_addr()
+            .is_ok_and(|peer| peer.ip().to_canonical().is_loopback())
+        {
             return Ok(false);
         }
         // The node reads these bytes out of this process to show it can reach it; they live

@@ -125,7 +125,8 @@ pub(crate) fn verify(
     probe_address: u64,
     probe: [u8; 16],
 ) -> Result<Peer, String> {
-    if !peer.ip().is_loopback() {
+    // An IPv4 caller of a node listening on `[::]` shows as `::ffff:127.0.0.1`.
+    if !peer.ip().to_canonical().is_loopback() {
         return Err(format!("peer {peer} is not a loopback address"));
     }
     let pid = libc::pid_t::try_from(pid)

@@ -783,8 +783,8 @@ async fn serve_local(
     let copied = if write {
         match segment.write_view(h.address, h.length).await {
             Ok(mut view) => {
-                copy_local(peer, plan, view.len(), |at, ranges| {
-                    let end = (at + LOCAL_STEP).min(view.len());
+                let mid = crate::failpoints::WRITE_MID_PAYLOAD;
+                copy_local(peer, plan, view.len(), mid, |at, end, ranges| {
                     peer.read_from(&mut view[at..end], ranges)
                 })
                 .await
@@ -794,8 +794,8 @@ async fn serve_local(
     } else {
         match segment.read_view(h.address, h.length).await {
             Ok(view) => {
-                copy_local(peer, plan, view.len(), |at, ranges| {
-                    let end = (at + LOCAL_STEP).min(view.len());
+                let mid = crate::failpoints::READ_MID_PAYLOAD;
+                copy_local(peer, plan, view.len(), mid, |at, end, ranges| {
                     peer.write_to(&view[at..end], ranges)
                 })
                 .await
@@ -809,25 +809,38 @@ async fn serve_local(
         .map(|()| status == DataStatus::Ok)
 }
 
-/// Runs `step(offset, caller ranges)` over `len` bytes in steps of [`LOCAL_STEP`].
+/// Runs `step(from, to, caller ranges)` over `len` bytes in steps of at most [`LOCAL_STEP`];
+/// with fault points compiled in, a step ends half-way and passes `mid` there, as the socket
+/// path does.
 async fn copy_local(
     peer: &same_host::Peer,
     plan: &LocalPlan,
     len: usize,
-    mut step: impl FnMut(usize, &[(u64, u64)]) -> io::Result<()>,
+    mid: &str,
+    mut step: impl FnMut(usize, usize, &[(u64, u64)]) -> io::Result<()>,
 ) -> Result<(), DataStatus> {
+    let half = cfg!(feature = "failpoints").then_some(len / 2);
+    if half == Some(0) {
+        crate::failpoints::hit(mid);
+    }
     let mut at = 0;
     while at < len {
         if moonkv_dataplane::same_host::monotonic_now_ns() >= plan.deadline_ns || !peer.alive() {
             return Err(DataStatus::LocalRefused);
         }
-        let take = LOCAL_STEP.min(len - at);
-        let ranges = ranges_between(&plan.ranges, at as u64, take as u64);
-        if let Err(e) = step(at, &ranges) {
+        let mut end = (at + LOCAL_STEP).min(len);
+        if let Some(half) = half.filter(|h| at < *h) {
+            end = end.min(half);
+        }
+        let ranges = ranges_between(&plan.ranges, at as u64, (end - at) as u64);
+        if let Err(e) = step(at, end, &ranges) {
             tracing::debug!(error = %e, "same-host copy failed");
             return Err(DataStatus::LocalRefused);
         }
-        at += take;
+        at = end;
+        if half == Some(at) {
+            crate::failpoints::hit(mid);
+        }
         if at < len {
             tokio::task::yield_now().await;
         }
