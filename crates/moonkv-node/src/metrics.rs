@@ -18,11 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The data-plane operations, with their `op` label.
-const OPS: [(DataOp, &str); 7] = [
+/// Same-host reads and writes count as reads and writes (`node_data_same_host_requests` tells
+/// them apart).
+const OPS: [(DataOp, &str); 5] = [
     (DataOp::Read, "read"),
     (DataOp::Write, "write"),
-    (DataOp::ReadLocal, "read_local"),
-    (DataOp::WriteLocal, "write_local"),
     (DataOp::FileRead, "file_read"),
     (DataOp::FileWrite, "file_write"),
     (DataOp::Stats, "stats"),
@@ -41,6 +41,7 @@ const REFUSALS: [(Refusal, &str); 8] = [
 ];
 
 fn op_index(op: u8) -> Option<usize> {
+    let op = DataOp::as_socket_op(op);
     OPS.iter().position(|(o, _)| *o as u8 == op)
 }
 
@@ -236,6 +237,12 @@ impl Collector for NodeCollector {
             "node_data_connections_open",
             "data-plane connections open now",
             stats.connections_open,
+        )?;
+        counter(
+            e,
+            "node_data_same_host_requests",
+            "reads and writes served as same-host copies (straight to or from a caller's memory)",
+            stats.same_host_requests,
         )?;
         let segments: Vec<_> = self.served.segments.read().values().cloned().collect();
         let (waits, waited_us) = segments

@@ -254,6 +254,8 @@ fn the_node_reports_its_data_plane() {
         1.0
     );
     assert!(value(&text, "node_data_connections_opened_total") >= 1.0);
+    // The test's store and node share this machine: the bytes went as same-host copies.
+    assert_eq!(value(&text, "node_data_same_host_requests_total"), 2.0);
     assert_eq!(value(&text, "node_segments"), 1.0);
     assert_eq!(value(&text, "node_segment_capacity_bytes"), 67108864.0);
     assert_eq!(value(&text, "node_refused_handshakes_total"), 0.0);

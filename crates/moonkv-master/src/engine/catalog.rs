@@ -11,7 +11,7 @@
 //! acknowledged, so an acknowledged removal cannot come back (see [`CatalogFence`]).
 
 use moonkv_proto::msg::{CatalogNotice, SyncCatalogResponse};
-use moonkv_proto::ClientId;
+use moonkv_proto::{ClientId, ReplicaId};
 use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -20,6 +20,11 @@ use std::sync::Arc;
 /// Most notices one node's mailbox holds unacknowledged; beyond that its catalog is reset
 /// (the node forgets it: nothing wrong can be re-adopted, only less).
 pub(crate) const MAX_PENDING_NOTICES: usize = 1 << 20;
+
+/// Replacement notes ([`CatalogBook::hold_replaced`]) held before old ones are pruned.
+const REPLACED_PRUNE_AT: usize = 4096;
+/// Age past which a replacement note is pruned: a write still open this long has been swept.
+const REPLACED_MAX_AGE_MS: u64 = 3_600_000;
 
 /// Most notices one SyncCatalog answer carries.
 pub(crate) const MAX_NOTICES_PER_SYNC: usize = 16 * 1024;
@@ -74,6 +79,34 @@ thread_local! {
     static DROPS: RefCell<Option<Vec<(ClientId, u64)>>> = const { RefCell::new(None) };
 }
 
+/// Where the drop notices pushed by the running engine call end so far (see [`drops_since`]).
+pub(crate) fn drops_mark() -> usize {
+    DROPS.with(|d| d.borrow().as_ref().map_or(0, Vec::len))
+}
+
+/// The drop notices pushed by the running engine call since `mark`.
+pub(crate) fn drops_since(mark: usize) -> CatalogFence {
+    let drops = DROPS.with(|d| {
+        d.borrow()
+            .as_ref()
+            .map(|v| v.get(mark..).unwrap_or_default().to_vec())
+            .unwrap_or_default()
+    });
+    let mut fence = CatalogFence::default();
+    fence.extend(CatalogFence(drops));
+    fence
+}
+
+/// Makes the running engine call's answer wait for `fence` too (as if it had pushed those
+/// drops itself).
+pub(crate) fn add_to_scope(fence: &CatalogFence) {
+    DROPS.with(|d| {
+        if let Some(v) = d.borrow_mut().as_mut() {
+            v.extend(fence.0.iter().copied());
+        }
+    });
+}
+
 /// Runs `f` and returns, with its result, the fence of the drop notices it pushed.
 pub fn fence_scope<R>(f: impl FnOnce() -> R) -> (R, CatalogFence) {
     DROPS.with(|d| *d.borrow_mut() = Some(Vec::new()));
@@ -88,6 +121,10 @@ pub fn fence_scope<R>(f: impl FnOnce() -> R) -> (R, CatalogFence) {
 pub(crate) struct CatalogBook {
     epoch: u64,
     mailboxes: Mutex<HashMap<ClientId, Mailbox>>,
+    /// Drops an UpsertStart caused (the value it replaced), by the replica ids of the write
+    /// that replaces it, with when they were noted: that write's End waits for them
+    /// ([`CatalogBook::hold_replaced`]).
+    replaced: Mutex<HashMap<ReplicaId, (CatalogFence, u64)>>,
     waker: RwLock<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
@@ -104,12 +141,48 @@ impl CatalogBook {
         Self {
             epoch,
             mailboxes: Mutex::new(HashMap::new()),
+            replaced: Mutex::new(HashMap::new()),
             waker: RwLock::new(None),
         }
     }
 
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Notes that the write with replica `ids` replaced a value whose drop notices are
+    /// `fence`: its End answers only once they are acknowledged, so the replacement is not
+    /// acknowledged before the old value can no longer be re-adopted. The Start itself need
+    /// not wait: until that End, the old value coming back after a crash is the last
+    /// acknowledged one. Notes older than [`REPLACED_MAX_AGE_MS`] (writes abandoned without
+    /// an End or a Revoke) are forgotten once many have piled up.
+    pub(crate) fn hold_replaced(&self, ids: &[ReplicaId], fence: CatalogFence, now_ms: u64) {
+        if fence.is_empty() {
+            return;
+        }
+        let mut held = self.replaced.lock();
+        if held.len() >= REPLACED_PRUNE_AT {
+            held.retain(|_, (_, at)| now_ms.saturating_sub(*at) < REPLACED_MAX_AGE_MS);
+        }
+        for id in ids {
+            held.insert(*id, (fence.clone(), now_ms));
+        }
+    }
+
+    /// The drops the write with replica `ids` must wait for before its End is acknowledged
+    /// (forgotten here either way).
+    pub(crate) fn take_replaced(&self, ids: &[ReplicaId]) -> CatalogFence {
+        let mut fence = CatalogFence::default();
+        let mut held = self.replaced.lock();
+        if held.is_empty() {
+            return fence;
+        }
+        for id in ids {
+            if let Some((f, _)) = held.remove(id) {
+                fence.extend(f);
+            }
+        }
+        fence
     }
 
     pub(crate) fn set_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {

@@ -196,6 +196,11 @@ impl Engine {
         if started {
             shard.note_in_flight(now);
         }
+        // The value this write replaced leaves the nodes' catalogs before the End is answered.
+        let replaced = self.catalog.take_replaced(args.ids);
+        if matches!(result, Some(Ok(()))) {
+            super::catalog::add_to_scope(&replaced);
+        }
         result.unwrap_or_else(|| Err(not_found()))
     }
 
@@ -208,6 +213,8 @@ impl Engine {
         rtype: ReplicaType,
         ids: &[ReplicaId],
     ) -> Result<()> {
+        // A revoked write is never acknowledged: nothing of it waits for the value it replaced.
+        drop(self.catalog.take_replaced(ids));
         let result = self.with_object(shard, tenant, key, |tenant_id, obj| {
             if obj.writer != client {
                 return (Err(illegal_client()), After::Keep);

@@ -166,13 +166,24 @@ impl Engine {
         upsert: bool,
     ) -> Result<Vec<ReplicaDescriptor>> {
         let now = self.now();
+        let mark = super::catalog::drops_mark();
         let result = if upsert {
             self.upsert_locked(shard, spec, now)
         } else {
             self.put_locked(shard, spec, now)
         };
-        if result.is_err() {
-            self.refund_admission(spec.tenant, spec.precharge);
+        match &result {
+            // What this Start replaced must be gone from the nodes' catalogs before its End is
+            // acknowledged (the End waits, not the Start).
+            Ok(descriptors) => {
+                let replaced = super::catalog::drops_since(mark);
+                if !replaced.is_empty() {
+                    let ids: Vec<moonkv_proto::ReplicaId> =
+                        descriptors.iter().map(|d| d.id).collect();
+                    self.catalog.hold_replaced(&ids, replaced, now);
+                }
+            }
+            Err(_) => self.refund_admission(spec.tenant, spec.precharge),
         }
         result
     }

@@ -72,9 +72,12 @@ const FENCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// reached now; see the residual risks in docs/operations.md).
 const FENCE_STALE_MS: u64 = 3_000;
 
-/// Operations that can drop committed replicas a client asked to be gone: their answer waits
-/// until the nodes holding those replicas acknowledged the drop, so an acknowledged removal or
-/// replacement survives a master crash.
+/// Operations that acknowledge that committed replicas a client asked to be gone are gone:
+/// their answer waits until the nodes holding those replicas acknowledged the drop, so an
+/// acknowledged removal or replacement survives a master crash. An UpsertStart drops the value
+/// it replaces but acknowledges nothing yet: its drops are waited for by the write's End
+/// (`CatalogBook::hold_replaced`), while the bytes are moving, so a replacement costs no extra
+/// round trip to the nodes.
 fn is_fenced(op: Op) -> bool {
     matches!(
         op,
@@ -82,8 +85,6 @@ fn is_fenced(op: Op) -> bool {
             | Op::BatchRemove
             | Op::RemoveByRegex
             | Op::RemoveAll
-            | Op::UpsertStart
-            | Op::BatchUpsertStart
             | Op::UpsertEnd
             | Op::BatchUpsertEnd
     )

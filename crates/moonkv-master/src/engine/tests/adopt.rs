@@ -154,6 +154,46 @@ fn an_in_place_upsert_drops_the_old_entry_before_its_bytes_change() {
 }
 
 #[test]
+fn a_replacement_waits_for_the_old_value_to_leave_the_catalog_at_its_end() {
+    let h = Harness::new();
+    // In place (same size, no lease) and replacing (a live read lease forces new buffers).
+    for (size, lease) in [(100u64, false), (300, true)] {
+        h.put("k", 100);
+        if lease {
+            h.get("k").unwrap();
+        }
+        let req = h.start_req("", "k", size, ReplicateConfig::default());
+        let (descs, at_start) = fence_scope(|| h.engine.upsert_start(&req).unwrap());
+        assert!(
+            !at_start.is_empty(),
+            "the old value is dropped at the Start"
+        );
+        let end = h.end_req("", "k", ids(&descs));
+        let (ended, at_end) = fence_scope(|| h.engine.upsert_end(&end));
+        ended.unwrap();
+        assert_eq!(
+            at_end, at_start,
+            "the End is answered once those drops are acknowledged"
+        );
+        // A retried End waits for nothing more.
+        let (again, after) = fence_scope(|| h.engine.upsert_end(&end));
+        again.unwrap();
+        assert!(after.is_empty());
+        h.remove("k", true).unwrap();
+    }
+    // A revoked replacement is never acknowledged and leaves nothing to wait for.
+    h.put("r", 100);
+    let req = h.start_req("", "r", 100, ReplicateConfig::default());
+    let (descs, at_start) = fence_scope(|| h.engine.upsert_start(&req).unwrap());
+    assert!(!at_start.is_empty());
+    h.engine
+        .upsert_revoke(&h.revoke_req("", "r", ids(&descs)))
+        .unwrap();
+    let (_, at_end) = fence_scope(|| h.engine.upsert_end(&h.end_req("", "r", ids(&descs))));
+    assert!(at_end.is_empty());
+}
+
+#[test]
 fn a_restarted_master_rebuilds_objects_from_the_announced_catalog() {
     let mut h = Harness::new();
     let a = h.put("a", 1000);
