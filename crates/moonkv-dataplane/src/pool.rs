@@ -67,6 +67,8 @@ impl Drop for OpenGuard {
 struct Endpoint {
     idle: Mutex<Vec<DataConnection>>,
     slots: Arc<Semaphore>,
+    /// The last connection dialled here was attached for same-host copies.
+    attached: std::sync::atomic::AtomicBool,
 }
 
 /// Connections to every node a store talks to, at most `cap` per node.
@@ -113,6 +115,15 @@ impl ConnectionPool {
         self.cap
     }
 
+    /// Whether the node at `endpoint` copies straight to and from this process (its last
+    /// connection was attached for same-host copies).
+    pub fn same_host(&self, endpoint: &str) -> bool {
+        self.endpoints
+            .lock()
+            .get(endpoint)
+            .is_some_and(|e| e.attached.load(Ordering::Relaxed))
+    }
+
     /// Connections opened, open now, and checkouts that waited.
     pub fn stats(&self) -> PoolStats {
         self.counters.snapshot()
@@ -126,6 +137,7 @@ impl ConnectionPool {
                 Arc::new(Endpoint {
                     idle: Mutex::default(),
                     slots: Arc::new(Semaphore::new(self.cap)),
+                    attached: Default::default(),
                 })
             })
             .clone()
@@ -174,9 +186,13 @@ impl ConnectionPool {
         )
         .await?;
         if self.same_host && self.tls.is_none() {
-            if conn.attach(self.connect_timeout).await? {
+            let attached = conn.attach(self.connect_timeout).await?;
+            if attached {
                 self.counters.attached.fetch_add(1, Ordering::Relaxed);
             }
+            self.endpoint(endpoint)
+                .attached
+                .store(attached, Ordering::Relaxed);
         }
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
         self.counters.open.fetch_add(1, Ordering::Relaxed);

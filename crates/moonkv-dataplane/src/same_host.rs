@@ -10,6 +10,12 @@
 
 use std::time::Duration;
 
+/// Bytes per request to a node that copies straight to and from the caller (when the store's
+/// chunk size is smaller): with no socket to keep busy, splitting an object only adds round
+/// trips, so objects up to this size go as one request and larger ones still spread over a
+/// few connections, each copied by its own node thread.
+pub const SAME_HOST_CHUNK: usize = 2 << 20;
+
 /// Environment variable that turns same-host copies off for a store (`0`, `false`, `off`).
 pub const SAME_HOST_ENV: &str = "MOONKV_SAME_HOST";
 

@@ -107,7 +107,7 @@ def test_setup_without_a_master_fails_within_the_deadline():
     assert s.health_check() == 1
 
 
-@pytest.mark.parametrize("name,value", [("MOONKV_SPIN_US", "fast"), ("MOONKV_CALLER_LANES", "-1"), ("MOONKV_SPIN_US", "1.5")])
+@pytest.mark.parametrize("name,value", [("MOONKV_SPIN_US", "fast"), ("MOONKV_CALLER_LANES", "-1"), ("MOONKV_SPIN_US", "1.5"), ("MOONKV_SAME_HOST", "maybe")])
 def test_setup_refuses_caller_lane_settings_that_are_not_whole_numbers(master, monkeypatch, caplog, name, value):
     monkeypatch.setenv(name, value)
     s = moonkv.MooncakeDistributedStore()
@@ -117,11 +117,13 @@ def test_setup_refuses_caller_lane_settings_that_are_not_whole_numbers(master, m
     assert s.health_check() == 1
 
 
-@pytest.mark.parametrize("lanes,spin", [("0", "200"), ("1", "0"), ("16", "200")])
-def test_data_calls_give_the_same_answers_with_and_without_caller_lanes(store, master, monkeypatch, key, lanes, spin):
-    # `store` holds the memory (its embedded node); this one reaches it over the network.
+@pytest.mark.parametrize("lanes,spin,same_host", [("0", "200", "1"), ("1", "0", "1"), ("16", "200", "1"), ("16", "200", "0"), ("0", "200", "0")])
+def test_data_calls_give_the_same_answers_with_and_without_caller_lanes(store, master, monkeypatch, key, lanes, spin, same_host):
+    # `store` holds the memory (its embedded node); this one reaches it over the network, or
+    # (same-host copies on) has that node copy straight to and from its buffers.
     monkeypatch.setenv("MOONKV_CALLER_LANES", lanes)
     monkeypatch.setenv("MOONKV_SPIN_US", spin)
+    monkeypatch.setenv("MOONKV_SAME_HOST", same_host)
     s = setup_store(master.addr, segment=0)
     try:
         value = bytes(range(256)) * 17

@@ -149,7 +149,7 @@ impl Transfer {
         let lanes = lanes.clamp(1, self.pool_cap());
         let mut work = Vec::new();
         for (endpoint, jobs) in by_node {
-            let groups = coalesce(jobs, self.chunk_size());
+            let groups = coalesce(jobs, self.chunk_for(endpoint));
             let count = lanes.min(groups.len());
             let mut dealt: Vec<Vec<Group<'_>>> = (0..count).map(|_| Vec::new()).collect();
             for (i, group) in groups.into_iter().enumerate() {

@@ -126,8 +126,15 @@ impl Transfer {
     }
 
     /// Most bytes of one data-plane request.
-    pub(crate) fn chunk_size(&self) -> usize {
-        self.chunk_size
+    /// Bytes per request to the node at `endpoint`: larger for a node on this machine that
+    /// copies straight to and from this process (`moonkv_dataplane::same_host::SAME_HOST_CHUNK`).
+    pub(crate) fn chunk_for(&self, endpoint: &str) -> usize {
+        if self.pool.same_host(endpoint) {
+            self.chunk_size
+                .max(moonkv_dataplane::same_host::SAME_HOST_CHUNK)
+        } else {
+            self.chunk_size
+        }
     }
 
     pub(crate) fn pool_cap(&self) -> usize {
@@ -248,7 +255,8 @@ impl Transfer {
                 let mut offset = 0;
                 for part in object.parts {
                     let io = JobIo::Write(part);
-                    Job::ranges(i, replica, offset, io, self.chunk_size, &mut jobs);
+                    let chunk = self.chunk_for(&replica.endpoint);
+                    Job::ranges(i, replica, offset, io, chunk, &mut jobs);
                     offset += part.len() as u64;
                 }
             }
@@ -285,7 +293,7 @@ impl Transfer {
                     replica,
                     offset,
                     JobIo::Read(part),
-                    self.chunk_size,
+                    self.chunk_for(&replica.endpoint),
                     &mut jobs,
                 );
                 offset += part_len;
