@@ -29,6 +29,13 @@ const MIB: usize = 1 << 20;
 /// Bytes per data-plane request of the test stores: fault points count requests, so an object of
 /// `n * CHUNK` bytes is exactly `n` of them.
 const CHUNK: usize = 512 << 10;
+/// Bytes per request once a node is known to copy straight to and from this process (its first
+/// connection attached for same-host copies): every transfer after the first to that node.
+const SAME_HOST_REQUEST: usize = if moonkv_dataplane::same_host::SAME_HOST_CHUNK > CHUNK {
+    moonkv_dataplane::same_host::SAME_HOST_CHUNK
+} else {
+    CHUNK
+};
 
 fn on(segment: &str) -> ReplicateConfig {
     ReplicateConfig {
@@ -94,13 +101,19 @@ async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed(
     let admin = m.field("admin");
     let old = payload(2, 1, 4 * MIB);
     let victim = payload(3, 1, 32 * MIB);
-    // The node ends itself half-way into a write request of the victim put, 40 requests in.
+    // The node ends itself half-way into a write request in the middle of the victim put. The
+    // old object is the node's first transfer (CHUNK-sized requests); the victim comes after
+    // the node attached this process's connections (same-host requests).
     let before_victim = old.len() / CHUNK;
+    let mid_victim = victim.len() / SAME_HOST_REQUEST / 2;
     let mut a = MOONKV.node_with_failpoints(
         &m.field("rpc"),
         "seg-a",
         "512MiB",
-        &format!("{WRITE_MID_PAYLOAD}={}*off->return", before_victim + 40),
+        &format!(
+            "{WRITE_MID_PAYLOAD}={}*off->return",
+            before_victim + mid_victim
+        ),
     );
     let _b = MOONKV.node(&m.field("rpc"), "seg-b", "64MiB");
     let s = store(&m, |_| {}).await;
@@ -149,7 +162,8 @@ async fn node_killed_mid_get_fails_over_or_errors_and_never_returns_wrong_bytes(
     let m = MOONKV.master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
     let two = payload(1, 1, 32 * MIB);
-    let requests = two.len() / CHUNK;
+    // Reads come after the put attached this process's connections: same-host requests.
+    let requests = two.len() / SAME_HOST_REQUEST;
     // seg-x ends itself in its first read answer, after the header and half of the bytes went
     // out; seg-y serves two whole reads (the failover and one more), then ends itself in the
     // first answer of a third.
