@@ -41,7 +41,7 @@ pub enum DataOp {
     /// the [`LocalPlan`] lists, to `address`. No payload travels.
     WriteLocal = 7,
     /// Asks the node to copy this connection's bytes straight between its segments and the
-    /// caller's memory from now on; the payload is an [`AttachRequest`] (`length` is its size).
+    /// caller's memory from now on; an [`AttachRequest`] carried in the header, no payload.
     Attach = 8,
 }
 
@@ -218,8 +218,8 @@ pub enum DataStatus {
     Forbidden = 13,
     /// A same-host request or attach the node would not or could not carry out (the connection
     /// is not attached, the caller's deadline passed, the caller's memory could not be reached,
-    /// or the caller is not a process on the node's machine); nothing was copied and the node
-    /// keeps serving.
+    /// or the caller is not a process on the node's machine); the request's bytes were not all
+    /// copied, and the node keeps serving.
     LocalRefused = 14,
 }
 
