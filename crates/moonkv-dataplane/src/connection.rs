@@ -129,12 +129,6 @@ impl DataConnection {
         Ok(self.attached)
     }
 
-    /// Whether the node copies this connection's memory ranges straight to and from this
-    /// process.
-    pub fn is_attached(&self) -> bool {
-        self.attached
-    }
-
     pub(crate) fn stream_mut(&mut self) -> &mut Stream {
         &mut self.stream
     }

@@ -83,11 +83,6 @@ impl LocalPlan {
     /// Fixed part of the encoding.
     pub const FIXED_LEN: usize = 16;
 
-    /// Encoded length of a plan of `ranges` ranges.
-    pub fn encoded_len(ranges: usize) -> usize {
-        Self::FIXED_LEN + 16 * ranges
-    }
-
     /// Appends the encoding to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.deadline_ns.to_be_bytes());

@@ -179,30 +179,30 @@ impl DataConnection {
                     grant,
                 } => (DataOp::Write, segment, address, grant, parts, vec![]),
             };
-            let ranges: Vec<(u64, u64)> = match deadline_ns {
-                None => Vec::new(),
-                Some(_) if op == DataOp::Read => sinks
-                    .iter()
-                    .filter(|b| !b.is_empty())
-                    .map(|b| (b.as_ptr() as u64, b.len() as u64))
-                    .collect(),
-                Some(_) => payload
-                    .iter()
-                    .filter(|p| !p.is_empty())
-                    .map(|p| (p.as_ptr() as u64, p.len() as u64))
-                    .collect(),
-            };
-            let local = match deadline_ns {
-                Some(deadline_ns) if ranges.len() <= MAX_LOCAL_RANGES => Some(LocalPlan {
+            // On an attached connection the plan names the caller's buffers (a piece with more
+            // ranges than a plan may list still goes over the socket).
+            let plan = deadline_ns.and_then(|deadline_ns| {
+                let ranges: Vec<(u64, u64)> = if op == DataOp::Read {
+                    sinks
+                        .iter()
+                        .map(|b| (b.as_ptr() as u64, b.len() as u64))
+                        .collect()
+                } else {
+                    payload
+                        .iter()
+                        .map(|p| (p.as_ptr() as u64, p.len() as u64))
+                        .collect()
+                };
+                let ranges: Vec<(u64, u64)> = ranges.into_iter().filter(|r| r.1 > 0).collect();
+                (ranges.len() <= MAX_LOCAL_RANGES).then_some(LocalPlan {
                     deadline_ns,
                     ranges,
-                }),
-                _ => None,
-            };
-            let (op, payload, sinks, extra) = match local {
+                })
+            });
+            let (op, payload, sinks, extra) = match plan {
                 None => (op, payload, sinks, Vec::new()),
                 Some(plan) => {
-                    let mut extra = Vec::with_capacity(LocalPlan::encoded_len(plan.ranges.len()));
+                    let mut extra = Vec::new();
                     plan.encode_into(&mut extra);
                     let local_op = if op == DataOp::Read {
                         DataOp::ReadLocal

@@ -776,11 +776,8 @@ async fn serve_local(
             .await
             .map(|()| false);
     };
-    if let Err(status) = segment.check(h.address, h.length) {
-        return respond(stream, status, h.request_id).await.map(|()| false);
-    }
-    let write = h.op == DataOp::WriteLocal as u8;
-    let copied = if write {
+    // The views check the range, as for READ / WRITE.
+    let copied = if h.op == DataOp::WriteLocal as u8 {
         match segment.write_view(h.address, h.length).await {
             Ok(mut view) => {
                 let mid = crate::failpoints::WRITE_MID_PAYLOAD;

@@ -125,6 +125,9 @@ pub(crate) struct CatalogBook {
     /// that replaces it, with when they were noted: that write's End waits for them
     /// ([`CatalogBook::hold_replaced`]).
     replaced: Mutex<HashMap<ReplicaId, (CatalogFence, u64)>>,
+    /// Entries in `replaced`, readable without its lock: Ends and Revokes of writes that
+    /// replaced nothing (nearly all of them) skip the lock.
+    replaced_len: std::sync::atomic::AtomicUsize,
     waker: RwLock<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
@@ -142,6 +145,7 @@ impl CatalogBook {
             epoch,
             mailboxes: Mutex::new(HashMap::new()),
             replaced: Mutex::new(HashMap::new()),
+            replaced_len: std::sync::atomic::AtomicUsize::new(0),
             waker: RwLock::new(None),
         }
     }
@@ -167,21 +171,27 @@ impl CatalogBook {
         for id in ids {
             held.insert(*id, (fence.clone(), now_ms));
         }
+        self.replaced_len
+            .store(held.len(), std::sync::atomic::Ordering::Release);
     }
 
     /// The drops the write with replica `ids` must wait for before its End is acknowledged
     /// (forgotten here either way).
     pub(crate) fn take_replaced(&self, ids: &[ReplicaId]) -> CatalogFence {
         let mut fence = CatalogFence::default();
-        let mut held = self.replaced.lock();
-        if held.is_empty() {
+        // The Start that held a fence for these ids was answered before their End or Revoke
+        // could be sent, so its store is visible here.
+        if self.replaced_len.load(std::sync::atomic::Ordering::Acquire) == 0 {
             return fence;
         }
+        let mut held = self.replaced.lock();
         for id in ids {
             if let Some((f, _)) = held.remove(id) {
                 fence.extend(f);
             }
         }
+        self.replaced_len
+            .store(held.len(), std::sync::atomic::Ordering::Release);
         fence
     }
 

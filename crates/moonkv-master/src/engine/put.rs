@@ -173,9 +173,10 @@ impl Engine {
             self.put_locked(shard, spec, now)
         };
         match &result {
-            // What this Start replaced must be gone from the nodes' catalogs before its End is
-            // acknowledged (the End waits, not the Start).
-            Ok(descriptors) => {
+            // What an UpsertStart replaced must be gone from the nodes' catalogs before its End
+            // is acknowledged (the End waits, not the Start). PutStart's drops (a stalled write
+            // it preempts) were never waited for, and PutEnd is not fenced.
+            Ok(descriptors) if upsert => {
                 let replaced = super::catalog::drops_since(mark);
                 if !replaced.is_empty() {
                     let ids: Vec<moonkv_proto::ReplicaId> =
@@ -183,6 +184,7 @@ impl Engine {
                     self.catalog.hold_replaced(&ids, replaced, now);
                 }
             }
+            Ok(_) => {}
             Err(_) => self.refund_admission(spec.tenant, spec.precharge),
         }
         result
