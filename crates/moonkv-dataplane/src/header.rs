@@ -162,7 +162,7 @@ impl AttachRequest {
 }
 
 /// What a node reports to a STATS request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeStats {
     /// Data-plane connections accepted since the node started.
     pub connections_opened: u64,
@@ -173,6 +173,9 @@ pub struct NodeStats {
     /// Same-host requests served (bytes copied straight to or from a caller on this machine).
     #[serde(default)]
     pub same_host_requests: u64,
+    /// The master this node mounts its segments on (`host:port`, or an `etcd://` cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<String>,
 }
 
 /// Largest STATS answer a caller accepts.

@@ -9,7 +9,7 @@
 use crate::connection::DataConnection;
 use crate::stream::TlsConnector;
 use moonkv_proto::auth::Secret;
-use moonkv_proto::Result;
+use moonkv_proto::{ErrorCode, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,6 +69,9 @@ struct Endpoint {
     slots: Arc<Semaphore>,
     /// The last connection dialled here was attached for same-host copies.
     attached: std::sync::atomic::AtomicBool,
+    /// The last dial here failed to connect (refused or timed out) and none has succeeded
+    /// since: the node is unreachable from this process.
+    unreachable: std::sync::atomic::AtomicBool,
 }
 
 /// Connections to every node a store talks to, at most `cap` per node.
@@ -138,6 +141,7 @@ impl ConnectionPool {
                     idle: Mutex::default(),
                     slots: Arc::new(Semaphore::new(self.cap)),
                     attached: Default::default(),
+                    unreachable: Default::default(),
                 })
             })
             .clone()
@@ -177,14 +181,29 @@ impl ConnectionPool {
         Ok(())
     }
 
+    /// Whether the last attempt to connect to `endpoint` failed (refused, or no answer within
+    /// the connect timeout) with no successful connection since.
+    pub fn unreachable(&self, endpoint: &str) -> bool {
+        self.endpoints
+            .lock()
+            .get(endpoint)
+            .is_some_and(|e| e.unreachable.load(Ordering::Relaxed))
+    }
+
     async fn dial(&self, endpoint: &str) -> Result<DataConnection> {
-        let mut conn = DataConnection::connect_with_tls(
+        let dialled = DataConnection::connect_with_tls(
             endpoint,
             self.connect_timeout,
             self.secret.as_ref(),
             self.tls.as_ref(),
         )
-        .await?;
+        .await;
+        // TLS and authentication refusals are not a node that is gone.
+        let down = matches!(&dialled, Err(e) if e.code == ErrorCode::TRANSFER_FAIL);
+        self.endpoint(endpoint)
+            .unreachable
+            .store(down, Ordering::Relaxed);
+        let mut conn = dialled?;
         if self.same_host && self.tls.is_none() {
             let attached = conn.attach(self.connect_timeout).await?;
             if attached {

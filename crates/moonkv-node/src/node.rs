@@ -215,6 +215,7 @@ impl Node {
             deadlines: config.data_deadlines,
             max_connections: Some(config.data_max_connections),
             refuse_same_host: config.refuse_same_host,
+            master_addr: Some(config.master_addr.clone()),
         };
         let local_views: Vec<Arc<dyn LocalSegment>> = memories
             .iter()

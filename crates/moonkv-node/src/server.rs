@@ -61,6 +61,9 @@ pub struct Access {
     pub max_connections: Option<usize>,
     /// Decline same-host copies: callers on this machine move bytes over the socket too.
     pub refuse_same_host: bool,
+    /// The master this node mounts its segments on, told to callers in STATS answers (so a
+    /// standalone client that knows only the node finds the cluster).
+    pub master_addr: Option<String>,
 }
 
 /// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
@@ -89,6 +92,7 @@ impl Counters {
             connections_open: self.open.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             same_host_requests: self.same_host.load(Ordering::Relaxed),
+            master: None,
         }
     }
 }
@@ -578,7 +582,9 @@ async fn serve_stats(stream: &mut Conn, h: &RequestHeader, served: &Served) -> i
             .await
             .map(|()| false);
     }
-    let body = serde_json::to_vec(&served.counters.snapshot()).map_err(io::Error::other)?;
+    let mut stats = served.counters.snapshot();
+    stats.master = served.access.master_addr.clone();
+    let body = serde_json::to_vec(&stats).map_err(io::Error::other)?;
     let ok = ResponseHeader {
         status: DataStatus::Ok,
         request_id: h.request_id,

@@ -22,6 +22,7 @@ macro_rules! for_each_op {
             6 => QuerySegmentStatus(QuerySegmentStatusRequest) -> SegmentStatus, query_segment_status;
             7 => QuerySegmentStatusById(QuerySegmentStatusByIdRequest) -> SegmentStatus, query_segment_status_by_id;
             8 => ServiceReady(ServiceReadyRequest) -> String, service_ready;
+            9 => ReportUnreachable(ReportUnreachableRequest) -> u32, report_unreachable;
             10 => ExistKey(KeyRequest) -> bool, exist_key;
             11 => BatchExistKey(KeysRequest) -> Vec<ItemResult<bool>>, batch_exist_key;
             12 => GetReplicaList(KeyRequest) -> GetReplicaListResponse, get_replica_list;
@@ -142,6 +143,7 @@ macro_rules! rpc {
 // Request structs shared by two operations (Put/Upsert) implement `Rpc` for the Put form; the
 // client sends the Upsert form through [`Request`] directly.
 rpc!(PingRequest => Ping, PingResponse);
+rpc!(ReportUnreachableRequest => ReportUnreachable, u32);
 rpc!(MountSegmentRequest => MountSegment, ());
 rpc!(ReMountSegmentRequest => ReMountSegment, ());
 rpc!(SyncCatalogRequest => SyncCatalog, SyncCatalogResponse);
@@ -173,6 +175,21 @@ pub struct PingRequest {
     #[serde(default)]
     pub mounted_segments: u32,
 }
+
+/// ReportUnreachable: a client could not reach these data-plane endpoints (connection refused
+/// or timed out). The master stops placing new replicas in their segments until each node's
+/// next heartbeat; the answer counts the segments taken out of placement by this report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportUnreachableRequest {
+    /// The reporting client.
+    pub client_id: ClientId,
+    /// Data-plane endpoints (`host:port`) that did not answer; at most
+    /// [`MAX_REPORTED_ENDPOINTS`].
+    pub endpoints: Vec<String>,
+}
+
+/// Most endpoints one [`ReportUnreachableRequest`] may name.
+pub const MAX_REPORTED_ENDPOINTS: usize = 256;
 
 /// MountSegment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 use moonkv_proto::{Error, ErrorCode};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyString};
 
 /// A key given as `str` or `bytes` (upstream's bindings take both). Wrong types raise
 /// `TypeError`; text that is not UTF-8 is an `INVALID_KEY` error for the caller to report.
@@ -131,4 +131,113 @@ impl<T> Split<T> {
             })
             .collect()
     }
+}
+
+/// An unsigned integer argument (an address, a size). Like upstream's bindings, any other type
+/// or a value out of range (negative, too large) raises `TypeError`, never `OverflowError`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct UInt(pub usize);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for UInt {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        unsigned::<usize>(&obj, "a non-negative integer address or size").map(UInt)
+    }
+}
+
+/// A non-negative integer that fits in `T`; a float, a non-integer or a value out of `T`'s
+/// range raises `TypeError` (pybind11's rule for typed arguments and attributes).
+pub(crate) fn unsigned<T: TryFrom<u128>>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
+    let wrong = || {
+        PyTypeError::new_err(format!(
+            "expected {what} (0 to {}), got {}",
+            max_of::<T>(),
+            describe(obj)
+        ))
+    };
+    if obj.is_instance_of::<PyFloat>() {
+        return Err(wrong());
+    }
+    let n: i128 = obj.extract().map_err(|_| wrong())?;
+    u128::try_from(n)
+        .ok()
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(wrong)
+}
+
+/// A signed integer in `range`, else `TypeError`.
+pub(crate) fn int_in(
+    obj: &Bound<'_, PyAny>,
+    range: std::ops::RangeInclusive<i64>,
+    what: &str,
+) -> PyResult<i64> {
+    let wrong = || {
+        PyTypeError::new_err(format!(
+            "expected {what} ({} to {}), got {}",
+            range.start(),
+            range.end(),
+            describe(obj)
+        ))
+    };
+    if obj.is_instance_of::<PyFloat>() {
+        return Err(wrong());
+    }
+    obj.extract::<i64>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(wrong)
+}
+
+/// A boolean as pybind11 reads one for a typed attribute: `True`/`False`, or anything whose
+/// truth is 0 or 1 by `__bool__` (ints, `None`, NumPy booleans); text and containers raise
+/// `TypeError`.
+pub(crate) fn boolean(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(b.is_true());
+    }
+    let numeric = obj.is_none()
+        || obj.is_instance_of::<pyo3::types::PyInt>()
+        || obj.is_instance_of::<PyFloat>()
+        || obj.hasattr("__index__").unwrap_or(false)
+        || obj.get_type().name().is_ok_and(|n| n == "bool_");
+    if numeric {
+        if let Ok(truth) = obj.is_truthy() {
+            return Ok(truth);
+        }
+    }
+    Err(PyTypeError::new_err(format!(
+        "expected {what} (a bool), got {}",
+        describe(obj)
+    )))
+}
+
+/// A size given to `setup_dummy`/`alloc_from_mem_pool`: a non-negative integer.
+pub(crate) fn size_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    unsigned::<u64>(obj, &format!("{name} as a non-negative integer"))
+}
+
+fn max_of<T: TryFrom<u128>>() -> u128 {
+    // The largest power-of-two-minus-one that converts: 2^8-1 .. 2^128-1.
+    [8u32, 16, 32, 64, 128]
+        .into_iter()
+        .map(|bits| {
+            if bits == 128 {
+                u128::MAX
+            } else {
+                (1u128 << bits) - 1
+            }
+        })
+        .take_while(|&m| T::try_from(m).is_ok())
+        .last()
+        .unwrap_or(0)
+}
+
+fn describe(obj: &Bound<'_, PyAny>) -> String {
+    let shown = obj
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let shown: String = shown.chars().take(60).collect();
+    format!("{} {shown}", type_name(obj))
 }

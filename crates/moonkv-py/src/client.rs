@@ -5,13 +5,12 @@
 
 use crate::args;
 use crate::config::{wire, PyReplicateConfig};
-use crate::engine::{Engine, StoreTuning, HEALTHY};
+use crate::engine::{Engine, EngineSlot, StoreTuning, HEALTHY};
 use crate::errors::{exception, invalid, raise};
 use crate::pybuf::Pinned;
 use crate::replica::PyReplicaDescriptor;
 use crate::settings::{RawSetup, DEFAULT_MASTER};
 use moonkv_proto::{Error, ErrorCode, MAX_KEY_LEN};
-use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use std::sync::Arc;
@@ -20,7 +19,7 @@ use std::time::Duration;
 /// A connection to a moonkv cluster (see the package docstring).
 #[pyclass(module = "moonkv", name = "Client")]
 pub(crate) struct Client {
-    engine: RwLock<Option<Arc<Engine>>>,
+    engine: EngineSlot,
 }
 
 /// A key for the Pythonic layer: every problem raises.
@@ -125,23 +124,22 @@ impl Client {
         let engine = py
             .detach(|| Engine::start(&settings, tuning))
             .map_err(|e| raise(py, &e))?;
-        Ok(Client {
-            engine: RwLock::new(Some(Arc::new(engine))),
-        })
+        let client = Client {
+            engine: EngineSlot::default(),
+        };
+        client.engine.install(py, engine);
+        Ok(client)
     }
 
     /// Unmounts this process's memory (if any) and disconnects; idempotent.
     fn close(&self, py: Python<'_>) {
-        let engine = self.engine.write().take();
-        if let Some(engine) = engine {
-            py.detach(|| engine.shut_down());
-        }
+        self.engine.close(py);
     }
 
     /// Whether `close` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.engine.read().is_none()
+        !self.engine.is_set()
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -369,7 +367,7 @@ impl Client {
     }
 
     fn __repr__(&self) -> String {
-        match self.engine.read().as_ref() {
+        match self.engine.get() {
             Some(e) => format!("moonkv.Client(hostname={:?})", e.hostname),
             None => "moonkv.Client(closed)".into(),
         }
@@ -393,7 +391,7 @@ fn distinct_buffers(py: Python<'_>, pinned: &[Pinned]) -> PyResult<()> {
 
 impl Client {
     fn engine(&self, py: Python<'_>) -> PyResult<Arc<Engine>> {
-        self.engine.read().clone().ok_or_else(|| {
+        self.engine.get().ok_or_else(|| {
             raise(
                 py,
                 &Error::new(

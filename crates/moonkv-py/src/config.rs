@@ -1,9 +1,10 @@
 //! `ReplicateConfig` with upstream's attribute names, and its translation to moonkv's.
 
+use crate::args;
 use crate::errors::invalid;
 use moonkv_proto::types::{ReplicateConfig as WireConfig, SoftPinAction};
 use moonkv_proto::Error;
-use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::exceptions::PyNotImplementedError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -17,27 +18,23 @@ use pyo3::types::PyDict;
 /// but unused). `nof_replica_num`, `dfs_replica_num` and `preferred_nof_segments` exist for
 /// compatibility; moonkv has no NVMe-oF or shared-filesystem tier, so setting them raises
 /// `NotImplementedError`. `with_disk_replica` is moonkv's own: also write a disk replica.
+/// Like upstream's bindings, assigning a value of the wrong type or out of the attribute's
+/// range raises `TypeError`; `None` clears the optional ones (`soft_pin_ttl_ms`, `group_ids`).
 #[pyclass(module = "moonkv", name = "ReplicateConfig")]
 #[derive(Clone, Debug)]
 pub(crate) struct PyReplicateConfig {
-    #[pyo3(get, set)]
     replica_num: u32,
     soft_pin_action: u8,
-    #[pyo3(get, set)]
     soft_pin_ttl_ms: Option<u64>,
-    #[pyo3(get, set)]
     with_hard_pin: bool,
     #[pyo3(get, set)]
     preferred_segments: Vec<String>,
     #[pyo3(get, set)]
     preferred_segment: String,
-    #[pyo3(get, set)]
     prefer_alloc_in_same_node: bool,
     #[pyo3(get, set)]
     group_ids: Option<Vec<String>>,
-    #[pyo3(get, set)]
     data_type: i64,
-    #[pyo3(get, set)]
     with_disk_replica: bool,
 }
 
@@ -81,15 +78,91 @@ impl PyReplicateConfig {
     }
 
     #[setter]
-    fn set_soft_pin_action(&mut self, value: i64) -> PyResult<()> {
-        self.soft_pin_action = match value {
-            0..=2 => value as u8,
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "soft_pin_action must be SoftPinAction.PRESERVE (0), ENABLE (1) or DISABLE (2), got {value}"
-                )))
-            }
+    fn set_soft_pin_action(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.soft_pin_action = args::int_in(
+            value,
+            0..=2,
+            "a SoftPinAction: PRESERVE 0, ENABLE 1 or DISABLE 2",
+        )? as u8;
+        Ok(())
+    }
+
+    /// Memory replicas wanted (1 by default).
+    #[getter]
+    fn replica_num(&self) -> u32 {
+        self.replica_num
+    }
+
+    #[setter]
+    fn set_replica_num(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.replica_num = args::unsigned(value, "replica_num as an unsigned 32-bit integer")?;
+        Ok(())
+    }
+
+    /// Soft-pin lifetime in milliseconds; `None` is the master's default.
+    #[getter]
+    fn soft_pin_ttl_ms(&self) -> Option<u64> {
+        self.soft_pin_ttl_ms
+    }
+
+    #[setter]
+    fn set_soft_pin_ttl_ms(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.soft_pin_ttl_ms = if value.is_none() {
+            None
+        } else {
+            Some(args::unsigned(
+                value,
+                "soft_pin_ttl_ms as an unsigned 64-bit number of milliseconds, or None",
+            )?)
         };
+        Ok(())
+    }
+
+    /// Never evicted.
+    #[getter]
+    fn with_hard_pin(&self) -> bool {
+        self.with_hard_pin
+    }
+
+    #[setter]
+    fn set_with_hard_pin(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_hard_pin = args::boolean(value, "with_hard_pin")?;
+        Ok(())
+    }
+
+    /// This process's segment first (needs `replica_num == 1`).
+    #[getter]
+    fn prefer_alloc_in_same_node(&self) -> bool {
+        self.prefer_alloc_in_same_node
+    }
+
+    #[setter]
+    fn set_prefer_alloc_in_same_node(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.prefer_alloc_in_same_node = args::boolean(value, "prefer_alloc_in_same_node")?;
+        Ok(())
+    }
+
+    /// Also write a disk replica (moonkv's own).
+    #[getter]
+    fn with_disk_replica(&self) -> bool {
+        self.with_disk_replica
+    }
+
+    #[setter]
+    fn set_with_disk_replica(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_disk_replica = args::boolean(value, "with_disk_replica")?;
+        Ok(())
+    }
+
+    /// `ObjectDataType` as an integer (a tag kept for compatibility).
+    #[getter]
+    fn data_type(&self) -> i64 {
+        self.data_type
+    }
+
+    #[setter]
+    fn set_data_type(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.data_type = args::int_in(value, 0..=9, "an ObjectDataType")?;
         Ok(())
     }
 
@@ -100,8 +173,13 @@ impl PyReplicateConfig {
     }
 
     #[setter]
-    fn set_with_soft_pin(&mut self, value: bool) {
-        self.soft_pin_action = if value { 1 } else { 0 };
+    fn set_with_soft_pin(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.soft_pin_action = if args::boolean(value, "with_soft_pin")? {
+            1
+        } else {
+            0
+        };
+        Ok(())
     }
 
     /// Always 0: moonkv has no NVMe-oF tier.
@@ -111,7 +189,8 @@ impl PyReplicateConfig {
     }
 
     #[setter]
-    fn set_nof_replica_num(&mut self, value: u32) -> PyResult<()> {
+    fn set_nof_replica_num(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let value: u32 = args::unsigned(value, "nof_replica_num as an unsigned 32-bit integer")?;
         unsupported("nof_replica_num", value != 0)
     }
 
@@ -122,7 +201,8 @@ impl PyReplicateConfig {
     }
 
     #[setter]
-    fn set_dfs_replica_num(&mut self, value: u32) -> PyResult<()> {
+    fn set_dfs_replica_num(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let value: u32 = args::unsigned(value, "dfs_replica_num as an unsigned 32-bit integer")?;
         unsupported("dfs_replica_num", value != 0)
     }
 

@@ -9,10 +9,11 @@ use moonkv_client::{Store, StoreConfig};
 use moonkv_node::{Node, NodeConfig, NodeHandle};
 use moonkv_proto::msg::{Request, ServiceReadyRequest};
 use moonkv_proto::{Error, ErrorCode};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// `health_check` answers, as upstream numbers them.
@@ -26,6 +27,103 @@ pub(crate) const MASTER_UNREACHABLE: i32 = 2;
 const HEALTH_DEADLINE: Duration = Duration::from_secs(2);
 /// Attempts at an ephemeral data-plane port that another process may take in between.
 const PORT_ATTEMPTS: usize = 20;
+/// Longest a close (explicit, by garbage collection or at exit) waits for the master to
+/// unmount this process's segments; past it the node stops anyway and the master unmounts them
+/// at the heartbeat deadline.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(3);
+/// How long a closing store waits for its runtime's worker threads to finish.
+const THREADS_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Every engine not yet dropped, so the interpreter's exit closes them (`_close_all`, run by
+/// `atexit`) before Python tears down the objects holding them.
+static LIVE: Mutex<Vec<Weak<Engine>>> = Mutex::new(Vec::new());
+
+/// The engine of one Python store object (`MooncakeDistributedStore` or `Client`). Dropping it,
+/// which is what garbage collection of the object does, closes the store as `close()` does.
+#[derive(Default)]
+pub(crate) struct EngineSlot(RwLock<Option<Arc<Engine>>>);
+
+impl EngineSlot {
+    /// The running engine, if set up and not closed.
+    pub(crate) fn get(&self) -> Option<Arc<Engine>> {
+        self.0.read().clone()
+    }
+
+    /// Whether an engine runs.
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.read().is_some()
+    }
+
+    /// Installs a freshly started engine; false (and the engine is closed) when one runs
+    /// already.
+    pub(crate) fn install(&self, py: Python<'_>, engine: Engine) -> bool {
+        let engine = Arc::new(engine);
+        let mut slot = self.0.write();
+        if slot.is_some() {
+            drop(slot);
+            py.detach(|| close_engine(engine));
+            return false;
+        }
+        {
+            let mut live = LIVE.lock();
+            live.retain(|e| e.strong_count() > 0);
+            live.push(Arc::downgrade(&engine));
+        }
+        *slot = Some(engine);
+        true
+    }
+
+    /// Closes the engine, if any: unmounts, disconnects, stops its threads. Blocks without the
+    /// GIL; a second call does nothing.
+    pub(crate) fn close(&self, py: Python<'_>) {
+        let engine = self.0.write().take();
+        if let Some(engine) = engine {
+            py.detach(|| close_engine(engine));
+        }
+    }
+}
+
+impl Drop for EngineSlot {
+    fn drop(&mut self) {
+        let mut engine = self.0.get_mut().take();
+        if engine.is_none() {
+            return;
+        }
+        // Garbage collection runs this holding the GIL: let other threads go on meanwhile.
+        // During interpreter teardown (no attaching) no other Python thread runs, so blocking
+        // with the GIL held is harmless.
+        let _ = Python::try_attach(|py| {
+            if let Some(engine) = engine.take() {
+                py.detach(move || close_engine(engine));
+            }
+        });
+        if let Some(engine) = engine {
+            close_engine(engine);
+        }
+    }
+}
+
+/// Shuts `engine` down and, when no call still holds it, waits for its threads.
+fn close_engine(engine: Arc<Engine>) {
+    engine.shut_down();
+    if let Ok(mut engine) = Arc::try_unwrap(engine) {
+        if let Some(rt) = engine.runtime.take() {
+            rt.shutdown_timeout(THREADS_DEADLINE);
+        }
+    }
+}
+
+/// Closes every store still open; `moonkv/__init__.py` runs it at interpreter exit, so stores
+/// never closed unmount their memory before the process goes.
+#[pyfunction]
+pub(crate) fn _close_all(py: Python<'_>) {
+    let engines: Vec<Arc<Engine>> = LIVE.lock().drain(..).filter_map(|e| e.upgrade()).collect();
+    py.detach(|| {
+        for engine in engines {
+            engine.shut_down();
+        }
+    });
+}
 
 /// A running store.
 pub(crate) struct Engine {
@@ -42,23 +140,17 @@ pub(crate) struct Engine {
     /// Runtimes driven by the calling thread, for calls that go through [`Engine::run`]
     /// (`None`: disabled, or the master is an HA cluster).
     lanes: Option<CallerLanes>,
+    /// Standalone mode's memory pool (`alloc_from_mem_pool`).
+    pub pool: Option<crate::mempool::MemPool>,
+    /// `shut_down` ran.
+    closed: AtomicBool,
 }
 
 impl Engine {
     /// Connects to the master and, when `global_segment_size > 0`, starts a node in this
     /// process first. Blocks; call it without the GIL.
     pub(crate) fn start(settings: &Settings, connect: StoreTuning) -> Result<Engine, Error> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(worker_threads())
-            .thread_name("moonkv")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                Error::new(
-                    ErrorCode::INTERNAL_ERROR,
-                    format!("cannot start the runtime: {e}"),
-                )
-            })?;
+        let runtime = new_runtime()?;
         let node = if settings.global_segment_size > 0 {
             Some(runtime.block_on(start_node(settings))?)
         } else {
@@ -91,6 +183,43 @@ impl Engine {
             staging: Arc::new(Staging::new(settings.local_buffer_size)),
             registry: Registry::default(),
             lanes,
+            pool: None,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Standalone mode (`setup_dummy`): a pure client of the master that the node at
+    /// `node_endpoint` (on this machine) mounts on. The node copies straight to and from this
+    /// process's memory; `mem_pool_size` bytes are reserved for `alloc_from_mem_pool`. Blocks.
+    pub(crate) fn start_standalone(
+        node_endpoint: &str,
+        local_buffer_size: u64,
+        mem_pool_size: u64,
+        tenant: &str,
+        connect: StoreTuning,
+    ) -> Result<Engine, Error> {
+        let pool = crate::mempool::MemPool::new(mem_pool_size)?;
+        let runtime = new_runtime()?;
+        let mut config = StoreConfig::new(String::new());
+        config.tenant = tenant.to_string();
+        connect.apply(&mut config);
+        let store = runtime.block_on(Store::connect_via_node(node_endpoint, config))?;
+        let lanes = CallerLanes::new(&store, connect.caller_lanes, connect.spin);
+        let registry = Registry::default();
+        if let Some(pool) = &pool {
+            registry.register_pool(pool.base(), pool.len())?;
+        }
+        Ok(Engine {
+            runtime: Some(runtime),
+            store,
+            local_segment: None,
+            node: Mutex::new(None),
+            hostname: node_endpoint.to_string(),
+            staging: Arc::new(Staging::new(local_buffer_size)),
+            registry,
+            lanes,
+            pool,
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -129,16 +258,31 @@ impl Engine {
         }
     }
 
-    /// Unmounts the embedded node's memory and stops it; later calls fail. Blocks.
+    /// Unmounts the embedded node's memory and stops it, closes the connections; later calls
+    /// fail. Bounded by [`SHUTDOWN_DEADLINE`]; a second call does nothing. Blocks.
     pub(crate) fn shut_down(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
         if let Some(lanes) = &self.lanes {
             lanes.close();
         }
         let node = self.node.lock().take();
-        if let Some(node) = node {
-            self.block_on(node.shutdown());
+        let store = self.store.clone();
+        let finished = self.block_on(async move {
+            tokio::time::timeout(SHUTDOWN_DEADLINE, async move {
+                if let Some(node) = node {
+                    node.shutdown().await;
+                }
+                store.master().close().await;
+            })
+            .await
+        });
+        if finished.is_err() {
+            tracing::warn!(
+                "closing the store took longer than {SHUTDOWN_DEADLINE:?}; the master unmounts what is left at its heartbeat deadline"
+            );
         }
-        self.block_on(self.store.master().close());
     }
 
     /// 0 when the master answers within a short deadline, 2 otherwise. Blocks.
@@ -235,6 +379,20 @@ impl StoreTuning {
             config.connect_timeout = config.connect_timeout.min(t);
         }
     }
+}
+
+fn new_runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads())
+        .thread_name("moonkv")
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("cannot start the runtime: {e}"),
+            )
+        })
 }
 
 fn worker_threads() -> usize {

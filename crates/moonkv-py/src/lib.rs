@@ -7,6 +7,7 @@
 //!   manager).
 //! - [`engine`]: what both share — a tokio runtime per store, the connection to the master,
 //!   the embedded node (`global_segment_size > 0`) and the local-buffer budget.
+//! - [`mempool`]: standalone mode's memory pool (`setup_dummy`, `alloc_from_mem_pool`).
 //! - [`registry`]: registered memory, the only raw addresses ever turned into slices.
 //! - [`pybuf`]: borrowing Python buffers (bytes, bytearray, memoryview, NumPy) without copying.
 //! - [`config`], [`replica`], [`settings`], [`args`], [`errors`]: `ReplicateConfig`, replica
@@ -20,6 +21,7 @@ mod config;
 mod dropin;
 mod engine;
 mod errors;
+mod mempool;
 mod pybuf;
 mod registry;
 mod replica;
@@ -37,6 +39,7 @@ fn _moonkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<replica::PyMemoryDescriptor>()?;
     m.add_class::<replica::PyDiskDescriptor>()?;
     m.add_function(wrap_pyfunction!(errors::_install, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::_close_all, m)?)?;
     m.add_function(wrap_pyfunction!(replica::_bytearray_address, m)?)?;
     m.add("MAX_KEY_LEN", moonkv_proto::MAX_KEY_LEN)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -18,6 +18,9 @@ struct Region {
     /// Calls currently reading or writing inside the buffer.
     users: Mutex<usize>,
     idle: Condvar,
+    /// Standalone mode's memory pool: registered for the store's whole life; registering or
+    /// unregistering memory inside it is accepted and changes nothing.
+    pool: bool,
 }
 
 /// The registered buffers of one store, keyed by start address.
@@ -69,6 +72,9 @@ impl Registry {
                 return Ok(());
             }
         }
+        if find(&regions, Range { ptr, len: size }).is_ok_and(|r| r.pool) {
+            return Ok(());
+        }
         let before = regions.range(..end).next_back();
         if let Some((_, other)) = before {
             if other.start + other.len > ptr {
@@ -85,6 +91,28 @@ impl Registry {
                 len: size,
                 users: Mutex::new(0),
                 idle: Condvar::new(),
+                pool: false,
+            }),
+        );
+        Ok(())
+    }
+
+    /// Registers standalone mode's memory pool for the life of the store.
+    pub(crate) fn register_pool(&self, ptr: usize, size: usize) -> Result<(), Error> {
+        let mut regions = self.regions.write();
+        if !regions.is_empty() {
+            return Err(invalid(
+                "the memory pool is registered before any other buffer",
+            ));
+        }
+        regions.insert(
+            ptr,
+            Arc::new(Region {
+                start: ptr,
+                len: size,
+                users: Mutex::new(0),
+                idle: Condvar::new(),
+                pool: true,
             }),
         );
         Ok(())
@@ -93,11 +121,15 @@ impl Registry {
     /// Unregisters the buffer that starts at `ptr`, after the calls using it have finished.
     /// Blocks; call it without the GIL.
     pub(crate) fn unregister(&self, ptr: usize) -> Result<(), Error> {
-        let region = self
-            .regions
-            .write()
+        let mut regions = self.regions.write();
+        if find(&regions, Range { ptr, len: 1 }).is_ok_and(|r| r.pool) {
+            return Ok(());
+        }
+        let region = regions
             .remove(&ptr)
             .ok_or_else(|| invalid(format!("no buffer is registered at {ptr:#x}")))?;
+        // Calls that use the buffer need the registry to finish.
+        drop(regions);
         let mut users = region.users.lock();
         while *users > 0 {
             region.idle.wait(&mut users);

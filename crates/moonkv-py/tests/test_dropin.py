@@ -503,9 +503,9 @@ def test_replicate_config_attributes(store, key):
 
 
 def test_methods_moonkv_lacks_raise_not_implemented(store):
-    for name in ["setup_dummy", "put_tensor", "get_tensor", "create_copy_task", "batch_get_session_start", "mount_segment"]:
+    for name in ["create_copy_task", "batch_get_session_start", "mount_segment"]:
         with pytest.raises(NotImplementedError, match=name):
             getattr(store, name)("a", "b")
-    assert set(moonkv.NOT_IMPLEMENTED) >= {"setup_dummy", "create_move_task", "query_task"}
+    assert set(moonkv.NOT_IMPLEMENTED) >= {"create_move_task", "query_task"}
     with pytest.raises(NotImplementedError):
         moonkv.bind_to_numa_node(0)

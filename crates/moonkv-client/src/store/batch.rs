@@ -4,7 +4,7 @@
 
 use super::transfer::{ReadObject, WriteObject};
 use super::{
-    check_size, combine_failures, first, fit_parts, lease_expired, no_complete_replica,
+    check_size, combine_failures, failover, first, fit_parts, lease_expired, no_complete_replica,
     object_size, zeroed, Store, WriteKind,
 };
 use crate::util::check_key;
@@ -124,7 +124,9 @@ impl Store {
             .await
     }
 
-    /// The batch write: object i is the concatenation of `objects[i]`.
+    /// The batch write: object i is the concatenation of `objects[i]`. Keys that failed
+    /// because a target node could not be reached were revoked; they are placed again (the
+    /// master was told, so it avoids those nodes) while the failover window lasts.
     pub(crate) async fn batch_write(
         &self,
         kind: WriteKind,
@@ -135,6 +137,49 @@ impl Store {
         if keys.len() != objects.len() {
             return mismatch(keys, objects.len(), "values");
         }
+        let mut window = failover::Window::start(self);
+        let (mut results, mut retry) = self.batch_write_once(kind, keys, objects, config).await;
+        loop {
+            let again: Vec<usize> = (0..keys.len()).filter(|&i| retry[i].is_some()).collect();
+            if again.is_empty() || !window.allows_another() {
+                return results;
+            }
+            let mut down: Vec<String> = again
+                .iter()
+                .flat_map(|&i| retry[i].take().unwrap_or_default())
+                .collect();
+            down.sort();
+            down.dedup();
+            tracing::debug!(keys = again.len(), nodes = ?down, "target nodes unreachable; placing those keys again");
+            self.report_unreachable(down).await;
+            let sub_keys: Vec<&str> = again.iter().map(|&i| keys[i]).collect();
+            let sub_objects: Vec<&[&[u8]]> = again.iter().map(|&i| objects[i]).collect();
+            let mut sub_config = config.clone();
+            if let Some(groups) = &config.group_ids {
+                if groups.len() == keys.len() {
+                    sub_config.group_ids = Some(again.iter().map(|&i| groups[i].clone()).collect());
+                }
+            }
+            let (sub_results, sub_retry) = self
+                .batch_write_once(kind, &sub_keys, &sub_objects, &sub_config)
+                .await;
+            retry = vec![None; keys.len()];
+            for ((i, result), r) in again.into_iter().zip(sub_results).zip(sub_retry) {
+                results[i] = result;
+                retry[i] = r;
+            }
+        }
+    }
+
+    /// One attempt of [`Store::batch_write`]: a result per key, and for each key that failed
+    /// because a node was unreachable (and was revoked at once), those nodes' endpoints.
+    async fn batch_write_once(
+        &self,
+        kind: WriteKind,
+        keys: &[&str],
+        objects: &[&[&[u8]]],
+        config: &ReplicateConfig,
+    ) -> (Vec<Result<()>>, Vec<Option<Vec<String>>>) {
         let sizes: Vec<u64> = objects
             .iter()
             .map(|parts| parts.iter().map(|p| p.len() as u64).sum())
@@ -195,8 +240,11 @@ impl Store {
                 .map(|r| r.iter().map(|d| d.id).collect())
                 .unwrap_or_default()
         };
+        let mut retry: Vec<Option<Vec<String>>> = vec![None; keys.len()];
         let mut end_items = Vec::new();
         let mut revoke_items = Vec::new();
+        // Position in the batch of each revoke item.
+        let mut revoke_index: Vec<usize> = Vec::new();
         let mut end_index = Vec::new();
         for (&i, outcome) in allocated.iter().zip(written) {
             let outcome = if ids(i).is_empty() {
@@ -217,10 +265,16 @@ impl Store {
                     end_index.push(i);
                 }
                 Err(e) => {
+                    let down =
+                        self.unreachable_endpoints(started[i].as_deref().unwrap_or_default());
+                    if !down.is_empty() {
+                        retry[i] = Some(down);
+                    }
                     revoke_items.push(RevokeItem {
                         key: keys[i].to_string(),
                         replica_ids: ids(i),
                     });
+                    revoke_index.push(i);
                     results[i] = Err(e);
                 }
             }
@@ -242,11 +296,23 @@ impl Store {
                         key: keys[*slot].to_string(),
                         replica_ids: ids(*slot),
                     });
+                    revoke_index.push(*slot);
                     results[*slot] = Err(e);
                 }
             }
         }
-        revoke_items.retain(|item| !self.defer_revoke(kind, &item.key, &item.replica_ids));
+        let mut sent_index = Vec::with_capacity(revoke_index.len());
+        let mut sent = Vec::with_capacity(revoke_items.len());
+        for (item, i) in revoke_items.into_iter().zip(revoke_index) {
+            if self.defer_revoke(kind, &item.key, &item.replica_ids) {
+                // Its key stays taken until the revoke goes out: no second placement.
+                retry[i] = None;
+            } else {
+                sent.push(item);
+                sent_index.push(i);
+            }
+        }
+        let revoke_items = sent;
         if !revoke_items.is_empty() {
             let revoke = BatchRevokeRequest {
                 client_id: self.master.client_id(),
@@ -256,11 +322,22 @@ impl Store {
             };
             let answer: Result<Vec<ItemResult<()>>> =
                 self.master.call(kind.batch_revoke(revoke)).await;
-            if let Err(e) = answer {
-                tracing::warn!(error = %e, "batch revoke did not go through; the master reclaims the space later");
+            match answer {
+                Ok(items) => {
+                    // A key whose revoke was refused is still taken: no second placement.
+                    for (&i, answer) in sent_index.iter().zip(items) {
+                        if answer.0.is_err() {
+                            retry[i] = None;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "batch revoke did not go through; the master reclaims the space later");
+                    retry.iter_mut().for_each(|r| *r = None);
+                }
             }
         }
-        results
+        (results, retry)
     }
 
     /// Reads each key into its buffer and returns its size: one BatchGetReplicaList, the bytes

@@ -11,8 +11,10 @@
 
 mod batch;
 mod caller;
+mod failover;
 mod lanes;
 mod parts;
+mod standalone;
 pub(crate) mod transfer;
 
 use crate::master_client::{MasterClient, MasterClientConfig};
@@ -27,6 +29,7 @@ use std::time::{Duration, Instant};
 use transfer::{Transfer, TransferConfig};
 
 pub use caller::{CallerLane, CallerLanes};
+pub use standalone::master_of_node;
 
 /// How a [`Store`] connects and moves bytes.
 #[derive(Clone, Debug)]
@@ -392,7 +395,9 @@ impl Store {
     }
 
     /// The two-phase write; returns the number of memory replicas made. With `need`, fewer
-    /// memory replicas than that revoke the write before any byte moves.
+    /// memory replicas than that revoke the write before any byte moves. A write that failed
+    /// because a target node could not be reached was revoked; it is placed again (the master
+    /// was told, so it avoids that node) while the failover window lasts.
     async fn write_counted(
         &self,
         kind: WriteKind,
@@ -403,6 +408,30 @@ impl Store {
     ) -> Result<usize> {
         check_key(key)?;
         check_value(value)?;
+        let mut window = failover::Window::start(self);
+        loop {
+            match self.write_once(kind, key, value, config, need).await {
+                Ok(made) => return Ok(made),
+                Err(failed) => match failed.retry {
+                    Some(down) if window.allows_another() => {
+                        self.report_unreachable(down).await;
+                        tracing::debug!(%key, error = %failed.error, "a target node is unreachable; placing the write again");
+                    }
+                    _ => return Err(failed.error),
+                },
+            }
+        }
+    }
+
+    /// One attempt of [`Store::write_counted`].
+    async fn write_once(
+        &self,
+        kind: WriteKind,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+        need: Option<usize>,
+    ) -> std::result::Result<usize, failover::Failed> {
         let start = PutStartRequest {
             client_id: self.master.client_id(),
             tenant: self.tenant.clone(),
@@ -414,7 +443,7 @@ impl Store {
             .master
             .call(kind.start(start))
             .await
-            .map_err(|e| self.about(key, e))?;
+            .map_err(|e| failover::Failed::from(self.about(key, e)))?;
         let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
         let in_memory = replicas
             .iter()
@@ -427,10 +456,15 @@ impl Store {
                 format!(
                     "only {in_memory} of the {need} memory replicas asked for could be placed for '{key}'; nothing was stored"
                 ),
-            ));
+            )
+            .into());
         }
         crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
         let written = self.write_replicas(key, &replicas, value).await;
+        let down = match &written {
+            Err(_) => self.unreachable_endpoints(&replicas),
+            Ok(()) => Vec::new(),
+        };
         let result = match written {
             Ok(()) => {
                 let end = EndRequest {
@@ -448,13 +482,21 @@ impl Store {
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = &result {
-            // Revoke carries our own ids, so it can only ever abandon this write's replicas; if
-            // the End did land, the master refuses the revoke and the object stays.
-            self.revoke(kind, key, ids).await;
-            tracing::debug!(%key, error = %e, "write failed and was revoked");
+        match result {
+            Ok(()) => Ok(in_memory),
+            Err(error) => {
+                // Revoke carries our own ids, so it can only ever abandon this write's replicas;
+                // if the End did land, the master refuses the revoke and the object stays.
+                let deferred = self.defer_revoke(kind, key, &ids);
+                if !deferred {
+                    self.send_revoke(kind, key, ids).await;
+                }
+                tracing::debug!(%key, %error, "write failed and was revoked");
+                // Placed again only when the key is free again: the revoke went out now.
+                let retry = (!down.is_empty() && !deferred).then_some(down);
+                Err(failover::Failed { error, retry })
+            }
         }
-        result.map(|()| in_memory)
     }
 
     async fn revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {

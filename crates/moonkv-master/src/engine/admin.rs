@@ -21,6 +21,9 @@ pub struct SegmentInfo {
     pub used_bytes: u64,
     /// Its size.
     pub capacity_bytes: u64,
+    /// A client reported its node unreachable since the node's last heartbeat: no new
+    /// replicas are placed here.
+    pub suspect: bool,
 }
 
 /// One known disk as the admin API shows it.
@@ -161,6 +164,7 @@ impl Engine {
                 status: slot.status(),
                 used_bytes: slot.used_bytes(),
                 capacity_bytes: slot.info.size,
+                suspect: slot.is_suspect(),
             })
             .collect();
         out.sort_by(|a, b| (&a.segment.name, a.segment.id).cmp(&(&b.segment.name, b.segment.id)));

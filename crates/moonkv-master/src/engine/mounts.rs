@@ -7,7 +7,8 @@ use super::validate::invalid;
 use super::Engine;
 use moonkv_proto::msg::{
     GracefulUnmountSegmentRequest, MountSegmentRequest, PingRequest, QuerySegmentStatusByIdRequest,
-    QuerySegmentStatusRequest, ReMountSegmentRequest, UnmountSegmentRequest,
+    QuerySegmentStatusRequest, ReMountSegmentRequest, ReportUnreachableRequest,
+    UnmountSegmentRequest, MAX_REPORTED_ENDPOINTS,
 };
 use moonkv_proto::{
     ClientId, ClientStatus, Error, ErrorCode, PingResponse, Result, Segment, SegmentId,
@@ -55,11 +56,55 @@ impl Engine {
             }
             None => ClientStatus::NeedRemount,
         };
+        if client_status == ClientStatus::Ok {
+            self.clear_suspects_of(req.client_id);
+        }
         Ok(PingResponse {
             view_version: 0,
             client_status,
             master_epoch: self.catalog.epoch(),
         })
+    }
+
+    /// ReportUnreachable: a client could not reach these endpoints, so their segments leave
+    /// placement at once (not at the heartbeat deadline, which still unmounts them if their node
+    /// is gone). The node's next heartbeat puts them back. Returns how many segments this report
+    /// took out of placement.
+    pub fn report_unreachable(&self, req: &ReportUnreachableRequest) -> Result<u32> {
+        if req.endpoints.len() > MAX_REPORTED_ENDPOINTS {
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "a report names at most {MAX_REPORTED_ENDPOINTS} endpoints, not {}",
+                    req.endpoints.len()
+                ),
+            ));
+        }
+        let registry = self.registry.read();
+        let mut marked = 0;
+        for slot in registry.by_id.values() {
+            if req.endpoints.contains(&slot.info.endpoint) && slot.mark_suspect() {
+                marked += 1;
+                tracing::warn!(segment = %slot.info.name, endpoint = %slot.info.endpoint, reporter = %req.client_id, "a client cannot reach this segment's node; no new replicas go there until it answers");
+            }
+        }
+        Ok(marked)
+    }
+
+    /// The owner answered: its segments take new replicas again.
+    fn clear_suspects_of(&self, owner: ClientId) {
+        if self.usage.suspects.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let registry = self.registry.read();
+        let Some(ids) = registry.by_client.get(&owner) else {
+            return;
+        };
+        for slot in ids.iter().filter_map(|id| registry.by_id.get(id)) {
+            if slot.clear_suspect() {
+                tracing::info!(segment = %slot.info.name, "the segment's node answers again; it takes new replicas");
+            }
+        }
     }
 
     /// MountSegment. Marks the client alive and OK, so its next Ping answers `OK`.

@@ -21,6 +21,8 @@ pub(crate) struct SpaceUsage {
     pub(crate) capacity: AtomicU64,
     /// Bytes allocated in mounted segments (live, parked and in-flight buffers).
     pub(crate) allocated: AtomicU64,
+    /// Live segments out of placement because a client reported their node unreachable.
+    pub(crate) suspects: AtomicU64,
 }
 
 /// One mounted segment.
@@ -40,6 +42,9 @@ pub(crate) struct SegmentSlot {
     /// is allocated here until the announcement ends or this deadline (ms) passes; 0 = not
     /// frozen.
     adopt_until_ms: AtomicU64,
+    /// A client reported that this segment's node refuses connections or does not answer:
+    /// nothing new is placed here until the node's next heartbeat.
+    suspect: AtomicBool,
 }
 
 impl SegmentSlot {
@@ -60,7 +65,35 @@ impl SegmentSlot {
             usage,
             catalog,
             adopt_until_ms: AtomicU64::new(0),
+            suspect: AtomicBool::new(false),
         }
+    }
+
+    /// Takes the segment out of placement until [`SegmentSlot::clear_suspect`]; returns whether
+    /// it was in placement before.
+    pub(crate) fn mark_suspect(&self) -> bool {
+        let _a = self.allocator.lock();
+        let fresh = self.is_alive() && !self.suspect.swap(true, Ordering::AcqRel);
+        if fresh {
+            self.usage.suspects.fetch_add(1, Ordering::AcqRel);
+        }
+        fresh
+    }
+
+    /// Puts the segment back into placement (its node answered); returns whether it was
+    /// suspect.
+    pub(crate) fn clear_suspect(&self) -> bool {
+        let _a = self.allocator.lock();
+        let was = self.suspect.swap(false, Ordering::AcqRel);
+        if was {
+            self.usage.suspects.fetch_sub(1, Ordering::AcqRel);
+        }
+        was
+    }
+
+    /// Whether a client reported the node unreachable since its last heartbeat.
+    pub(crate) fn is_suspect(&self) -> bool {
+        self.suspect.load(Ordering::Acquire)
     }
 
     /// Freezes the segment for re-adoption until `until_ms`.
@@ -123,7 +156,7 @@ impl SegmentSlot {
 
     /// Reserves `len` aligned bytes; `None` when full or unmounted.
     pub(crate) fn allocate(&self, len: u64) -> Option<u64> {
-        if self.is_adopting() {
+        if self.is_adopting() || self.is_suspect() {
             return None;
         }
         let mut a = self.allocator.lock();
@@ -154,6 +187,9 @@ impl SegmentSlot {
             return false;
         }
         self.set_status(SegmentStatus::Unmounting);
+        if self.suspect.swap(false, Ordering::AcqRel) {
+            self.usage.suspects.fetch_sub(1, Ordering::AcqRel);
+        }
         self.usage.allocated.fetch_sub(a.used(), Ordering::Relaxed);
         self.usage
             .capacity

@@ -19,6 +19,7 @@ See docs/python.md for the method table and the zero-copy rules.
 
 from __future__ import annotations
 
+import atexit as _atexit
 import enum as _enum
 
 from . import _moonkv
@@ -125,14 +126,12 @@ class BufferHandle(bytearray):
 # Upstream methods moonkv does not have. Each raises NotImplementedError naming itself rather
 # than pretending to succeed.
 NOT_IMPLEMENTED = {
-    "setup_dummy": "dummy mode (sharing a real client over shared memory); every process can set up its own store",
     "init_all": "transfer-engine initialisation; setup() does everything",
     "mount_segment": "mounting file-backed segments",
     "unmount_segment": "unmounting segments by id",
     "allocate_and_mount_segment": "mounting extra segments after setup",
     "unmount_and_free_segment": "unmounting segments by id",
     "unmount_local_disk_segment": "the client-side SSD tier (moonkv nodes have a disk tier instead)",
-    "alloc_from_mem_pool": "the transfer engine's memory pool",
     "get_offload_rpc_read_count": "the client-side SSD tier",
     "batch_upsert_from_multi_buffers": "multi-buffer upserts",
     "batch_get_session_start": "get sessions",
@@ -148,24 +147,11 @@ NOT_IMPLEMENTED = {
     "query_task": "replica copy/move tasks",
     "_get_pyclient_capsule": "upstream's internal client handle",
 }
-for _name in [
-    "get_tensor", "put_tensor", "batch_get_tensor", "batch_put_tensor", "pub_tensor",
-    "batch_pub_tensor", "get_tensor_into", "batch_get_tensor_into", "get_tensor_into_cuda",
-    "batch_get_tensor_into_cuda", "put_tensor_from", "batch_put_tensor_from", "upsert_tensor",
-    "upsert_tensor_from", "batch_upsert_tensor", "batch_upsert_tensor_from", "upsert_pub_tensor",
-    "batch_upsert_pub_tensor", "get_tensor_with_tp", "batch_get_tensor_with_tp",
-    "put_tensor_with_tp", "batch_put_tensor_with_tp", "pub_tensor_with_tp",
-    "batch_pub_tensor_with_tp", "get_tensor_with_tp_into", "batch_get_tensor_with_tp_into",
-    "put_tensor_with_tp_from", "batch_put_tensor_with_tp_from", "get_tensor_with_parallelism",
-    "batch_get_tensor_with_parallelism", "get_tensor_with_parallelism_into",
-    "batch_get_tensor_with_parallelism_into", "put_tensor_with_parallelism",
-    "batch_put_tensor_with_parallelism", "put_tensor_with_parallelism_from",
-    "batch_put_tensor_with_parallelism_from", "upsert_tensor_with_parallelism",
-    "upsert_tensor_with_parallelism_from", "batch_upsert_tensor_with_parallelism",
-    "batch_upsert_tensor_with_parallelism_from", "save_tensor_to_safetensor",
-    "load_tensor_from_safetensor",
-]:
-    NOT_IMPLEMENTED[_name] = "the tensor helpers (store tensor bytes with put_from/get_into instead)"
+# The tensor helpers (moonkv/tensor.py) are mixed into the class below; the tensor methods they
+# lack join the list.
+from . import tensor as _tensor  # noqa: E402
+
+NOT_IMPLEMENTED.update(_tensor.NOT_IMPLEMENTED)
 
 
 def _not_implemented(name: str, what: str):
@@ -180,7 +166,7 @@ def _not_implemented(name: str, what: str):
     return method
 
 
-class MooncakeDistributedStore(_moonkv.MooncakeDistributedStore):
+class MooncakeDistributedStore(_tensor.TensorMethods, _moonkv.MooncakeDistributedStore):
     """Drop-in for ``mooncake.store.MooncakeDistributedStore``; see docs/python.md."""
 
     __slots__ = ()
@@ -197,3 +183,6 @@ def bind_to_numa_node(node: int) -> None:
 
 
 _moonkv._install(_error_for, BufferHandle)
+# Stores never closed unmount their memory when the interpreter exits, before Python tears
+# down the objects holding them (garbage collection closes the others as it frees them).
+_atexit.register(_moonkv._close_all)

@@ -14,9 +14,9 @@ mod copying;
 mod ranges;
 mod zero_copy;
 
-use crate::args::{self, Split};
+use crate::args::{self, Split, UInt};
 use crate::config::PyReplicateConfig;
-use crate::engine::{Engine, StoreTuning, NOT_INITIALIZED};
+use crate::engine::{Engine, EngineSlot, StoreTuning, NOT_INITIALIZED};
 use crate::errors::{code, invalid, not_set_up, write_code};
 use crate::pybuf::Pinned;
 use crate::registry::Range;
@@ -25,7 +25,6 @@ use crate::settings::RawSetup;
 use copying::first_failure;
 use moonkv_proto::msg::KeysRequest;
 use moonkv_proto::Error;
-use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use std::sync::Arc;
@@ -33,7 +32,7 @@ use std::sync::Arc;
 /// The store object of upstream's Python API.
 #[pyclass(module = "moonkv._moonkv", name = "MooncakeDistributedStore", subclass)]
 pub(crate) struct DropIn {
-    engine: RwLock<Option<Arc<Engine>>>,
+    engine: EngineSlot,
 }
 
 /// Logs through Python's `logging` (logger `moonkv`), where upstream's users look for the reason
@@ -48,8 +47,22 @@ fn log(py: Python<'_>, level: &str, message: &str) {
 }
 
 impl DropIn {
+    /// Keeps a freshly started engine; 0, or an error code when another `setup` won the race.
+    fn installed(&self, py: Python<'_>, engine: Engine) -> i32 {
+        if self.engine.install(py, engine) {
+            0
+        } else {
+            log(
+                py,
+                "error",
+                "setup: this store was set up by another thread meanwhile",
+            );
+            code(&invalid("already set up"))
+        }
+    }
+
     fn engine(&self) -> Result<Arc<Engine>, Error> {
-        self.engine.read().clone().ok_or_else(not_set_up)
+        self.engine.get().ok_or_else(not_set_up)
     }
 }
 
@@ -74,7 +87,7 @@ impl DropIn {
     #[new]
     fn new() -> Self {
         DropIn {
-            engine: RwLock::new(None),
+            engine: EngineSlot::default(),
         }
     }
 
@@ -136,7 +149,7 @@ impl DropIn {
             );
             return Ok(code(&invalid("engine")));
         }
-        if self.engine.read().is_some() {
+        if self.engine.is_set() {
             log(
                 py,
                 "error",
@@ -159,10 +172,7 @@ impl DropIn {
             }
         };
         match py.detach(|| Engine::start(&settings, tuning)) {
-            Ok(engine) => {
-                *self.engine.write() = Some(Arc::new(engine));
-                Ok(0)
-            }
+            Ok(engine) => Ok(self.installed(py, engine)),
             Err(e) => {
                 log(py, "error", &format!("setup: {e}"));
                 Ok(code(&e))
@@ -172,11 +182,90 @@ impl DropIn {
 
     /// Unmounts this process's memory, disconnects and returns 0; later calls fail.
     fn close(&self, py: Python<'_>) -> i32 {
-        let engine = self.engine.write().take();
-        if let Some(engine) = engine {
-            py.detach(|| engine.shut_down());
-        }
+        self.engine.close(py);
         0
+    }
+
+    /// Standalone mode: this process becomes a pure client of the node at `server_address` (the
+    /// `"data"` address `moonkv node` or `moonkv up` prints, on this machine), which names its
+    /// master. The process holds no segment; the node copies straight to and from its memory.
+    /// `mem_pool_size` bytes are reserved for `alloc_from_mem_pool`; `local_buffer_size` bounds
+    /// the copying calls as in `setup`. Returns 0 or a negative error code (reason logged).
+    #[pyo3(signature = (mem_pool_size, local_buffer_size, server_address))]
+    fn setup_dummy(
+        &self,
+        py: Python<'_>,
+        mem_pool_size: &Bound<'_, PyAny>,
+        local_buffer_size: &Bound<'_, PyAny>,
+        server_address: String,
+    ) -> PyResult<i32> {
+        let mem_pool_size = args::size_arg(mem_pool_size, "mem_pool_size")?;
+        let local_buffer_size = args::size_arg(local_buffer_size, "local_buffer_size")?;
+        if self.engine.is_set() {
+            log(
+                py,
+                "error",
+                "setup_dummy: this store is already set up; close() it first",
+            );
+            return Ok(code(&invalid("already set up")));
+        }
+        let tuning = match StoreTuning::from_env() {
+            Ok(t) => t,
+            Err(e) => {
+                log(py, "error", &format!("setup_dummy: {}", e.message));
+                return Ok(code(&e));
+            }
+        };
+        let started = py.detach(|| {
+            Engine::start_standalone(
+                server_address.trim(),
+                local_buffer_size,
+                mem_pool_size,
+                "default",
+                tuning,
+            )
+        });
+        match started {
+            Ok(engine) => Ok(self.installed(py, engine)),
+            Err(e) => {
+                log(
+                    py,
+                    "error",
+                    &format!("setup_dummy: through node {server_address}: {e}"),
+                );
+                Ok(code(&e))
+            }
+        }
+    }
+
+    /// Standalone mode: the address of `size` bytes of the memory pool reserved by
+    /// `setup_dummy` (zeroed, 64-byte aligned, already registered), or 0 when the pool has no
+    /// room left or the store is not in standalone mode. The memory stays valid until `close()`.
+    fn alloc_from_mem_pool(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let size = args::size_arg(size, "size")?;
+        let engine = match self.engine() {
+            Ok(e) => e,
+            Err(e) => {
+                log(py, "error", &format!("alloc_from_mem_pool: {}", e.message));
+                return Ok(0);
+            }
+        };
+        let Some(pool) = engine.pool.as_ref() else {
+            log(py, "error", "alloc_from_mem_pool: the store has no memory pool (set it up with setup_dummy and a mem_pool_size > 0)");
+            return Ok(0);
+        };
+        let got = usize::try_from(size).ok().and_then(|s| pool.alloc(s));
+        Ok(got.unwrap_or_else(|| {
+            log(
+                py,
+                "error",
+                &format!(
+                    "alloc_from_mem_pool({size}): the pool has {} bytes left",
+                    pool.free_bytes()
+                ),
+            );
+            0
+        }))
     }
 
     /// 0 healthy, 1 not set up or closed, 2 master unreachable.
@@ -197,10 +286,10 @@ impl DropIn {
 
     /// Registers `[buffer_ptr, buffer_ptr + size)` for the zero-copy calls. The memory must stay
     /// valid until `unregister_buffer`; it is never touched outside calls that name it.
-    fn register_buffer(&self, buffer_ptr: usize, size: usize) -> i32 {
+    fn register_buffer(&self, buffer_ptr: UInt, size: UInt) -> i32 {
         match self
             .engine()
-            .and_then(|e| e.registry.register(buffer_ptr, size))
+            .and_then(|e| e.registry.register(buffer_ptr.0, size.0))
         {
             Ok(()) => 0,
             Err(e) => code(&e),
@@ -208,10 +297,10 @@ impl DropIn {
     }
 
     /// Unregisters the buffer starting at `buffer_ptr`, once calls using it have finished.
-    fn unregister_buffer(&self, py: Python<'_>, buffer_ptr: usize) -> i32 {
+    fn unregister_buffer(&self, py: Python<'_>, buffer_ptr: UInt) -> i32 {
         let result = self
             .engine()
-            .and_then(|e| py.detach(|| e.registry.unregister(buffer_ptr)));
+            .and_then(|e| py.detach(|| e.registry.unregister(buffer_ptr.0)));
         match result {
             Ok(()) => 0,
             Err(e) => code(&e),
@@ -409,8 +498,8 @@ impl DropIn {
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
-        buffer_ptr: usize,
-        size: usize,
+        buffer_ptr: UInt,
+        size: UInt,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
         let key = args::key(key)?;
@@ -418,8 +507,8 @@ impl DropIn {
             py,
             key,
             Range {
-                ptr: buffer_ptr,
-                len: size,
+                ptr: buffer_ptr.0,
+                len: size.0,
             },
             config.as_deref(),
             false,
@@ -433,8 +522,8 @@ impl DropIn {
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
-        buffer_ptr: usize,
-        size: usize,
+        buffer_ptr: UInt,
+        size: UInt,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
         let key = args::key(key)?;
@@ -442,8 +531,8 @@ impl DropIn {
             py,
             key,
             Range {
-                ptr: buffer_ptr,
-                len: size,
+                ptr: buffer_ptr.0,
+                len: size.0,
             },
             config.as_deref(),
             true,
@@ -457,8 +546,8 @@ impl DropIn {
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
-        buffer_ptr: usize,
-        size: usize,
+        buffer_ptr: UInt,
+        size: UInt,
     ) -> PyResult<i64> {
         let key = args::key(key)?;
         let result = self.with_key(key, |engine, key| {
@@ -467,8 +556,8 @@ impl DropIn {
                 engine,
                 &key,
                 Range {
-                    ptr: buffer_ptr,
-                    len: size,
+                    ptr: buffer_ptr.0,
+                    len: size.0,
                 },
             )
         });
@@ -598,10 +687,10 @@ impl DropIn {
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
-        buffer_ptr: usize,
-        metadata_buffer_ptr: usize,
-        size: usize,
-        metadata_size: usize,
+        buffer_ptr: UInt,
+        metadata_buffer_ptr: UInt,
+        size: UInt,
+        metadata_size: UInt,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
         let key = args::key(key)?;
@@ -615,12 +704,12 @@ impl DropIn {
         };
         let ranges = vec![vec![
             Range {
-                ptr: metadata_buffer_ptr,
-                len: metadata_size,
+                ptr: metadata_buffer_ptr.0,
+                len: metadata_size.0,
             },
             Range {
-                ptr: buffer_ptr,
-                len: size,
+                ptr: buffer_ptr.0,
+                len: size.0,
             },
         ]];
         let mut results = zero_copy::batch_put_multi(

@@ -63,6 +63,7 @@ plain_replies!(
     (),
     bool,
     i64,
+    u32,
     String,
     PingResponse,
     SegmentStatus,
