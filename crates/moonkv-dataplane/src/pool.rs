@@ -190,6 +190,13 @@ impl ConnectionPool {
             .is_some_and(|e| e.unreachable.load(Ordering::Relaxed))
     }
 
+    /// Dials `endpoint` once, outside its cap, and reports whether it answered; a failure to
+    /// connect marks it [`ConnectionPool::unreachable`]. For telling a node that is gone from a
+    /// transfer that failed for another reason; the probe connection is closed again.
+    pub async fn probe(&self, endpoint: &str) -> bool {
+        self.dial(endpoint).await.is_ok()
+    }
+
     async fn dial(&self, endpoint: &str) -> Result<DataConnection> {
         let dialled = DataConnection::connect_with_tls(
             endpoint,

@@ -99,6 +99,48 @@ class Master:
         self.proc.send_signal(signal.SIGCONT)
 
 
+class Node:
+    """A `moonkv node` child process serving `size` bytes for `master_addr`."""
+
+    def __init__(self, master_addr: str, size: int | str = 64 << 20, *flags: str) -> None:
+        self.proc = subprocess.Popen(
+            [moonkv_bin(), "node", "--master", master_addr, "--segment-size", str(size), "--data-bind", "127.0.0.1:0", *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.lines = Lines(self.proc.stdout)
+        ready = json.loads(self.lines.next())
+        assert ready["event"] == "ready", ready
+        self.data: str = ready["data"]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=WAIT)
+
+
+def segments(master: "Master") -> list[dict]:
+    """The master's `/get_segments_detail` list (memory segments only)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{master.admin}/get_segments_detail", timeout=WAIT) as r:
+        detail = json.loads(r.read())
+    return [s for s in detail["segments"] if s.get("medium") == "cpu"]
+
+
+def eventually(what: str, check, timeout: float = WAIT, step: float = 0.02):
+    """Polls `check` until it returns a truthy value (returned) or `timeout` passes (fails)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s (last: {got!r})")
+        time.sleep(step)
+
+
 @pytest.fixture(scope="module")
 def master():
     m = Master()

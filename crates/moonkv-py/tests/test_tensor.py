@@ -283,6 +283,20 @@ def test_put_tensor_from_a_buffer_filled_by_get_tensor_into(store, pool, key):
     assert_same(store.get_tensor(key + "-b2"), array)
 
 
+def test_tensor_from_memory_that_is_not_registered_is_refused_without_reading_it(store, key):
+    # Addresses no registered buffer covers, down to one that is not mapped at all: refused
+    # with INVALID_PARAMS before a byte of the "header" is read.
+    scratch = bytearray(4096)
+    import ctypes
+
+    unregistered = ctypes.addressof((ctypes.c_char * len(scratch)).from_buffer(scratch))
+    for ptr in [unregistered, 0x1000, (1 << 47) - 4096]:
+        assert store.put_tensor_from(key, ptr, 4096) == -600
+        assert store.batch_put_tensor_from([key], [ptr], [4096]) == [-600]
+        assert store.put_tensor_with_tp_from(key, ptr, 4096, tp_size=2) == -600
+    assert store.is_exist(key) == 0
+
+
 def test_batch_get_tensor_into(store, pool, key):
     arrays = [sample("float64", seed=1), sample("uint8", (3, 3), seed=2)]
     keys = [key + "-0", key + "-1"]

@@ -462,12 +462,18 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
             .and_then(|v| v.as_u64())
             .unwrap_or(0);
         let medium = s.get("medium").and_then(|m| m.as_str()).unwrap_or("cpu");
+        // A segment a client reported unreachable takes no new replicas until its node answers.
+        let status = if s.get("suspect").and_then(|v| v.as_bool()) == Some(true) {
+            "SUSPECT".to_string()
+        } else {
+            field("status")
+        };
         println!(
             "  {:<28} {:<4} {:<22} {:<10} {:>10} / {:<10}",
             field("segment_name"),
             medium,
             field("te_endpoint"),
-            field("status"),
+            status,
             format_size(used),
             format_size(size)
         );

@@ -96,7 +96,7 @@ async fn expect_unreadable_then_gone(store: &Store, key: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed() {
+async fn node_killed_mid_put_fails_over_and_the_abandoned_write_is_reclaimed() {
     let m = MOONKV.master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
     let old = payload(2, 1, 4 * MIB);
@@ -126,15 +126,18 @@ async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed(
     let survivor_bytes = used(&admin, "seg-b");
 
     let writer = s.clone();
-    let put = tokio::spawn(async move { writer.put("victim", &victim, &on("seg-a")).await });
+    let sent = victim.clone();
+    let put = tokio::spawn(async move { writer.put("victim", &sent, &on("seg-a")).await });
     a.expect_failpoint_exit(WRITE_MID_PAYLOAD, SETTLE);
-    let err = put
-        .await
+    // The dead node refuses the reconnection: the write into it is revoked and placed again,
+    // on the node that is left, within the same call.
+    put.await
         .unwrap()
-        .expect_err("a put to a killed node fails");
-    assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
-    // The failed put was revoked: nothing of it is readable, now or later.
-    expect_gone(&s, "victim").await;
+        .expect("the put fails over to the other node");
+    assert_eq!(segment_of(&s, "victim").await, "seg-b");
+    assert_eq!(s.get("victim").await.unwrap(), victim);
+    let kept_bytes = used(&admin, "seg-b");
+    assert!(kept_bytes >= survivor_bytes + victim.len() as u64);
     // The committed object on the dead node errors cleanly (or is already gone), never Ok.
     let err = s.get("old-on-a").await.expect_err("its node is dead");
     assert!(
@@ -146,11 +149,12 @@ async fn node_killed_mid_put_leaves_nothing_readable_and_its_space_is_reclaimed(
     );
 
     // After the client TTL the node's segment, its objects and their space are gone.
-    wait_for_master_state(&admin, SETTLE, &[("seg-b", survivor_bytes)], 1);
+    wait_for_master_state(&admin, SETTLE, &[("seg-b", kept_bytes)], 2);
     expect_gone(&s, "old-on-a").await;
     assert_eq!(s.get("survivor").await.unwrap(), survivor);
-    assert_eq!(all_keys(&admin).unwrap(), ["survivor"]);
-    assert_eq!(snapshot_keys(&admin).unwrap(), ["survivor"]);
+    assert_eq!(s.get("victim").await.unwrap(), victim);
+    assert_eq!(all_keys(&admin).unwrap(), ["survivor", "victim"]);
+    assert_eq!(snapshot_keys(&admin).unwrap(), ["survivor", "victim"]);
     assert_eq!(
         metric(&admin, "master_total_capacity_bytes"),
         Some((64 * MIB) as f64)

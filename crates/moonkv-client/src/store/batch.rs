@@ -11,6 +11,7 @@ use crate::util::check_key;
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// Per-key slots: keys that passed local validation are sent; the others already hold an error.
@@ -165,8 +166,20 @@ impl Store {
                 .await;
             retry = vec![None; keys.len()];
             for ((i, result), r) in again.into_iter().zip(sub_results).zip(sub_retry) {
-                results[i] = result;
-                retry[i] = r;
+                let failed = failover::Failed {
+                    error: match result {
+                        Ok(()) => {
+                            results[i] = Ok(());
+                            continue;
+                        }
+                        Err(e) => e,
+                    },
+                    retry: r,
+                };
+                let before = std::mem::replace(&mut results[i], Ok(())).err();
+                let failed = failover::keep_first_cause(failed, before);
+                results[i] = Err(failed.error);
+                retry[i] = failed.retry;
             }
         }
     }
@@ -265,11 +278,9 @@ impl Store {
                     end_index.push(i);
                 }
                 Err(e) => {
-                    let down =
-                        self.unreachable_endpoints(started[i].as_deref().unwrap_or_default());
-                    if !down.is_empty() {
-                        retry[i] = Some(down);
-                    }
+                    // A candidate for a second placement, if its revoke goes out now and one of
+                    // its nodes turns out not to answer (checked below).
+                    retry[i] = Some(Vec::new());
                     revoke_items.push(RevokeItem {
                         key: keys[i].to_string(),
                         replica_ids: ids(i),
@@ -336,6 +347,20 @@ impl Store {
                     retry.iter_mut().for_each(|r| *r = None);
                 }
             }
+        }
+        let mut probed = HashMap::new();
+        for i in 0..keys.len() {
+            if retry[i].is_none() {
+                continue;
+            }
+            let (Ok(replicas), Err(error)) = (started[i].as_deref(), &results[i]) else {
+                retry[i] = None;
+                continue;
+            };
+            let down = self
+                .unreachable_endpoints(replicas, error, &mut probed)
+                .await;
+            retry[i] = (!down.is_empty()).then_some(down);
         }
         (results, retry)
     }

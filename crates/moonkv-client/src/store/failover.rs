@@ -11,7 +11,8 @@
 use super::Store;
 use moonkv_proto::msg::{ReportUnreachableRequest, Request, MAX_REPORTED_ENDPOINTS};
 use moonkv_proto::types::ReplicaDescriptor;
-use moonkv_proto::Error;
+use moonkv_proto::{Error, ErrorCode};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Placements one write tries at most (the first and two more).
@@ -57,17 +58,54 @@ impl Window {
     }
 }
 
+/// A second placement that found no room elsewhere (`NO_AVAILABLE_HANDLE`: every other segment
+/// is full, or the unreachable node was the only one) reports why the write really failed: the
+/// unreachable node of the attempt before.
+pub(crate) fn keep_first_cause(failed: Failed, before: Option<Error>) -> Failed {
+    match before {
+        Some(cause) if failed.error.code == ErrorCode::NO_AVAILABLE_HANDLE => Failed {
+            error: Error::new(
+                cause.code,
+                format!(
+                    "{} (and no other segment could take the write: {})",
+                    cause.message, failed.error.message
+                ),
+            ),
+            retry: None,
+        },
+        _ => failed,
+    }
+}
+
 impl Store {
-    /// Endpoints among `replicas` that this store could not connect to on its last try.
-    pub(crate) fn unreachable_endpoints(&self, replicas: &[ReplicaDescriptor]) -> Vec<String> {
+    /// Endpoints among `replicas` that do not answer: those this store could not connect to on
+    /// its last try, and, after a write that failed on the data plane (`TRANSFER_FAIL`: a
+    /// connection reset or closed mid-transfer), those a fresh connection attempt cannot reach
+    /// now. `probed` remembers answers within one attempt, so a batch dials each node once.
+    pub(crate) async fn unreachable_endpoints(
+        &self,
+        replicas: &[ReplicaDescriptor],
+        error: &Error,
+        probed: &mut HashMap<String, bool>,
+    ) -> Vec<String> {
         let pool = self.transfer.pool();
-        let mut down: Vec<String> = replicas
-            .iter()
-            .filter(|r| !self.transfer.is_local(r) && pool.unreachable(&r.endpoint))
-            .map(|r| r.endpoint.clone())
-            .collect();
+        let mut down = Vec::new();
+        for replica in replicas.iter().filter(|r| !self.transfer.is_local(r)) {
+            let endpoint = &replica.endpoint;
+            let gone = match probed.get(endpoint) {
+                Some(gone) => *gone,
+                None => {
+                    let gone = pool.unreachable(endpoint)
+                        || (error.code == ErrorCode::TRANSFER_FAIL && !pool.probe(endpoint).await);
+                    probed.insert(endpoint.clone(), gone);
+                    gone
+                }
+            };
+            if gone && !down.contains(endpoint) {
+                down.push(endpoint.clone());
+            }
+        }
         down.sort();
-        down.dedup();
         down
     }
 

@@ -409,16 +409,21 @@ impl Store {
         check_key(key)?;
         check_value(value)?;
         let mut window = failover::Window::start(self);
+        let mut last: Option<Error> = None;
         loop {
             match self.write_once(kind, key, value, config, need).await {
                 Ok(made) => return Ok(made),
-                Err(failed) => match failed.retry {
-                    Some(down) if window.allows_another() => {
-                        self.report_unreachable(down).await;
-                        tracing::debug!(%key, error = %failed.error, "a target node is unreachable; placing the write again");
+                Err(failed) => {
+                    let failed = failover::keep_first_cause(failed, last.take());
+                    match failed.retry {
+                        Some(down) if window.allows_another() => {
+                            self.report_unreachable(down).await;
+                            tracing::debug!(%key, error = %failed.error, "a target node is unreachable; placing the write again");
+                            last = Some(failed.error);
+                        }
+                        _ => return Err(failed.error),
                     }
-                    _ => return Err(failed.error),
-                },
+                }
             }
         }
     }
@@ -461,10 +466,7 @@ impl Store {
         }
         crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
         let written = self.write_replicas(key, &replicas, value).await;
-        let down = match &written {
-            Err(_) => self.unreachable_endpoints(&replicas),
-            Ok(()) => Vec::new(),
-        };
+        let write_failed = written.is_err();
         let result = match written {
             Ok(()) => {
                 let end = EndRequest {
@@ -492,8 +494,15 @@ impl Store {
                     self.send_revoke(kind, key, ids).await;
                 }
                 tracing::debug!(%key, %error, "write failed and was revoked");
-                // Placed again only when the key is free again: the revoke went out now.
-                let retry = (!down.is_empty() && !deferred).then_some(down);
+                // Placed again only when the key is free again (the revoke went out now) and a
+                // node of this placement does not answer.
+                let mut retry = None;
+                if write_failed && !deferred {
+                    let down = self
+                        .unreachable_endpoints(&replicas, &error, &mut Default::default())
+                        .await;
+                    retry = (!down.is_empty()).then_some(down);
+                }
                 Err(failover::Failed { error, retry })
             }
         }

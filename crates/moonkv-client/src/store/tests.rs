@@ -131,12 +131,17 @@ async fn a_failed_write_is_revoked_with_exactly_the_start_ids() {
         ];
         let revoked = Arc::new(Mutex::new(Vec::new()));
         let ended = Arc::new(Mutex::new(0));
-        let (r, e) = (revoked.clone(), ended.clone());
+        let reported = Arc::new(Mutex::new(Vec::new()));
+        let (r, e, u) = (revoked.clone(), ended.clone(), reported.clone());
         let handler: Handler = Arc::new(move |req| match req {
             Request::PutStart(_) => ok(&replicas),
             Request::PutRevoke(rv) => {
                 r.lock().push(rv.replica_ids);
                 ok(&())
+            }
+            Request::ReportUnreachable(report) => {
+                u.lock().push(report.endpoints);
+                ok(&1u32)
             }
             Request::PutEnd(_) => {
                 *e.lock() += 1;
@@ -151,7 +156,16 @@ async fn a_failed_write_is_revoked_with_exactly_the_start_ids() {
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
-        assert_eq!(*revoked.lock(), vec![vec![ReplicaId(5), ReplicaId(6)]]);
+        // This master places the write on the dead node every time: each of the three
+        // placements is revoked with exactly its ids, and the node reported before each retry.
+        assert_eq!(
+            *revoked.lock(),
+            vec![vec![ReplicaId(5), ReplicaId(6)]; failover::MAX_ATTEMPTS as usize]
+        );
+        assert_eq!(
+            *reported.lock(),
+            vec![vec![endpoint.clone()]; failover::MAX_ATTEMPTS as usize - 1]
+        );
         assert_eq!(*ended.lock(), 0);
     })
     .await

@@ -350,6 +350,7 @@ async fn get_segments_detail(State(s): State<AdminState>) -> Json<Value> {
                 "allocator_capacity_bytes": seg.capacity_bytes,
                 "allocator_usage_percent": pct,
                 "medium": "cpu",
+                "suspect": seg.suspect,
             })
         })
         .chain(s.gate.engine().disk_segments().iter().map(|disk| {

@@ -191,7 +191,7 @@ def _write_from(store, what: str, keys, buffer_ptrs, sizes, config, upsert: bool
     keys, ptrs, sizes = _buffers(keys, buffer_ptrs, sizes, what)
     if ptrs is None:
         return [INVALID_PARAMS] * len(keys)
-    codes = [_check_object(what, k, p, s) for k, p, s in zip(keys, ptrs, sizes)]
+    codes = [_check_object(store, what, k, p, s) for k, p, s in zip(keys, ptrs, sizes)]
     go = [i for i, c in enumerate(codes) if c == 0]
     if go:
         call = store.batch_upsert_from if upsert else store.batch_put_from
@@ -201,9 +201,15 @@ def _write_from(store, what: str, keys, buffer_ptrs, sizes, config, upsert: bool
     return codes
 
 
-def _check_object(what: str, key: Any, ptr: int, size: int) -> int:
+def _check_object(store, what: str, key: Any, ptr: int, size: int) -> int:
     if ptr == 0 or size >= _MAX_OBJECT:
         log.error("%s(%r): buffer_ptr %#x with size %d is no buffer", what, key, ptr, size)
+        return INVALID_PARAMS
+    # The header is read from caller memory: only from memory the caller registered, so a
+    # wrong pointer is refused instead of crashing the process.
+    if not store._is_registered(ptr, size):
+        log.error("%s(%r): %#x+%d is not inside a registered buffer (register_buffer first)",
+                  what, key, ptr, size)
         return INVALID_PARAMS
     try:
         fmt.parse_header(tio.caller_memory(ptr, size))
@@ -221,7 +227,7 @@ def _write_tp_from(store, what: str, keys, buffer_ptrs, sizes, tp, config) -> Li
     keys, ptrs, sizes = _buffers(keys, buffer_ptrs, sizes, what)
     if ptrs is None:
         return [INVALID_PARAMS] * len(keys)
-    codes = [_check_object(what, k, p, s) for k, p, s in zip(keys, ptrs, sizes)]
+    codes = [_check_object(store, what, k, p, s) for k, p, s in zip(keys, ptrs, sizes)]
     tensors = [_decode(what, k, tio.caller_memory(p, s)) if c == 0 else None
                for k, p, s, c in zip(keys, ptrs, sizes, codes)]
     codes = [0 if t is not None else INVALID_PARAMS for t in tensors]

@@ -296,6 +296,18 @@ impl DropIn {
         }
     }
 
+    /// Whether `[buffer_ptr, buffer_ptr + size)` lies inside one registered buffer (the
+    /// tensor helpers check this before they read a header from caller memory).
+    fn _is_registered(&self, buffer_ptr: UInt, size: UInt) -> bool {
+        self.engine().is_ok_and(|e| {
+            let (_lease, errors) = e.registry.lease(&[Range {
+                ptr: buffer_ptr.0,
+                len: size.0,
+            }]);
+            errors.iter().all(Option::is_none)
+        })
+    }
+
     /// Unregisters the buffer starting at `buffer_ptr`, once calls using it have finished.
     fn unregister_buffer(&self, py: Python<'_>, buffer_ptr: UInt) -> i32 {
         let result = self

@@ -327,3 +327,89 @@ fn an_owner_whose_segment_was_unmounted_behind_its_back_is_asked_to_remount() {
     assert_eq!(h.engine.segments().len(), 2);
     assert_eq!(ping(2), ClientStatus::Ok);
 }
+
+fn report(h: &Harness, endpoints: &[&str]) -> Result<u32> {
+    h.engine.report_unreachable(&ReportUnreachableRequest {
+        client_id: ClientId::new(9, 9),
+        endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+    })
+}
+
+fn ping(h: &Harness, client: ClientId) {
+    h.engine
+        .ping(&PingRequest {
+            client_id: client,
+            mounted_segments: 1,
+        })
+        .unwrap();
+}
+
+fn placed_on(h: &Harness, key: &str) -> String {
+    let replicas = h.put_start(key, 4096).unwrap();
+    assert_eq!(replicas.len(), 1);
+    replicas[0].segment_name.clone()
+}
+
+#[test]
+fn a_segment_reported_unreachable_takes_no_new_replicas_until_its_owner_heartbeats() {
+    let h = Harness::bare(Harness::config());
+    let (a, b) = (ClientId::new(1, 1), ClientId::new(2, 2));
+    h.mount_for(a, "node-a", BASE, 16 * MIB);
+    h.mount_for(b, "node-b", BASE + 16 * MIB, 16 * MIB);
+
+    assert_eq!(report(&h, &["node-a"]), Ok(1));
+    assert_eq!(report(&h, &["node-a"]), Ok(0), "already out of placement");
+    let suspects: Vec<(String, bool)> = h
+        .engine
+        .segments()
+        .into_iter()
+        .map(|s| (s.segment.name, s.suspect))
+        .collect();
+    assert_eq!(
+        suspects,
+        vec![("node-a".to_string(), true), ("node-b".to_string(), false)]
+    );
+    for i in 0..20 {
+        assert_eq!(placed_on(&h, &format!("k{i}")), "node-b");
+    }
+
+    // Another client's heartbeat does not vouch for node-a; its own does.
+    ping(&h, b);
+    assert_eq!(placed_on(&h, "after-b"), "node-b");
+    assert!(h.engine.segments()[0].suspect);
+    ping(&h, a);
+    assert!(!h.engine.segments()[0].suspect);
+    let names: std::collections::HashSet<String> = (0..20)
+        .map(|i| placed_on(&h, &format!("again{i}")))
+        .collect();
+    assert!(
+        names.contains("node-a"),
+        "node-a takes replicas again: {names:?}"
+    );
+}
+
+#[test]
+fn a_report_naming_every_segment_leaves_nothing_to_place_and_is_bounded() {
+    let h = Harness::bare(Harness::config());
+    h.mount("only", BASE, 16 * MIB);
+    assert_eq!(report(&h, &["only", "unknown:1"]), Ok(1));
+    assert_eq!(code(h.put_start("k", 4096)), ErrorCode::NO_AVAILABLE_HANDLE);
+    let too_many: Vec<String> = (0..=MAX_REPORTED_ENDPOINTS)
+        .map(|i| format!("h:{i}"))
+        .collect();
+    let refs: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    assert_eq!(code(report(&h, &refs)), ErrorCode::INVALID_PARAMS);
+}
+
+#[test]
+fn an_unmounted_suspect_segment_leaves_the_suspect_count_and_a_remount_is_clean() {
+    let h = Harness::bare(Harness::config());
+    let id = h.mount("gone", BASE, 16 * MIB);
+    assert_eq!(report(&h, &["gone"]), Ok(1));
+    assert_eq!(h.engine.usage.suspects.load(Ordering::Acquire), 1);
+    h.unmount(id).unwrap();
+    assert_eq!(h.engine.usage.suspects.load(Ordering::Acquire), 0);
+    h.mount("gone", BASE, 16 * MIB);
+    assert!(!h.engine.segments()[0].suspect);
+    assert_eq!(placed_on(&h, "k"), "gone");
+}

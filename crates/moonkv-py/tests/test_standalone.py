@@ -1,0 +1,148 @@
+"""Standalone mode (`setup_dummy`): a process that knows only a node on its machine becomes a
+pure client of that node's master; `alloc_from_mem_pool` hands out memory the node copies to
+and from directly. Against real `moonkv master` and `moonkv node` processes."""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import time
+
+import moonkv
+import pytest
+from conftest import Master, Node, Pool, pattern, segments
+
+OK = 0
+INVALID_PARAMS = -600
+OBJECT_NOT_FOUND = -704
+
+
+@pytest.fixture(scope="module")
+def node():
+    m = Master()
+    n = Node(m.addr, 256 << 20)
+    yield m, n
+    n.kill()
+    m.stop()
+
+
+@pytest.fixture
+def standalone(node):
+    _, n = node
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(64 << 20, 16 << 20, n.data) == OK
+    yield s
+    s.close()
+
+
+def test_the_process_holds_no_segment_and_finds_the_master_through_the_node(node, standalone):
+    m, n = node
+    assert [x["te_endpoint"] for x in segments(m)] == [n.data]
+    assert standalone.health_check() == OK
+    assert standalone.get_hostname() == n.data
+
+
+def test_every_copying_and_metadata_call_works(standalone, key):
+    s = standalone
+    assert s.put(key, b"hello") == OK
+    assert s.get(key) == b"hello"
+    assert s.put_parts(key + "-p", b"ab", b"cd") == OK
+    assert s.get(key + "-p") == b"abcd"
+    assert s.put_batch([key + "-1", key + "-2"], [b"one", b"two"]) == OK
+    assert s.get_batch([key + "-1", key + "-2", key + "-none"]) == [b"one", b"two", b""]
+    assert s.upsert(key, b"replaced") == OK
+    assert s.get(key) == b"replaced"
+    assert s.upsert_batch([key + "-1"], [b"uno"]) == OK
+    assert bytes(s.get_buffer(key + "-1")) == b"uno"
+    assert s.is_exist(key) == 1 and s.is_exist(key + "-none") == 0
+    assert s.batch_is_exist([key, key + "-none"]) == [1, 0]
+    assert s.get_size(key) == len(b"replaced")
+    assert s.get_replica_desc(key)[0].is_memory_replica()
+    # The reads above hold read leases: a plain remove is refused, a forced one goes through.
+    assert s.remove(key) == -706
+    assert s.remove(key, True) == OK
+    assert s.batch_remove([key + "-1", key + "-2"], True) == [OK, OK]
+    assert s.get(key) == b""
+
+
+def test_zero_copy_calls_on_pool_memory_and_on_any_other_memory(standalone, key):
+    s = standalone
+    size = 1 << 20
+    src, dst = s.alloc_from_mem_pool(size), s.alloc_from_mem_pool(size)
+    assert src and dst and src % 64 == 0 and dst >= src + size
+    # Pool memory is registered already; registering it (as upstream's callers do) is a no-op.
+    assert s.register_buffer(src, size) == OK
+    assert s.register_buffer(dst, size) == OK
+    ctypes.memmove(src, pattern("pool", size), size)
+    assert s.put_from(key, src, size) == OK
+    assert s.get_into(key, dst, size) == size
+    assert ctypes.string_at(dst, size) == pattern("pool", size)
+    half = size // 2
+    assert s.batch_put_from([key + "-a", key + "-b"], [src, src + half], [half, half]) == [OK, OK]
+    assert s.batch_get_into([key + "-a", key + "-b"], [dst + half, dst], [half, half]) == [half, half]
+    assert ctypes.string_at(dst, half) == pattern("pool", size)[half:]
+    assert s.unregister_buffer(src) == OK
+    # Memory that is not the pool's: registered as in setup mode.
+    other = Pool(s, size)
+    other.write(0, pattern("other", size))
+    assert s.upsert_from(key, other.ptr, size) == OK
+    assert s.get_into(key, dst, size) == size
+    assert ctypes.string_at(dst, size) == pattern("other", size)
+    assert s.batch_put_from_multi_buffers([key + "-m"], [[src, other.ptr]], [[100, 200]]) == [OK]
+    assert s.get_size(key + "-m") == 300
+    other.close()
+
+
+def test_the_pool_runs_out_cleanly_and_only_standalone_stores_have_one(node, key):
+    m, n = node
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(1 << 20, 1 << 20, n.data) == OK
+    assert s.alloc_from_mem_pool(1 << 20) != 0
+    assert s.alloc_from_mem_pool(1) == 0
+    assert s.alloc_from_mem_pool(0) == 0
+    s.close()
+    assert s.alloc_from_mem_pool(64) == 0
+    plain = moonkv.MooncakeDistributedStore()
+    assert plain.setup("127.0.0.1", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", m.addr) == OK
+    assert plain.alloc_from_mem_pool(64) == 0
+    plain.close()
+    none = moonkv.MooncakeDistributedStore()
+    assert none.setup_dummy(0, 1 << 20, n.data) == OK
+    assert none.alloc_from_mem_pool(64) == 0
+    assert none.put(key, b"x") == OK
+    none.close()
+
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_bad_server_addresses_fail_with_a_code_within_the_deadline(node):
+    m, _ = node
+    for address in [_closed_port(), "not-an-address", "", m.addr]:
+        s = moonkv.MooncakeDistributedStore()
+        started = time.monotonic()
+        rc = s.setup_dummy(1 << 20, 1 << 20, address)
+        assert rc < 0, address
+        assert time.monotonic() - started < 15, address
+        assert s.health_check() == 1
+    with pytest.raises(TypeError):
+        moonkv.MooncakeDistributedStore().setup_dummy(-1, 1 << 20, "127.0.0.1:1")
+    with pytest.raises(TypeError):
+        moonkv.MooncakeDistributedStore().setup_dummy(1.5, 1 << 20, "127.0.0.1:1")
+    with pytest.raises(TypeError):
+        moonkv.MooncakeDistributedStore().setup_dummy(1, 1, 1234)
+
+
+def test_setup_dummy_twice_is_refused_and_close_then_setup_works(node, key):
+    m, n = node
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(1 << 20, 1 << 20, n.data) == OK
+    assert s.setup_dummy(1 << 20, 1 << 20, n.data) == INVALID_PARAMS
+    assert s.put(key, b"a") == OK
+    assert s.close() == OK
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", m.addr) == OK
+    assert s.get(key) == b"a"
+    s.close()

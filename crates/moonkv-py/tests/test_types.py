@@ -1,0 +1,116 @@
+"""Upstream's binding conventions for Python types, table-driven: a value of the wrong type or
+out of range for a typed attribute or argument raises TypeError (never OverflowError or
+ValueError), None clears optional attributes, and accepted values read back as set."""
+
+from __future__ import annotations
+
+import moonkv
+import pytest
+from moonkv import ObjectDataType, SoftPinAction
+
+U32, U64 = 2**32, 2**64
+
+
+# attribute: (accepted values and what reads back, values that raise TypeError)
+ATTRIBUTES = {
+    "replica_num": ([(1, 1), (3, 3), (U32 - 1, U32 - 1)], [-1, U32, 1.5, "1", None, [1]]),
+    "soft_pin_action": (
+        [(0, 0), (2, 2), (SoftPinAction.ENABLE, 1)],
+        [-1, 3, 1.0, "ENABLE", None],
+    ),
+    "soft_pin_ttl_ms": ([(0, 0), (60_000, 60_000), (U64 - 1, U64 - 1), (None, None)], [-1, U64, 1.5, "10"]),
+    "with_hard_pin": ([(True, True), (False, False), (1, True), (0, False)], ["yes", [1], b"x"]),
+    "with_soft_pin": ([(True, True), (False, False)], ["yes", [1]]),
+    "prefer_alloc_in_same_node": ([(True, True), (0, False)], ["no", {}]),
+    "with_disk_replica": ([(True, True), (False, False)], ["x", ()]),
+    "preferred_segments": ([([], []), (["a:1", "b:2"], ["a:1", "b:2"])], ["a:1", [1], None, 5]),
+    "preferred_segment": ([("a:1", "a:1"), ("", "")], [None, 1, ["a"]]),
+    "group_ids": ([(None, None), (["g"], ["g"])], ["g", [1], 3]),
+    "data_type": ([(0, 0), (ObjectDataType.KVCACHE, 1), (9, 9)], [-1, 10, 1.5, "TENSOR"]),
+    "nof_replica_num": ([(0, 0)], [-1, 1.5, U32, "0"]),
+    "dfs_replica_num": ([(0, 0)], [-1, 1.5, U32, "0"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTRIBUTES))
+def test_replicate_config_attribute_types(name):
+    good, bad = ATTRIBUTES[name]
+    config = moonkv.ReplicateConfig()
+    for value, expected in good:
+        setattr(config, name, value)
+        assert getattr(config, name) == expected, (name, value)
+    before = getattr(config, name)
+    for value in bad:
+        with pytest.raises(TypeError):
+            setattr(config, name, value)
+        assert getattr(config, name) == before, f"{name} changed by a refused {value!r}"
+
+
+def test_every_replicate_config_attribute_is_in_the_table():
+    public = {
+        a
+        for a in dir(moonkv.ReplicateConfig())
+        if not a.startswith("_") and not callable(getattr(moonkv.ReplicateConfig(), a))
+    }
+    assert public == set(ATTRIBUTES) | {"preferred_nof_segments"}
+
+
+def test_keyword_construction_follows_the_same_rules():
+    assert moonkv.ReplicateConfig(replica_num=2, soft_pin_ttl_ms=None).replica_num == 2
+    with pytest.raises(TypeError):
+        moonkv.ReplicateConfig(soft_pin_ttl_ms=-1)
+    with pytest.raises(TypeError):
+        moonkv.ReplicateConfig(replica_num=-1)
+
+
+def test_unsupported_tiers_still_say_not_implemented():
+    for name in ["nof_replica_num", "dfs_replica_num"]:
+        with pytest.raises(NotImplementedError):
+            setattr(moonkv.ReplicateConfig(), name, 1)
+
+
+# method: argument tuples that must raise TypeError
+METHODS = {
+    "put": [(1, b"x"), ("k", 5), ("k", b"x", "config")],
+    "put_parts": [(1, b"x"), ("k", 5)],
+    "put_batch": [("k", [b"x"]), (["k"], b"x"), ([1], [b"x"])],
+    "upsert": [(None, b"x"), ("k", 1.5)],
+    "get": [(1,), (None,)],
+    "get_batch": [("k",), ([1],)],
+    "get_buffer": [(1,)],
+    "put_from": [("k", -1, 1), ("k", 1, -1), ("k", 1.5, 1), ("k", 1, "1"), ("k", U64, 1)],
+    "upsert_from": [("k", -1, 1), ("k", 1, U64)],
+    "get_into": [("k", -1, 10), ("k", 1.5, 10), ("k", 1, "10"), (1, 1, 1)],
+    "batch_put_from": [("k", [1], [1]), (["k"], [-1], [1]), (["k"], [1], [1.5])],
+    "batch_get_into": [(["k"], [1.5], [1]), (["k"], [1], [-1]), ("k", [1], [1])],
+    "batch_put_from_multi_buffers": [(["k"], [[-1]], [[1]]), (["k"], [1], [1])],
+    "put_from_with_metadata": [("k", -1, 1, 1, 1), ("k", 1, 1, 1.5, 1)],
+    "register_buffer": [(-1, 10), (1, U64), ("1", 10), (1.0, 10)],
+    "unregister_buffer": [("x",), (-1,)],
+    "is_exist": [(1,)],
+    "batch_is_exist": [("k",), ([None],)],
+    "get_size": [(b"k", 1)],
+    "remove": [(1,), ("k", "force")],
+    "batch_remove": [("k",), ([1],)],
+    "remove_by_regex": [(1,)],
+    "setup_dummy": [(-1, 1, "a:1"), (1.5, 1, "a:1"), (1, 1, 5)],
+    "alloc_from_mem_pool": [(-1,), (1.5,), ("1",)],
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_method_argument_types(store, method):
+    for args in METHODS[method]:
+        with pytest.raises(TypeError):
+            getattr(store, method)(*args)
+
+
+def test_a_store_stays_usable_after_refused_arguments(store, key):
+    for method, cases in METHODS.items():
+        for args in cases:
+            try:
+                getattr(store, method)(*args)
+            except TypeError:
+                pass
+    assert store.put(key, b"fine") == 0
+    assert store.get(key) == b"fine"
