@@ -12,8 +12,9 @@
 #                   from ./crates/moonkv-py when `import moonkv` fails there.
 #   MOONKV_BIN      moonkv binary (default: target/release/moonkv, built here)
 #   UPSTREAM_TOOLS  directory with cluster.sh and mc_bench.py (default ../shared/tools/upstream)
-#   RUNS=3          rounds; each round runs every cell once per system, the order of the two
-#                   systems alternating from round to round (A B, B A, A B)
+#   RUNS=3          rounds; each round runs every cell once per system, the order of the
+#                   systems reversed from round to round (A B C, C B A, A B C), so every pair
+#                   that is compared runs next to each other and each side goes first as often
 #   DURATION=3      seconds per dataplane op and size
 #   CALLS=300       batch calls per batch cell
 #   SMALL_N=5000    fresh keys of the single 4 KiB put/get cell
@@ -23,15 +24,30 @@
 #                   "taskset -c 0" to keep the client on one vCPU (default: none)
 #   SKIP_RUST=1     skip the `moonkv bench store` runs of moonkv's Rust client
 #   SOCKET_TOO=1    also run moonkv's client with same-host copies off (MOONKV_SAME_HOST=0) as
-#                   a third system, "socket", in the same rounds: what the same-host path adds
+#                   one more system, "socket", in the same rounds: what the same-host path adds,
+#                   and the figure to set against upstream's TCP path
+#   SYSTEMS         which systems, in the order of odd rounds, from: socket upstream moonkv
+#                   up-shm mk-standalone (default all but socket; SOCKET_TOO=1 adds it)
+#   TARGET_SHM=1.5  the mk-standalone ÷ up-shm ratio each cell is held to in the results
 #   PREFAULT=1      start moonkv's node with --prefault (its segment committed at start; on this
 #                   VM that takes about 9 s per GiB, and the node's readiness wait must allow it)
 #
 # Layout: upstream = its metadata server, mooncake_master and mooncake_client (its storage
 # process, SEG bytes) started by cluster.sh; moonkv = `moonkv master` and one `moonkv node`
-# (SEG bytes), separate processes. The Python clients of both hold no memory
-# (global_segment_size 0), so every byte crosses loopback TCP to the storage process. moonkv's
-# class is put under upstream's import path by a two-file shim package first on PYTHONPATH.
+# (SEG bytes), separate processes. Every client holds no memory of the store, so every byte goes
+# from the client process to the storage process or back. Five systems over those two clusters:
+#   upstream        upstream's client, setup(..., "tcp", ...): every byte over loopback TCP
+#   moonkv          moonkv's drop-in, setup(...) with global_segment_size 0: the node copies
+#                   straight to and from the caller's registered buffers (same-host copies)
+#   socket          the same with MOONKV_SAME_HOST=0: every byte over loopback TCP
+#   up-shm          upstream's same-host path: `--dummy 127.0.0.1:21052`, setup_dummy against its
+#                   storage process, buffers from alloc_from_mem_pool (shared memory that the
+#                   storage process maps and copies from, MC_STORE_MEMCPY=1)
+#   mk-standalone   moonkv's drop-in the same way: `--dummy` with the node's "data" address
+#                   from its ready line; the node names its master, the pool is moonkv's
+# up-shm against mk-standalone is the like-for-like same-host comparison; socket against
+# upstream the like-for-like TCP one. moonkv's class is put under upstream's import path by a
+# two-file shim package first on PYTHONPATH.
 # Everything runs in a private network namespace (`unshare -n`, only 127.0.0.1), so the fixed
 # ports cannot clash with anything else on the machine.
 set -euo pipefail
@@ -78,6 +94,15 @@ if [[ ${BENCH_UPSTREAM_NETNS:-} != 1 ]]; then
     exec unshare -n env BENCH_UPSTREAM_NETNS=1 bash -c 'ip link set lo up && exec "$0" "$@"' "$SELF" "$OUT"
 fi
 
+read -r -a SYSTEMS <<<"${SYSTEMS:-upstream moonkv up-shm mk-standalone}"
+if [[ ${SOCKET_TOO:-} == 1 && " ${SYSTEMS[*]} " != *" socket "* ]]; then
+    # next to upstream, the run it is compared with
+    SYSTEMS=(socket "${SYSTEMS[@]}")
+fi
+for s in "${SYSTEMS[@]}"; do
+    case $s in upstream | moonkv | socket | up-shm | mk-standalone) ;; *) echo "unknown system $s" >&2 && exit 2 ;; esac
+done
+
 SHIM=$OUT/shim
 mkdir -p "$SHIM/mooncake" "$OUT/raw"
 rm -f "$OUT"/raw/*
@@ -105,7 +130,7 @@ trap stop_all EXIT
     echo "moonkv: $("$MOONKV_BIN" --version), binary $MOONKV_BIN, checkout $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')"
     echo "moonkv python package: $("$PY" -c 'import moonkv, os; print(os.path.dirname(moonkv.__file__))')"
     echo "upstream: $("$VENV/bin/pip" show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/ {print $2}') $("$VENV/bin/mooncake_master" --version 2>&1 | grep -i -m1 'debug build' || true)"
-    echo "runs: $RUNS, dataplane ${DURATION}s per op and size, batch $CALLS calls, small $SMALL_N keys, segment $SEG bytes, cells ${CELLS:-all}, client prefix '${CLIENT_PREFIX:-}'"
+    echo "runs: $RUNS, dataplane ${DURATION}s per op and size, batch $CALLS calls, small $SMALL_N keys, segment $SEG bytes, cells ${CELLS:-all}, systems ${SYSTEMS[*]}, client prefix '${CLIENT_PREFIX:-}'"
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 
@@ -122,6 +147,10 @@ READY_STEPS=100
 [[ -n ${PREFAULT:-} ]] && READY_STEPS=1800
 for _ in $(seq "$READY_STEPS"); do grep -q '"event":"ready"' "$OUT/moonkv-node.log" && break; sleep 0.1; done
 grep -q '"event":"ready"' "$OUT/moonkv-node.log" || { echo "moonkv node not ready" >&2; exit 1; }
+# standalone clients go through the node's data address, which it chose itself (port 0)
+MK_DATA=$(grep -m1 '"event":"ready"' "$OUT/moonkv-node.log" | sed -n 's/.*"data":"\([^"]*\)".*/\1/p')
+[[ -n $MK_DATA ]] || { echo "no data address in the moonkv node's ready line" >&2; exit 1; }
+echo "moonkv node data address: $MK_DATA" >>"$OUT/machine.txt"
 
 # ---- one mc_bench invocation against one system ---------------------------------------------
 # run SYS ROUND CELL ARGS...: stdout (JSON lines) to raw/CELL.SYS.ROUND.jsonl, stderr beside it.
@@ -130,19 +159,29 @@ run() {
     shift 3
     local base=$OUT/raw/$cell.$sys.$round rc=0
     log "round $round  $cell  $sys"
-    if [[ $sys == upstream ]]; then
+    case $sys in
+    upstream)
         env -u PYTHONPATH MC_BENCH_SYS=upstream MC_TCP_BIND_ADDRESS=127.0.0.1 \
             timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --master 127.0.0.1:21051 \
-            --metadata http://127.0.0.1:21080/metadata >"$base.jsonl" 2>"$base.err" || rc=$?
-    elif [[ $sys == socket ]]; then
-        env PYTHONPATH="$SHIM" MC_BENCH_SYS=moonkv MOONKV_SAME_HOST=0 \
+            --metadata http://127.0.0.1:21080/metadata >"$base.jsonl" 2>"$base.err" || rc=$? ;;
+    up-shm)
+        # --dummy ignores --master/--metadata: the storage process knows its master
+        env -u PYTHONPATH MC_BENCH_SYS=up-shm MC_TCP_BIND_ADDRESS=127.0.0.1 \
+            timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --dummy 127.0.0.1:21052 \
+            >"$base.jsonl" 2>"$base.err" || rc=$? ;;
+    socket)
+        env PYTHONPATH="$SHIM" MC_BENCH_SYS=socket MOONKV_SAME_HOST=0 \
             timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --master 127.0.0.1:50051 \
-            --metadata P2PHANDSHAKE >"$base.jsonl" 2>"$base.err" || rc=$?
-    else
+            --metadata P2PHANDSHAKE >"$base.jsonl" 2>"$base.err" || rc=$? ;;
+    mk-standalone)
+        env PYTHONPATH="$SHIM" MC_BENCH_SYS=mk-standalone \
+            timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --dummy "$MK_DATA" \
+            >"$base.jsonl" 2>"$base.err" || rc=$? ;;
+    *)
         env PYTHONPATH="$SHIM" MC_BENCH_SYS=moonkv \
             timeout 600 "${PREFIX[@]}" "$PY" "$MC_BENCH" "$@" --master 127.0.0.1:50051 \
-            --metadata P2PHANDSHAKE >"$base.jsonl" 2>"$base.err" || rc=$?
-    fi
+            --metadata P2PHANDSHAKE >"$base.jsonl" 2>"$base.err" || rc=$? ;;
+    esac
     if [[ $rc != 0 ]]; then
         echo "$rc" >"$base.rc"
         log "  exit $rc: $(tail -n 2 "$base.err" | tr '\n' ' ')"
@@ -164,9 +203,10 @@ cell_args() {
 
 T0=$(date +%s)
 for ((r = 1; r <= RUNS; r++)); do
-    if ((r % 2)); then order=(upstream moonkv); else order=(moonkv upstream); fi
-    if [[ ${SOCKET_TOO:-} == 1 ]]; then
-        if ((r % 2)); then order+=(socket); else order=(socket "${order[@]}"); fi
+    order=("${SYSTEMS[@]}")
+    if ((r % 2 == 0)); then
+        order=()
+        for ((i = ${#SYSTEMS[@]} - 1; i >= 0; i--)); do order+=("${SYSTEMS[i]}"); done
     fi
     for cell in "${CELLS[@]}"; do
         read -r -a a <<<"$(cell_args "$cell")"
@@ -189,9 +229,13 @@ echo "uptime after: $(uptime)" >>"$OUT/machine.txt"
 log "total $(($(date +%s) - T0)) s"
 
 # ---- medians and ratios ---------------------------------------------------------------------
-"$PY" - "$OUT" <<'EOF' | tee "$OUT/results.md"
+# Per cell, first the same-host table (mk-standalone ÷ up-shm, the like-for-like comparison when
+# both run on one host, with moonkv's default client and the TCP pair beside it), then moonkv ÷
+# upstream against the targets of issues 11 and 12. A table is printed when both of its systems ran.
+TARGET_SHM=${TARGET_SHM:-1.5} "$PY" - "$OUT" <<'PYEOF' | tee "$OUT/results.md"
 import glob, json, os, statistics, sys
 out = sys.argv[1]
+TARGET_SHM = float(os.environ["TARGET_SHM"])
 rows = {}      # (cell, op, size, clients) -> sys -> round -> record
 failed = []
 for path in sorted(glob.glob(os.path.join(out, "raw", "*.jsonl"))):
@@ -230,6 +274,7 @@ TITLE = {
     "dp4": "single objects, 4 client threads sharing one store (`dataplane --clients 4`)",
     "small": "single 4 KiB objects, fresh keys, one thread (`small --size 4096`)",
 }
+OPS = ["batch_put_from", "batch_get_into", "batch_exists", "put", "get", "exists"]
 
 def metric(d, unit):
     return d["gb_per_s"] if unit == "GB/s" else d["keys_per_s"]
@@ -245,49 +290,108 @@ def size_label(n):
             return f"{n // u} {s}"
     return str(n)
 
+def med(recs, f):
+    vals = [f(d) for d in recs.values() if f(d) is not None]
+    return statistics.median(vals) if vals else None
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+def xs(r):
+    return "%.2f×" % r if r else "–"
+
+def per_round(a, b, unit):
+    # the quotient within each round: how far one round moves the ratio
+    rr = [metric(a[r], unit) / metric(b[r], unit) for r in a if r in b and metric(b[r], unit)]
+    return ("%.2f–%.2f" % (min(rr), max(rr))) if rr else "–"
+
+def p50(recs):
+    v = med(recs, lambda d: d["p50_us"])
+    return "–" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+def errors(recs):
+    return sum(d["errors"] for d in recs.values())
+
+def has(per, *systems):
+    return all(per.get(s) for s in systems)
+
+summary = []   # (cell, op, size, ratio) of mk-standalone ÷ up-shm
 order = ["batch4k", "batch128k", "dp1", "dp4", "small"]
 for cell in order:
     keys = sorted(k for k in rows if k[0] == cell)
     if not keys:
         continue
+    keys.sort(key=lambda k: (k[2], OPS.index(k[1])))
     print(f"\n#### {TITLE[cell]}\n")
-    print("| op | size | moonkv | upstream | unit | × upstream (medians) | × per round, min–max | moonkv p50 µs | upstream p50 µs | errors mk/up | target | | moonkv, socket only | × socket only |")
-    print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|---|--:|--:|")
-    ops = ["batch_put_from", "batch_get_into", "batch_exists", "put", "get", "exists"]
-    keys.sort(key=lambda k: (k[2], ops.index(k[1])))
+
+    if any(has(rows[k], "mk-standalone", "up-shm") for k in keys):
+        print(f"Same host: mk-standalone (moonkv, setup_dummy through its node) ÷ up-shm (upstream, setup_dummy"
+              f" through its storage process); target ≥{TARGET_SHM:g}×. Beside it: moonkv's default client"
+              f" (same-host copies) ÷ up-shm, and socket (MOONKV_SAME_HOST=0) ÷ upstream over TCP.\n")
+        print("| op | size | mk-standalone | up-shm | unit | **× up-shm** (medians) | × per round, min–max "
+              "| mk-standalone p50 µs | up-shm p50 µs | errors st/shm | "
+              f"≥{TARGET_SHM:g}× | moonkv | moonkv ÷ up-shm | socket | upstream TCP | socket ÷ TCP |")
+        print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|")
+        for k in keys:
+            _, op, size, clients = k
+            unit = TARGET.get((cell, op), ("keys/s",))[0]
+            per = rows[k]
+            st, shm = per.get("mk-standalone", {}), per.get("up-shm", {})
+            m = lambda s: med(per.get(s, {}), lambda d: metric(d, unit))
+            r = ratio(m("mk-standalone"), m("up-shm"))
+            if r is not None:
+                summary.append((cell, op, size, r))
+            verdict = "–" if r is None else ("met" if r >= TARGET_SHM else "**missed**")
+            print(f"| {op} | {size_label(size)} | {fmt(m('mk-standalone'), unit)} | {fmt(m('up-shm'), unit)} | {unit} | "
+                  f"**{xs(r)}** | {per_round(st, shm, unit)} | "
+                  f"{p50(st)} | {p50(shm)} | "
+                  f"{errors(st)}/{errors(shm)} | {verdict} | "
+                  f"{fmt(m('moonkv'), unit)} | {xs(ratio(m('moonkv'), m('up-shm')))} | "
+                  f"{fmt(m('socket'), unit)} | {fmt(m('upstream'), unit)} | {xs(ratio(m('socket'), m('upstream')))} |")
+        print()
+
+    if any(has(rows[k], "moonkv", "upstream") for k in keys):
+        print("moonkv's default client ÷ upstream's client over TCP, against the targets of issues 11 and 12.\n")
+        print("| op | size | moonkv | upstream | unit | × upstream (medians) | × per round, min–max | moonkv p50 µs | upstream p50 µs | errors mk/up | target | | moonkv, socket only | × socket only |")
+        print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|---|--:|--:|")
+        for k in keys:
+            _, op, size, clients = k
+            unit, need, tlabel = TARGET.get((cell, op), ("keys/s", None, "–"))
+            per = rows[k]
+            mk, up = per.get("moonkv", {}), per.get("upstream", {})
+            m = med(mk, lambda d: metric(d, unit))
+            u = med(up, lambda d: metric(d, unit))
+            r = ratio(m, u)
+            sk = med(per.get("socket", {}), lambda d: metric(d, unit))
+            verdict = ""
+            if r is not None and need is not None:
+                if cell in ("dp1", "dp4"):
+                    verdict = ("#11 met" if r >= 1.0 else "#11 **missed**") + ", " + ("#12 met" if r >= 2.0 else "#12 **missed**")
+                elif cell == "batch4k" and op != "batch_exists":
+                    verdict = ("#11 met" if r >= 3.0 else "#11 **missed**") + ", " + ("#12 met" if r >= 2.0 else "#12 **missed**")
+                else:
+                    verdict = "met" if r >= need else "**missed**"
+            print(f"| {op} | {size_label(size)} | {fmt(m, unit)} | {fmt(u, unit)} | {unit} | {xs(r)} | "
+                  f"{per_round(mk, up, unit)} | "
+                  f"{p50(mk)} | {p50(up)} | "
+                  f"{errors(mk)}/{errors(up)} | {tlabel} | {verdict} | "
+                  f"{fmt(sk, unit)} | {xs(ratio(m, sk))} |")
+        print()
+
     for k in keys:
-        _, op, size, clients = k
-        unit, need, tlabel = TARGET.get((cell, op), ("keys/s", None, "–"))
-        per = rows[k]
-        mk, up = per.get("moonkv", {}), per.get("upstream", {})
-        def med(recs, f):
-            vals = [f(d) for d in recs.values() if f(d) is not None]
-            return statistics.median(vals) if vals else None
-        m = med(mk, lambda d: metric(d, unit))
-        u = med(up, lambda d: metric(d, unit))
-        ratio = m / u if m and u else None
-        sk = med(per.get("socket", {}), lambda d: metric(d, unit))
-        rr = [metric(mk[r], unit) / metric(up[r], unit) for r in mk if r in up and metric(up[r], unit)]
-        errs = f"{sum(d['errors'] for d in mk.values())}/{sum(d['errors'] for d in up.values())}"
-        verdict = ""
-        if ratio is not None and need is not None:
-            if cell in ("dp1", "dp4"):
-                verdict = ("#11 met" if ratio >= 1.0 else "#11 **missed**") + ", " + ("#12 met" if ratio >= 2.0 else "#12 **missed**")
-            elif cell == "batch4k" and op != "batch_exists":
-                verdict = ("#11 met" if ratio >= 3.0 else "#11 **missed**") + ", " + ("#12 met" if ratio >= 2.0 else "#12 **missed**")
-            else:
-                verdict = "met" if ratio >= need else "**missed**"
-        print(f"| {op} | {size_label(size)} | {fmt(m, unit)} | {fmt(u, unit)} | {unit} | "
-              f"{'%.2f×' % ratio if ratio else '–'} | "
-              f"{('%.2f–%.2f' % (min(rr), max(rr))) if rr else '–'} | "
-              f"{med(mk, lambda d: d['p50_us']) or '–'} | {med(up, lambda d: d['p50_us']) or '–'} | {errs} | {tlabel} | {verdict} | "
-              f"{fmt(sk, unit)} | {'%.2f×' % (m / sk) if m and sk else '–'} |")
-        firsts = {s: next((d["first_error"] for d in recs.values() if d.get("first_error")), None) for s, recs in per.items()}
-        for s, f in firsts.items():
+        for s, recs in rows[k].items():
+            f = next((d["first_error"] for d in recs.values() if d.get("first_error")), None)
             if f:
-                print(f"\n{s} {op} {size_label(size)}: first error `{f}`\n")
+                print(f"{s} {k[1]} {size_label(k[2])}: {errors(recs)} errors, first `{f}`\n")
+
+if summary:
+    met = [x for x in summary if x[3] >= TARGET_SHM]
+    print(f"\nmk-standalone ÷ up-shm ≥{TARGET_SHM:g}× in {len(met)} of {len(summary)} cells.")
+    missed = [x for x in summary if x[3] < TARGET_SHM]
+    if missed:
+        print("Under it: " + ", ".join(f"{c} {op} {size_label(sz)} {r:.2f}×" for c, op, sz, r in missed) + ".")
 if failed:
     print("\nInvocations that exited non-zero:\n")
     for cell, system, rnd, rc, last in failed:
         print(f"- {cell} {system} round {rnd}: exit {rc}: `{last}`")
-EOF
+PYEOF

@@ -18,6 +18,19 @@ pub fn hit(name: &str) {
     let _ = name;
 }
 
+/// Whether the point `name` fires (a `return` action), for points where the caller decides
+/// what firing means, such as a task that stops there while the process goes on.
+#[inline]
+pub fn fires(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    return fail::eval(name, |_| ()).is_some();
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
 /// Configures the points named in `FAILPOINTS` (`name=actions;...`); an error names the entry
 /// at fault. Without the `failpoints` feature a set `FAILPOINTS` is an error, so a test never
 /// passes by accident against a build that ignores it.

@@ -164,6 +164,10 @@ impl RemountHook for Announcer {
                     if done {
                         break;
                     }
+                    if crate::failpoints::fires(crate::failpoints::ANNOUNCE_MID_CATALOG) {
+                        tracing::warn!("fault point: the announcement stops here");
+                        std::future::pending::<()>().await;
+                    }
                 }
             }
             let took = started.elapsed();

@@ -13,6 +13,10 @@ pub const WRITE_MID_PAYLOAD: &str = "node::write_mid_payload";
 pub const READ_MID_PAYLOAD: &str = "node::read_mid_payload";
 /// A node has written and synced a disk replica's temporary file, before renaming it.
 pub const DISK_BEFORE_RENAME: &str = "node::disk_before_rename";
+/// A node re-mounted on a new master has announced the first chunk of a segment's catalog
+/// (`AdoptReplicas` answered) and more remain. `return` here stops the announcement for good
+/// while the node goes on serving and heartbeating (a node stuck mid-announcement).
+pub const ANNOUNCE_MID_CATALOG: &str = "node::announce_mid_catalog";
 /// A store has its replicas from PutStart (or BatchPutStart), before writing any byte.
 pub const AFTER_PUT_START: &str = moonkv_client::failpoints::AFTER_PUT_START;
 
@@ -23,6 +27,12 @@ pub const EXIT_CODE: i32 = moonkv_client::failpoints::EXIT_CODE;
 #[inline]
 pub fn hit(name: &str) {
     moonkv_client::failpoints::hit(name)
+}
+
+/// Whether the point `name` fires, for points that stop a task rather than the process.
+#[inline]
+pub fn fires(name: &str) -> bool {
+    moonkv_client::failpoints::fires(name)
 }
 
 /// Configures the points named in `FAILPOINTS`; an error names the entry at fault.

@@ -1,6 +1,6 @@
 //! Standalone mode's memory pool: what `alloc_from_mem_pool` hands out. One zeroed,
-//! page-aligned region reserved at `setup_dummy` (the kernel commits its pages as they are first
-//! touched), carved out front to back. The node on this machine copies straight to and from it,
+//! page-aligned anonymous mapping reserved at `setup_dummy` (the kernel commits its pages as
+//! they are first touched), carved out front to back. The node on this machine copies straight to and from it,
 //! as it does for any memory of the process; the region is registered whole, so buffers taken
 //! from it need no registration of their own.
 //!
@@ -10,54 +10,60 @@
 use crate::errors::invalid;
 use moonkv_proto::Error;
 use parking_lot::Mutex;
-use std::alloc::Layout;
 
-/// Alignment of the region and of every allocation from it.
+/// Alignment of every allocation from the pool (the region itself is page-aligned).
 const ALIGN: usize = 64;
-/// Alignment of the region itself.
-const PAGE: usize = 4096;
 
 /// The pool of one standalone store.
 pub(crate) struct MemPool {
     base: *mut u8,
-    layout: Layout,
+    len: usize,
     /// Offset of the first free byte.
     next: Mutex<usize>,
 }
 
-// SAFETY: the pool only hands out addresses; the region is owned by the pool and freed once, in
-// `Drop`, and `next` is behind a mutex.
+// SAFETY: the pool only hands out addresses; the mapping is owned by the pool and unmapped once,
+// in `Drop`, and `next` is behind a mutex.
 unsafe impl Send for MemPool {}
-// SAFETY: as above; shared access only reads `base`/`layout` and locks `next`.
+// SAFETY: as above; shared access only reads `base`/`len` and locks `next`.
 unsafe impl Sync for MemPool {}
 
 impl MemPool {
-    /// Reserves `size` bytes (`None` for 0).
+    /// Reserves `size` bytes of address space (`None` for 0). Anonymous private memory reads as
+    /// zeroes and commits a page only when it is first touched, so a large pool costs nothing
+    /// until it is used.
     pub(crate) fn new(size: u64) -> Result<Option<MemPool>, Error> {
         if size == 0 {
             return Ok(None);
         }
         let len = usize::try_from(size)
             .ok()
-            .and_then(|s| s.checked_next_multiple_of(PAGE))
-            .filter(|&s| s <= isize::MAX as usize - PAGE)
+            .filter(|&s| s <= isize::MAX as usize / 2)
             .ok_or_else(|| {
                 invalid(format!(
                     "mem_pool_size {size} is larger than this machine can address"
                 ))
             })?;
-        let layout = Layout::from_size_align(len, PAGE)
-            .map_err(|e| invalid(format!("mem_pool_size {size}: {e}")))?;
-        // SAFETY: `layout` has a non-zero size.
-        let base = unsafe { std::alloc::alloc_zeroed(layout) };
-        if base.is_null() {
+        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
             return Err(invalid(format!(
-                "cannot reserve a memory pool of {size} bytes"
+                "cannot reserve a memory pool of {size} bytes: {}",
+                std::io::Error::last_os_error()
             )));
         }
         Ok(Some(MemPool {
-            base,
-            layout,
+            base: base.cast(),
+            len,
             next: Mutex::new(0),
         }))
     }
@@ -69,7 +75,7 @@ impl MemPool {
 
     /// Length of the region.
     pub(crate) fn len(&self) -> usize {
-        self.layout.size()
+        self.len
     }
 
     /// The address of `size` fresh bytes, or `None` when the pool has no room left.
@@ -93,7 +99,7 @@ impl MemPool {
 
 impl Drop for MemPool {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed only here.
-        unsafe { std::alloc::dealloc(self.base, self.layout) };
+        // SAFETY: mapped in `new` with this length, unmapped only here.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }

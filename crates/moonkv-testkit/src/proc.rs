@@ -205,6 +205,33 @@ impl Proc {
     /// SIGSTOP: the process stops answering but keeps its sockets open.
     pub fn freeze(&self) {
         signal(self.pid(), "STOP").expect("SIGSTOP");
+        // SIGSTOP reaches a process's threads asynchronously: one still running could answer
+        // one more request. Return only once every thread is stopped.
+        let tasks = format!("/proc/{}/task", self.pid());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let states: Vec<String> = std::fs::read_dir(&tasks)
+                .map(|dir| {
+                    dir.flatten()
+                        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+                        .filter_map(|stat| {
+                            stat.rsplit_once(')')
+                                .and_then(|(_, rest)| rest.split_whitespace().next())
+                                .map(str::to_string)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !states.is_empty() && states.iter().all(|s| s == "T" || s == "t") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process {} did not stop: {states:?}",
+                self.pid()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// SIGCONT after [`Proc::freeze`].

@@ -90,7 +90,7 @@ async fn cut_into_holes(s: &Store, admin: &str, segment: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_killed_mid_batch_fails_only_its_keys_and_tears_no_object() {
+async fn a_node_killed_mid_batch_moves_its_keys_and_tears_no_object() {
     let m = MOONKV.master(&["--client-live-ttl-sec", "2"]);
     let admin = m.field("admin");
     let rpc = m.field("rpc");
@@ -134,66 +134,64 @@ async fn a_node_killed_mid_batch_fails_only_its_keys_and_tears_no_object() {
     k.expect_failpoint_exit(WRITE_MID_PAYLOAD, SETTLE);
     assert_eq!(results.len(), n);
 
-    // Keys on the surviving nodes all succeed; only keys on seg-k fail, and with it: at most
-    // the HOLES / 2 writes it finished can have been acknowledged.
-    let mut failed = Vec::new();
-    let mut ok_on_k = Vec::new();
+    // Every key is acknowledged: a key whose write into seg-k broke off was revoked, seg-k was
+    // reported, and the key placed again on a surviving node within the same call. At most the
+    // HOLES / 2 writes seg-k finished were committed there.
     for (i, result) in results.iter().enumerate() {
-        match (on_k(i), result) {
-            (false, Ok(())) => {}
-            (false, Err(e)) => panic!("{} on a surviving node failed: {e}", keys[i]),
-            (true, Ok(())) => ok_on_k.push(i),
-            (true, Err(e)) => {
-                assert_eq!(e.code, ErrorCode::TRANSFER_FAIL, "{}: {e}", keys[i]);
-                failed.push(i);
-            }
+        if let Err(e) = result {
+            panic!("{} failed: {e}", keys[i]);
         }
     }
-    assert!(ok_on_k.len() <= HOLES / 2, "{} acknowledged", ok_on_k.len());
-    assert_eq!(failed.len() + ok_on_k.len(), HOLES);
 
-    // The master lists exactly the committed keys, each where it was placed.
+    // The master lists every key, each where it was committed.
     let mut on_segment: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for object in s.list("^key-").await.unwrap() {
         let i: usize = object.key["key-".len()..].parse().unwrap();
-        assert!(results[i].is_ok(), "{} is listed but failed", object.key);
         assert_eq!(object.size, values[i].len() as u64);
         let segment = &object.replicas[0].segment_name;
-        assert_eq!(
-            on_k(i),
-            segment == "seg-k",
+        assert!(
+            on_k(i) || segment != "seg-k",
             "{} is on {segment}",
             object.key
         );
         on_segment.entry(segment.clone()).or_default().push(i);
     }
-    let survivors: Vec<usize> = (0..n).filter(|&i| !on_k(i)).collect();
+    let committed_on_k = on_segment.remove("seg-k").unwrap_or_default();
     let on_a = on_segment.remove("seg-a").unwrap_or_default();
     let on_b = on_segment.remove("seg-b").unwrap_or_default();
+    assert!(on_segment.is_empty(), "{on_segment:?}");
+    assert!(
+        committed_on_k.len() <= HOLES / 2,
+        "{} committed on seg-k",
+        committed_on_k.len()
+    );
     assert!(
         !on_a.is_empty() && !on_b.is_empty(),
         "not spread over three nodes"
     );
     assert_eq!(
-        on_a.len() + on_b.len(),
-        survivors.len(),
-        "a survivor is not listed"
+        on_a.len() + on_b.len() + committed_on_k.len(),
+        n,
+        "a key is not listed"
+    );
+    let moved = on_a.iter().chain(&on_b).filter(|&&i| on_k(i)).count();
+    assert_eq!(moved + committed_on_k.len(), HOLES);
+    eprintln!(
+        "{moved} keys placed again after seg-k died; {} committed there before",
+        committed_on_k.len()
     );
 
-    // One batch read of every key: survivors byte-exact, nothing of seg-k readable.
+    // One batch read of every key: the living ones byte-exact, those on seg-k never wrong.
     let mut bufs: Vec<Vec<u8>> = values.iter().map(|v| vec![0u8; v.len()]).collect();
     let mut targets: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
     let got = s.batch_get_into(&strs(&keys), &mut targets).await;
     for i in 0..n {
-        match (&got[i], on_k(i), failed.contains(&i)) {
-            (Ok(size), false, _) => {
+        match (&got[i], committed_on_k.contains(&i)) {
+            (Ok(size), false) => {
                 assert_eq!(*size, values[i].len());
                 assert!(bufs[i] == values[i], "{} came back torn", keys[i]);
             }
-            (Err(e), true, true) => {
-                assert_eq!(e.code, ErrorCode::OBJECT_NOT_FOUND, "{}: {e}", keys[i])
-            }
-            (Err(e), true, false) => assert!(
+            (Err(e), true) => assert!(
                 matches!(
                     e.code,
                     ErrorCode::TRANSFER_FAIL | ErrorCode::OBJECT_NOT_FOUND
@@ -201,25 +199,24 @@ async fn a_node_killed_mid_batch_fails_only_its_keys_and_tears_no_object() {
                 "{}: {e}",
                 keys[i]
             ),
-            (other, _, _) => panic!("{}: {other:?}", keys[i]),
+            (other, _) => panic!("{}: {other:?}", keys[i]),
         }
     }
 
-    // After seg-k's TTL: only the survivors are left, holding exactly their bytes.
+    // After seg-k's TTL: only the keys on the living nodes are left, with exactly their bytes.
     let bytes = |keys: &[usize]| keys.iter().map(|&i| aligned(values[i].len())).sum::<u64>();
+    let mut kept: Vec<usize> = on_a.iter().chain(&on_b).copied().collect();
+    kept.sort_unstable();
     wait_for_master_state(
         &admin,
         SETTLE,
         &[("seg-a", bytes(&on_a)), ("seg-b", bytes(&on_b))],
-        survivors.len() as u64,
+        kept.len() as u64,
     );
-    let expected: Vec<String> = survivors.iter().map(|&i| keys[i].clone()).collect();
+    let expected: Vec<String> = kept.iter().map(|&i| keys[i].clone()).collect();
     assert_eq!(all_keys(&admin).unwrap(), expected);
-    let k_keys: Vec<&str> = (0..n)
-        .filter(|&i| on_k(i))
-        .map(|i| keys[i].as_str())
-        .collect();
-    let exists = s.batch_exists(&k_keys).await;
+    let lost: Vec<&str> = committed_on_k.iter().map(|&i| keys[i].as_str()).collect();
+    let exists = s.batch_exists(&lost).await;
     assert!(exists.iter().all(|e| matches!(e, Ok(false))), "{exists:?}");
 }
 

@@ -131,6 +131,15 @@ pub struct Engine {
     catalog: Arc<catalog::CatalogBook>,
 }
 
+/// Which of the engine's periodic duties are due ([`Engine::run_duties`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Duties {
+    /// Eviction only: it runs often (every few milliseconds), because writers wait for space.
+    Eviction,
+    /// Every duty: deadlines are checked about once a second.
+    All,
+}
+
 impl Engine {
     /// Builds an empty engine. The configuration is expected to have passed
     /// [`EngineConfig::validate`]; a zero shard count is treated as one.
@@ -170,13 +179,23 @@ impl Engine {
         &self.config
     }
 
-    /// Runs every periodic duty once: client expiry, graceful unmounts, stalled-write sweep,
-    /// then eviction (last, so it sees the space the others freed).
+    /// Runs every periodic duty once ([`Engine::run_duties`] with all of them due).
     pub fn tick(&self) {
-        self.thaw_overdue_adoptions();
-        self.expire_clients();
-        self.run_graceful_unmounts();
-        self.sweep_stalled_writes();
+        self.run_duties(Duties::All);
+    }
+
+    /// The engine's periodic duties, in their one order; the server's maintenance thread and
+    /// the tests both run them through here, so no duty can exist in one schedule only.
+    /// Deadline duties (`Duties::All`): re-adoptions that overran their deadline take writes
+    /// again, silent clients are expired, graceful unmounts end, stalled writes are swept.
+    /// Eviction runs every time, last, so it sees the space the others freed.
+    pub fn run_duties(&self, due: Duties) {
+        if due == Duties::All {
+            self.thaw_overdue_adoptions();
+            self.expire_clients();
+            self.run_graceful_unmounts();
+            self.sweep_stalled_writes();
+        }
         self.run_eviction();
     }
 

@@ -422,12 +422,28 @@ impl Engine {
                 self.try_group(&groups[(start + i) % names], len, &mut out, &mut rng);
             }
         }
+        // Names with a segment that takes new replicas at all (not frozen for re-adoption, not
+        // reported unreachable): only a lack of room there is something eviction can fix.
+        let placeable = if out.is_empty() {
+            groups
+                .iter()
+                .filter(|g| g.slots.iter().any(|slot| slot.is_placeable()))
+                .count()
+        } else {
+            names
+        };
         drop(registry);
         if out.is_empty() {
             self.counters
                 .put_start_alloc_failures
                 .fetch_add(1, Ordering::Relaxed);
-            if names >= replica_num as usize {
+            if placeable == 0 && names > 0 {
+                return Err(Error::new(
+                    ErrorCode::NO_AVAILABLE_HANDLE,
+                    "no segment takes new replicas now: every one is being re-adopted or its node was reported unreachable",
+                ));
+            }
+            if placeable >= replica_num as usize {
                 self.need_eviction.store(true, Ordering::Release);
             }
             return Err(no_handle());

@@ -91,6 +91,12 @@ impl SegmentSlot {
         was
     }
 
+    /// Whether new replicas may be placed here (room aside): mounted, not frozen for
+    /// re-adoption, not reported unreachable.
+    pub(crate) fn is_placeable(&self) -> bool {
+        self.is_alive() && !self.is_adopting() && !self.is_suspect()
+    }
+
     /// Whether a client reported the node unreachable since its last heartbeat.
     pub(crate) fn is_suspect(&self) -> bool {
         self.suspect.load(Ordering::Acquire)

@@ -21,7 +21,7 @@ mod tls;
 
 pub use config::{ConfigError, KvEventsSettings, MasterConfig, CONFIG_KEYS};
 
-use crate::engine::{Engine, SystemClock};
+use crate::engine::{Duties, Engine, SystemClock};
 use events::EventHook;
 use ha::Gate;
 use metrics::Metrics;
@@ -223,14 +223,13 @@ fn spawn_maintenance(gate: Arc<Gate>, stop: Arc<AtomicBool>) -> std::io::Result<
                 if !gate.serving() {
                     continue;
                 }
-                let engine = gate.engine();
-                engine.run_eviction();
-                if last_sweep.elapsed() >= SWEEP_PERIOD {
+                let due = if last_sweep.elapsed() >= SWEEP_PERIOD {
                     last_sweep = Instant::now();
-                    engine.expire_clients();
-                    engine.sweep_stalled_writes();
-                    engine.run_graceful_unmounts();
-                }
+                    Duties::All
+                } else {
+                    Duties::Eviction
+                };
+                gate.engine().run_duties(due);
             }
         })
 }

@@ -413,3 +413,24 @@ fn an_unmounted_suspect_segment_leaves_the_suspect_count_and_a_remount_is_clean(
     assert!(!h.engine.segments()[0].suspect);
     assert_eq!(placed_on(&h, "k"), "gone");
 }
+
+#[test]
+fn puts_refused_because_no_segment_takes_replicas_evict_nothing() {
+    // Eviction makes room; it cannot make a suspect (or re-adopting) segment placeable, so a
+    // put refused for that reason must not cost the cluster any of its objects.
+    let h = Harness::bare(Harness::config());
+    h.mount("only", BASE, 16 * MIB);
+    for i in 0..20 {
+        h.put(&format!("kept-{i}"), 4096);
+    }
+    h.advance(10 * LEASE_MS);
+    assert_eq!(report(&h, &["only"]), Ok(1));
+    for _ in 0..50 {
+        let err = h.put_start("refused", 4096).unwrap_err();
+        assert_eq!(err.code, ErrorCode::NO_AVAILABLE_HANDLE);
+        assert!(err.message.contains("takes new replicas"), "{err}");
+        h.engine.tick();
+    }
+    assert_eq!(h.engine.stats().key_count, 20);
+    assert_eq!(h.engine.stats().evictions_total, 0);
+}
