@@ -220,7 +220,8 @@ def test_a_node_sigkilled_during_batch_puts_costs_no_failed_key(key):
 
 def test_stores_shared_by_threads_behind_a_barrier_then_dropped(cluster, key):
     m, _ = cluster
-    s = setup_store(m.addr)
+    # The only reference is in this list, so clearing it drops the store.
+    held = [setup_store(m.addr)]
     threads, errors = 8, []
     barrier = threading.Barrier(threads, timeout=30)
 
@@ -229,8 +230,8 @@ def test_stores_shared_by_threads_behind_a_barrier_then_dropped(cluster, key):
             barrier.wait()
             for i in range(20):
                 k = f"{key}-{t}-{i}"
-                assert s.put(k, pattern(k, 2048)) == OK
-                assert s.get(k) == pattern(k, 2048)
+                assert held[0].put(k, pattern(k, 2048)) == OK
+                assert held[0].get(k) == pattern(k, 2048)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
             barrier.abort()
@@ -241,8 +242,8 @@ def test_stores_shared_by_threads_behind_a_barrier_then_dropped(cluster, key):
     for t in pool:
         t.join(timeout=60)
     assert not errors, errors
-    hostname = s.get_hostname()
-    del s
+    hostname = held[0].get_hostname()
+    held.clear()
     gc.collect()
     assert hostname not in endpoints(m)
 
