@@ -133,6 +133,17 @@ impl DataConnection {
         &mut self.stream
     }
 
+    /// A second descriptor of this connection's socket (plain TCP only), so memory lent to a
+    /// same-host request can be waited for after the connection itself is dropped.
+    pub(crate) fn dup_socket(&self) -> Option<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        match &self.stream {
+            Stream::Plain(tcp) => tcp.as_fd().try_clone_to_owned().ok(),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// Endpoint this connection talks to.
     pub fn endpoint(&self) -> &str {
         &self.endpoint

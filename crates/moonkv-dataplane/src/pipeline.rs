@@ -148,8 +148,16 @@ impl DataConnection {
         let mut sends = Vec::with_capacity(pieces.len());
         let mut expects = Vec::with_capacity(pieces.len());
         // Same-host requests name the caller's memory instead of carrying bytes; the node copies
-        // nothing after this (see `crate::same_host`).
-        let deadline_ns = self.attached.then(|| crate::same_host::deadline_for(step));
+        // nothing after this (see `crate::same_host`). The memory is lent until the node answered
+        // (`Lent`), which needs a second handle on the socket; without one, use the socket path.
+        let lent_socket = if self.attached {
+            self.dup_socket()
+        } else {
+            None
+        };
+        let deadline_ns = lent_socket
+            .as_ref()
+            .map(|_| crate::same_host::deadline_for(step));
         for piece in pieces {
             let id = self.take_id();
             let len = piece.len();
@@ -244,6 +252,12 @@ impl DataConnection {
         }
         let endpoint = self.endpoint().to_string();
         self.healthy = false;
+        // From here the node may touch the caller's memory named by the plans: if this future is
+        // dropped before every answer arrived, dropping `lent` waits until the node let go.
+        let lent = lent_socket
+            .filter(|_| sends.iter().any(|send| !send.extra.is_empty()))
+            .zip(deadline_ns)
+            .map(|(socket, deadline_ns)| crate::same_host::Lent::new(socket, deadline_ns));
         let burst = {
             let (reader, writer) = tokio::io::split(self.stream_mut());
             let mut send_all = pin!(send_all(writer, &sends, step));
@@ -268,6 +282,12 @@ impl DataConnection {
             burst
         };
         self.healthy = burst.broken.is_none();
+        match lent {
+            // Every plan was answered: the node is done with the memory.
+            Some(lent) if burst.broken.is_none() => lent.returned(),
+            // Broken off (a timeout, a reset): wait until the node provably stopped.
+            other => drop(other),
+        }
         burst
     }
 }

@@ -58,6 +58,92 @@ pub fn deadline_for(step: Duration) -> u64 {
     monotonic_now_ns().saturating_add(ns)
 }
 
+/// How long past a plan's deadline a caller that gave up waits for the node to let go: the
+/// node checks the deadline before every step, so at most one step (a few milliseconds of
+/// copying) can still be under way then.
+pub const LET_GO_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The caller's memory named by same-host requests of one burst, lent to the node until it has
+/// answered them all. Dropped before [`Lent::returned`] (the burst's future was dropped, or the
+/// burst broke off), it does not let the memory go back to the caller until the node provably
+/// stopped touching it: it shuts down the sending side of the connection, which the node checks
+/// before every step (and then refuses the rest), and waits, blocking, for the node to close the
+/// connection, or for the plans' deadline (plus [`LET_GO_GRACE`]) to pass.
+#[must_use = "dropping it waits for the node"]
+pub(crate) struct Lent {
+    socket: Option<std::os::fd::OwnedFd>,
+    deadline_ns: u64,
+}
+
+impl Lent {
+    /// Lends for plans with this deadline, over the connection whose socket is `socket`.
+    pub(crate) fn new(socket: std::os::fd::OwnedFd, deadline_ns: u64) -> Lent {
+        Lent {
+            socket: Some(socket),
+            deadline_ns,
+        }
+    }
+
+    /// Every request was answered: the node touches none of the memory any more.
+    pub(crate) fn returned(mut self) {
+        self.socket = None;
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(socket) = self.socket.take() {
+            wait_for_node_to_let_go(&socket, self.deadline_ns);
+        }
+    }
+}
+
+fn wait_for_node_to_let_go(socket: &std::os::fd::OwnedFd, deadline_ns: u64) {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    let until = deadline_ns.saturating_add(LET_GO_GRACE.as_nanos() as u64);
+    // SAFETY: `fd` is a socket this value owns (a duplicate of the connection's).
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::shutdown(fd, libc::SHUT_WR)
+    };
+    let mut drain = [0u8; 16 << 10];
+    loop {
+        let now = monotonic_now_ns();
+        if now >= until {
+            return;
+        }
+        let wait_ms = ((until - now) / 1_000_000).clamp(1, i32::MAX as u64) as i32;
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on an owned socket.
+        #[allow(unsafe_code)]
+        let ready = unsafe { libc::poll(&mut poll, 1, wait_ms) };
+        if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return;
+        }
+        if ready <= 0 {
+            continue;
+        }
+        // SAFETY: reads into a buffer this function owns; the socket is non-blocking.
+        #[allow(unsafe_code)]
+        let n = unsafe { libc::read(fd, drain.as_mut_ptr().cast(), drain.len()) };
+        match n {
+            // The node closed the connection: it stopped, and answers no more.
+            0 => return,
+            n if n > 0 => continue,
+            _ => match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
+                // Reset: the node is gone.
+                _ => return,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

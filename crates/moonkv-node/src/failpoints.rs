@@ -17,6 +17,10 @@ pub const DISK_BEFORE_RENAME: &str = "node::disk_before_rename";
 /// (`AdoptReplicas` answered) and more remain. `return` here stops the announcement for good
 /// while the node goes on serving and heartbeating (a node stuck mid-announcement).
 pub const ANNOUNCE_MID_CATALOG: &str = "node::announce_mid_catalog";
+/// A node checked a same-host step (the caller's deadline, process and connection) and is
+/// about to copy it. `sleep(ms)` stalls it there, as a node descheduled between its checks and
+/// the copy.
+pub const LOCAL_STEP_STALL: &str = "node::local_step_stall";
 /// A store has its replicas from PutStart (or BatchPutStart), before writing any byte.
 pub const AFTER_PUT_START: &str = moonkv_client::failpoints::AFTER_PUT_START;
 

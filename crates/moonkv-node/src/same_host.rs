@@ -16,16 +16,47 @@
 use std::fs;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The two ends of a plain data-plane connection, and its socket.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ends {
+    pub(crate) peer: SocketAddr,
+    pub(crate) local: SocketAddr,
+    /// The connection's socket; valid while the connection is served (longer than any `Peer`
+    /// made from it).
+    pub(crate) socket: RawFd,
+}
 
 /// An attached caller process.
 #[derive(Debug)]
 pub(crate) struct Peer {
     pid: libc::pid_t,
     pidfd: OwnedFd,
+    /// The connection it attached (see [`Ends::socket`]).
+    socket: RawFd,
 }
 
 impl Peer {
+    /// The same caller, watched on its connection's socket (see [`Peer::gave_up`]).
+    pub(crate) fn watching(mut self, socket: RawFd) -> Peer {
+        self.socket = socket;
+        self
+    }
+
+    /// Whether the caller shut down its sending side: it abandoned its calls and waits, before
+    /// it frees or reuses the memory they named, for this node to stop (`POLLRDHUP`).
+    pub(crate) fn gave_up(&self) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.socket,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on the connection's socket, which outlives `self`; no wait.
+        let rc = unsafe { libc::poll(&mut poll, 1, 0) };
+        rc > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    }
+
     /// Whether the caller process still runs (its pidfd is not yet readable).
     pub(crate) fn alive(&self) -> bool {
         let mut poll = libc::pollfd {
@@ -156,7 +187,11 @@ pub(crate) fn verify(
             "process {pid} does not hold this connection (its socket {wanted})"
         ));
     }
-    let peer = Peer { pid, pidfd };
+    let peer = Peer {
+        pid,
+        pidfd,
+        socket: -1,
+    };
     if !peer.alive() {
         return Err(format!("process {pid} has exited"));
     }

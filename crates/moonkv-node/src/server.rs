@@ -244,7 +244,11 @@ async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::R
     // Same-host copies are offered only on plain connections from this machine.
     let ends = match (stream.peer_addr(), stream.local_addr()) {
         (Ok(peer), Ok(local)) if served.access.tls.is_none() && !served.access.refuse_same_host => {
-            Some((peer, local))
+            Some(same_host::Ends {
+                peer,
+                local,
+                socket: std::os::fd::AsRawFd::as_raw_fd(&stream),
+            })
         }
         _ => None,
     };
@@ -276,7 +280,7 @@ async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::R
 pub(crate) async fn serve_connection(
     stream: Stream,
     served: Arc<Served>,
-    ends: Option<(SocketAddr, SocketAddr)>,
+    ends: Option<same_host::Ends>,
 ) -> io::Result<()> {
     let deadlines = served.access.deadlines;
     let mut conn = BufReader::with_capacity(
@@ -295,7 +299,7 @@ pub(crate) async fn serve_connection(
 async fn serve_requests(
     stream: &mut Conn,
     served: &Served,
-    ends: Option<(SocketAddr, SocketAddr)>,
+    ends: Option<same_host::Ends>,
 ) -> io::Result<()> {
     let mut raw = [0u8; REQUEST_LEN];
     if !read_header(stream, &mut raw[..HELLO_MAGIC.len()], 0).await? {
@@ -706,20 +710,21 @@ async fn refuse_write(stream: &mut Conn, h: &RequestHeader, status: DataStatus) 
 async fn attach(
     stream: &mut Conn,
     h: &RequestHeader,
-    ends: Option<(SocketAddr, SocketAddr)>,
+    ends: Option<same_host::Ends>,
 ) -> io::Result<Option<same_host::Peer>> {
     let pid = h.length;
     let verified = match (ends, AttachRequest::from_header(h)) {
         (_, None) => Err(format!("{} is not a process id", h.length)),
         (None, _) => Err("same-host copies are off on this connection".to_string()),
-        (Some((peer, local)), Some(request)) => tokio::task::spawn_blocking(move || {
+        (Some(ends), Some(request)) => tokio::task::spawn_blocking(move || {
             same_host::verify(
                 request.pid,
-                peer,
-                local,
+                ends.peer,
+                ends.local,
                 request.probe_address,
                 request.probe,
             )
+            .map(|peer| peer.watching(ends.socket))
         })
         .await
         .unwrap_or_else(|e| Err(format!("verification failed: {e}"))),
@@ -828,9 +833,16 @@ async fn copy_local(
     }
     let mut at = 0;
     while at < len {
-        if moonkv_dataplane::same_host::monotonic_now_ns() >= plan.deadline_ns || !peer.alive() {
+        // Past the deadline, the caller gone, or the caller shut its side of the connection
+        // (it gave up the call and waits for this node to let go of its memory): no more steps.
+        if moonkv_dataplane::same_host::monotonic_now_ns() >= plan.deadline_ns
+            || !peer.alive()
+            || peer.gave_up()
+        {
             return Err(DataStatus::LocalRefused);
         }
+        // The worst moment to be descheduled: checks passed, copy not started.
+        crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
         let mut end = (at + LOCAL_STEP).min(len);
         if let Some(half) = half.filter(|h| at < *h) {
             end = end.min(half);

@@ -219,3 +219,93 @@ async fn a_caller_cannot_make_a_node_process_copy_into_any_process_but_itself() 
     // The node keeps serving everyone.
     assert_eq!(store.get("target").await.unwrap(), value);
 }
+
+/// Memory a caller gives up (a dropped future, `timeout`, `select!`) is never written or read
+/// by the node afterwards: the node stalls at the start of every same-host step (fault point
+/// `node::local_step_stall`), the caller's call times out long before, the memory is reused at
+/// once, and not one byte of it changes; a cancelled put never commits what the caller wrote
+/// into its buffer afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_of_a_cancelled_same_host_call_is_never_touched_after_the_call_is_dropped() {
+    let m = MOONKV.master(&[]);
+    let stall = Duration::from_millis(400);
+    let _n = MOONKV.node_with_failpoints(
+        &m.field("rpc"),
+        "seg-lent",
+        "256MiB",
+        &format!(
+            "{}=sleep({})",
+            moonkv_node::failpoints::LOCAL_STEP_STALL,
+            stall.as_millis()
+        ),
+    );
+    let store = Store::connect(StoreConfig::new(m.field("rpc")))
+        .await
+        .unwrap();
+    let size = 8 << 20;
+    let value = pattern(size, 7);
+    store
+        .put("lent", &value, &ReplicateConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.data_plane_stats().attached,
+        store.data_plane_stats().opened
+    );
+    // Long enough for a node that did not let go to finish its stalled step.
+    let settle = stall * 3;
+    let give_up = Duration::from_millis(50);
+
+    for round in 0..3 {
+        // get_into: the buffer is reused for other data the moment the call is given up.
+        let mut buf = vec![0u8; size];
+        let cancelled = tokio::time::timeout(give_up, store.get_into("lent", &mut buf)).await;
+        assert!(
+            cancelled.is_err(),
+            "round {round}: the call was not cancelled"
+        );
+        buf.fill(0xAA);
+        tokio::time::sleep(settle).await;
+        assert!(
+            buf.iter().all(|b| *b == 0xAA),
+            "round {round}: the node wrote into memory its caller had given up"
+        );
+
+        // batch_get_into, two objects' buffers.
+        let mut a = vec![0u8; size];
+        let mut b = vec![0u8; size];
+        {
+            let mut targets: Vec<&mut [u8]> = vec![&mut a, &mut b];
+            let cancelled = tokio::time::timeout(
+                give_up,
+                store.batch_get_into(&["lent", "lent"], &mut targets),
+            )
+            .await;
+            assert!(cancelled.is_err());
+        }
+        a.fill(0xAB);
+        b.fill(0xAC);
+        tokio::time::sleep(settle).await;
+        assert!(a.iter().all(|x| *x == 0xAB) && b.iter().all(|x| *x == 0xAC));
+
+        // put: what the caller writes into its buffer after giving up is never committed.
+        let key = format!("cancelled-{round}");
+        let mut source = pattern(size, 9);
+        let cancelled = tokio::time::timeout(
+            give_up,
+            store.put(&key, &source, &ReplicateConfig::default()),
+        )
+        .await;
+        assert!(cancelled.is_err());
+        source.fill(0xBB);
+        tokio::time::sleep(settle).await;
+        if let Ok(got) = store.get(&key).await {
+            assert!(
+                !got.contains(&0xBB),
+                "a cancelled put committed bytes written after it was dropped"
+            );
+        }
+    }
+    // The object itself is intact and readable once the node is left alone.
+    assert_eq!(store.get("lent").await.unwrap(), value);
+}
