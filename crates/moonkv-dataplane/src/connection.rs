@@ -22,9 +22,11 @@ pub struct DataConnection {
     next_request_id: u64,
     /// False once the stream may be out of step (I/O error); such a connection is not pooled.
     pub(crate) healthy: bool,
-    /// The node agreed to copy this connection's memory ranges straight from and to this
-    /// process (see [`DataConnection::attach`]).
-    pub(crate) attached: bool,
+    /// Set once the node agreed to copy this connection's memory ranges straight from and to
+    /// this process (see [`DataConnection::attach`]): a second descriptor of the socket, which
+    /// memory lent to a same-host request is waited for on (`same_host::Lent`), so the wait can
+    /// outlive the connection.
+    pub(crate) lend_socket: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// The pool's slot this connection occupies while checked out (none while idle or fenced).
     pub(crate) permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Keeps the pool's count of open connections right when this one is dropped.
@@ -75,7 +77,7 @@ impl DataConnection {
             endpoint: endpoint.to_string(),
             next_request_id: 1,
             healthy: true,
-            attached: false,
+            lend_socket: None,
             permit: None,
             _open: None,
         })
@@ -99,6 +101,11 @@ impl DataConnection {
         {
             return Ok(false);
         }
+        // Without a second handle on the socket lent memory could not be waited for: no
+        // same-host copies then.
+        let Ok(lend_socket) = std::os::fd::AsFd::as_fd(tcp).try_clone_to_owned() else {
+            return Ok(false);
+        };
         // The node reads these bytes out of this process to show it can reach it; they live
         // until its answer has come.
         let probe: Box<[u8; 16]> = Box::new(rand::random());
@@ -125,23 +132,15 @@ impl DataConnection {
         if !self.healthy {
             return Err(self.refused("attach", SegmentId::new(0, 0), 0, 0, response.status));
         }
-        self.attached = response.status == DataStatus::Ok;
-        Ok(self.attached)
+        let attached = response.status == DataStatus::Ok;
+        if attached {
+            self.lend_socket = Some(std::sync::Arc::new(lend_socket));
+        }
+        Ok(attached)
     }
 
     pub(crate) fn stream_mut(&mut self) -> &mut Stream {
         &mut self.stream
-    }
-
-    /// A second descriptor of this connection's socket (plain TCP only), so memory lent to a
-    /// same-host request can be waited for after the connection itself is dropped.
-    pub(crate) fn dup_socket(&self) -> Option<std::os::fd::OwnedFd> {
-        use std::os::fd::AsFd;
-        match &self.stream {
-            Stream::Plain(tcp) => tcp.as_fd().try_clone_to_owned().ok(),
-            #[allow(unreachable_patterns)]
-            _ => None,
-        }
     }
 
     /// Endpoint this connection talks to.

@@ -149,12 +149,8 @@ impl DataConnection {
         let mut expects = Vec::with_capacity(pieces.len());
         // Same-host requests name the caller's memory instead of carrying bytes; the node copies
         // nothing after this (see `crate::same_host`). The memory is lent until the node answered
-        // (`Lent`), which needs a second handle on the socket; without one, use the socket path.
-        let lent_socket = if self.attached {
-            self.dup_socket()
-        } else {
-            None
-        };
+        // (`Lent`).
+        let lent_socket = self.lend_socket.clone();
         let deadline_ns = lent_socket
             .as_ref()
             .map(|_| crate::same_host::deadline_for(step));

@@ -71,13 +71,13 @@ pub const LET_GO_GRACE: std::time::Duration = std::time::Duration::from_millis(1
 /// connection, or for the plans' deadline (plus [`LET_GO_GRACE`]) to pass.
 #[must_use = "dropping it waits for the node"]
 pub(crate) struct Lent {
-    socket: Option<std::os::fd::OwnedFd>,
+    socket: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     deadline_ns: u64,
 }
 
 impl Lent {
     /// Lends for plans with this deadline, over the connection whose socket is `socket`.
-    pub(crate) fn new(socket: std::os::fd::OwnedFd, deadline_ns: u64) -> Lent {
+    pub(crate) fn new(socket: std::sync::Arc<std::os::fd::OwnedFd>, deadline_ns: u64) -> Lent {
         Lent {
             socket: Some(socket),
             deadline_ns,
@@ -102,7 +102,7 @@ fn wait_for_node_to_let_go(socket: &std::os::fd::OwnedFd, deadline_ns: u64) {
     use std::os::fd::AsRawFd;
     let fd = socket.as_raw_fd();
     let until = deadline_ns.saturating_add(LET_GO_GRACE.as_nanos() as u64);
-    // SAFETY: `fd` is a socket this value owns (a duplicate of the connection's).
+    // SAFETY: `fd` is a socket `socket` owns (a duplicate of the connection's) and keeps open.
     #[allow(unsafe_code)]
     unsafe {
         libc::shutdown(fd, libc::SHUT_WR)
@@ -128,7 +128,7 @@ fn wait_for_node_to_let_go(socket: &std::os::fd::OwnedFd, deadline_ns: u64) {
         if ready <= 0 {
             continue;
         }
-        // SAFETY: reads into a buffer this function owns; the socket is non-blocking.
+        // SAFETY: reads into a buffer this function owns from an open socket (non-blocking).
         #[allow(unsafe_code)]
         let n = unsafe { libc::read(fd, drain.as_mut_ptr().cast(), drain.len()) };
         match n {

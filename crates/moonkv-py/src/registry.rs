@@ -23,6 +23,18 @@ struct Region {
     pool: bool,
 }
 
+impl Region {
+    fn new(start: usize, len: usize, pool: bool) -> Arc<Region> {
+        Arc::new(Region {
+            start,
+            len,
+            users: Mutex::new(0),
+            idle: Condvar::new(),
+            pool,
+        })
+    }
+}
+
 /// The registered buffers of one store, keyed by start address.
 #[derive(Default)]
 pub(crate) struct Registry {
@@ -84,16 +96,7 @@ impl Registry {
                 )));
             }
         }
-        regions.insert(
-            ptr,
-            Arc::new(Region {
-                start: ptr,
-                len: size,
-                users: Mutex::new(0),
-                idle: Condvar::new(),
-                pool: false,
-            }),
-        );
+        regions.insert(ptr, Region::new(ptr, size, false));
         Ok(())
     }
 
@@ -105,17 +108,13 @@ impl Registry {
                 "the memory pool is registered before any other buffer",
             ));
         }
-        regions.insert(
-            ptr,
-            Arc::new(Region {
-                start: ptr,
-                len: size,
-                users: Mutex::new(0),
-                idle: Condvar::new(),
-                pool: true,
-            }),
-        );
+        regions.insert(ptr, Region::new(ptr, size, true));
         Ok(())
+    }
+
+    /// Whether `range` lies inside one registered buffer.
+    pub(crate) fn covers(&self, range: Range) -> bool {
+        find(&self.regions.read(), range).is_ok()
     }
 
     /// Unregisters the buffer that starts at `ptr`, after the calls using it have finished.

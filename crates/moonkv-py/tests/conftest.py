@@ -55,26 +55,33 @@ class Lines:
         return line.rstrip("\n")
 
 
-class Master:
-    """A `moonkv master` child process."""
+class Server:
+    """A `moonkv` child process that serves once it printed its JSON ready line."""
 
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [moonkv_bin(), "master", "--rpc-port", "0", "--metrics-port", "0", *flags],
+            [moonkv_bin(), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
         self.lines = Lines(self.proc.stdout)
-        ready = json.loads(self.lines.next())
-        assert ready["event"] == "ready", ready
-        self.addr: str = ready["rpc"]
-        self.admin: str = ready["admin"]
+        self.ready: dict = json.loads(self.lines.next())
+        assert self.ready["event"] == "ready", self.ready
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=WAIT)
+
+
+class Master(Server):
+    """A `moonkv master` child process."""
+
+    def __init__(self, *flags: str) -> None:
+        super().__init__("master", "--rpc-port", "0", "--metrics-port", "0", *flags)
+        self.addr: str = self.ready["rpc"]
+        self.admin: str = self.ready["admin"]
 
     def pause(self) -> None:
         """Stops the master and returns once every one of its threads is stopped: the signal is
@@ -99,25 +106,16 @@ class Master:
         self.proc.send_signal(signal.SIGCONT)
 
 
-class Node:
+class Node(Server):
     """A `moonkv node` child process serving `size` bytes for `master_addr`."""
 
     def __init__(self, master_addr: str, size: int | str = 64 << 20, *flags: str) -> None:
-        self.proc = subprocess.Popen(
-            [moonkv_bin(), "node", "--master", master_addr, "--segment-size", str(size), "--data-bind", "127.0.0.1:0", *flags],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+        super().__init__(
+            "node", "--master", master_addr, "--segment-size", str(size), "--data-bind", "127.0.0.1:0", *flags
         )
-        self.lines = Lines(self.proc.stdout)
-        ready = json.loads(self.lines.next())
-        assert ready["event"] == "ready", ready
-        self.data: str = ready["data"]
+        self.data: str = self.ready["data"]
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=WAIT)
+    kill = Server.stop
 
 
 def segments(master: "Master") -> list[dict]:

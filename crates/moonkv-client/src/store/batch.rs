@@ -166,18 +166,13 @@ impl Store {
                 .await;
             retry = vec![None; keys.len()];
             for ((i, result), r) in again.into_iter().zip(sub_results).zip(sub_retry) {
-                let failed = failover::Failed {
-                    error: match result {
-                        Ok(()) => {
-                            results[i] = Ok(());
-                            continue;
-                        }
-                        Err(e) => e,
-                    },
-                    retry: r,
+                let Err(error) = result else {
+                    results[i] = Ok(());
+                    continue;
                 };
-                let before = std::mem::replace(&mut results[i], Ok(())).err();
-                let failed = failover::keep_first_cause(failed, before);
+                let before = results[i].as_ref().err().cloned();
+                let failed =
+                    failover::keep_first_cause(failover::Failed { error, retry: r }, before);
                 results[i] = Err(failed.error);
                 retry[i] = failed.retry;
             }
@@ -255,9 +250,8 @@ impl Store {
         };
         let mut retry: Vec<Option<Vec<String>>> = vec![None; keys.len()];
         let mut end_items = Vec::new();
-        let mut revoke_items = Vec::new();
-        // Position in the batch of each revoke item.
-        let mut revoke_index: Vec<usize> = Vec::new();
+        // Each with its position in the batch.
+        let mut revoke_items: Vec<(usize, RevokeItem)> = Vec::new();
         let mut end_index = Vec::new();
         for (&i, outcome) in allocated.iter().zip(written) {
             let outcome = if ids(i).is_empty() {
@@ -281,11 +275,13 @@ impl Store {
                     // A candidate for a second placement, if its revoke goes out now and one of
                     // its nodes turns out not to answer (checked below).
                     retry[i] = Some(Vec::new());
-                    revoke_items.push(RevokeItem {
-                        key: keys[i].to_string(),
-                        replica_ids: ids(i),
-                    });
-                    revoke_index.push(i);
+                    revoke_items.push((
+                        i,
+                        RevokeItem {
+                            key: keys[i].to_string(),
+                            replica_ids: ids(i),
+                        },
+                    ));
                     results[i] = Err(e);
                 }
             }
@@ -303,27 +299,25 @@ impl Store {
                 .zip(spread_answer(answers, end_items.len()))
             {
                 if let Err(e) = item {
-                    revoke_items.push(RevokeItem {
-                        key: keys[*slot].to_string(),
-                        replica_ids: ids(*slot),
-                    });
-                    revoke_index.push(*slot);
+                    revoke_items.push((
+                        *slot,
+                        RevokeItem {
+                            key: keys[*slot].to_string(),
+                            replica_ids: ids(*slot),
+                        },
+                    ));
                     results[*slot] = Err(e);
                 }
             }
         }
-        let mut sent_index = Vec::with_capacity(revoke_index.len());
-        let mut sent = Vec::with_capacity(revoke_items.len());
-        for (item, i) in revoke_items.into_iter().zip(revoke_index) {
-            if self.defer_revoke(kind, &item.key, &item.replica_ids) {
-                // Its key stays taken until the revoke goes out: no second placement.
-                retry[i] = None;
-            } else {
-                sent.push(item);
-                sent_index.push(i);
-            }
+        let (deferred, sent): (Vec<_>, Vec<_>) = revoke_items
+            .into_iter()
+            .partition(|(_, item)| self.defer_revoke(kind, &item.key, &item.replica_ids));
+        // A deferred key stays taken until its revoke goes out: no second placement.
+        for (i, _) in deferred {
+            retry[i] = None;
         }
-        let revoke_items = sent;
+        let (sent_index, revoke_items): (Vec<usize>, Vec<RevokeItem>) = sent.into_iter().unzip();
         if !revoke_items.is_empty() {
             let revoke = BatchRevokeRequest {
                 client_id: self.master.client_id(),

@@ -424,16 +424,14 @@ impl Engine {
         }
         // Names with a segment that takes new replicas at all (not frozen for re-adoption, not
         // reported unreachable): only a lack of room there is something eviction can fix.
-        let placeable = if out.is_empty() {
+        let placeable = out.is_empty().then(|| {
             groups
                 .iter()
                 .filter(|g| g.slots.iter().any(|slot| slot.is_placeable()))
                 .count()
-        } else {
-            names
-        };
+        });
         drop(registry);
-        if out.is_empty() {
+        if let Some(placeable) = placeable {
             self.counters
                 .put_start_alloc_failures
                 .fetch_add(1, Ordering::Relaxed);

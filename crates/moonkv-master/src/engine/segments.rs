@@ -162,7 +162,7 @@ impl SegmentSlot {
 
     /// Reserves `len` aligned bytes; `None` when full or unmounted.
     pub(crate) fn allocate(&self, len: u64) -> Option<u64> {
-        if self.is_adopting() || self.is_suspect() {
+        if !self.is_placeable() {
             return None;
         }
         let mut a = self.allocator.lock();

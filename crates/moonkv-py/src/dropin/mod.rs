@@ -46,7 +46,26 @@ fn log(py: Python<'_>, level: &str, message: &str) {
     }
 }
 
+/// Logs why `call` failed and returns its code.
+fn failed(py: Python<'_>, call: &str, error: &Error) -> i32 {
+    log(py, "error", &format!("{call}: {}", error.message));
+    code(error)
+}
+
 impl DropIn {
+    /// Before a `setup` or `setup_dummy`: the store must not run yet, and the environment's
+    /// tuning must parse. `Err` is the code to return (the reason is logged).
+    fn ready_to_start(&self, py: Python<'_>, call: &str) -> Result<StoreTuning, i32> {
+        if self.engine.is_set() {
+            return Err(failed(
+                py,
+                call,
+                &invalid("this store is already set up; close() it first"),
+            ));
+        }
+        StoreTuning::from_env().map_err(|e| failed(py, call, &e))
+    }
+
     /// Keeps a freshly started engine; 0, or an error code when another `setup` won the race.
     fn installed(&self, py: Python<'_>, engine: Engine) -> i32 {
         if self.engine.install(py, engine) {
@@ -149,27 +168,13 @@ impl DropIn {
             );
             return Ok(code(&invalid("engine")));
         }
-        if self.engine.is_set() {
-            log(
-                py,
-                "error",
-                "setup: this store is already set up; close() it first",
-            );
-            return Ok(code(&invalid("already set up")));
-        }
+        let tuning = match self.ready_to_start(py, "setup") {
+            Ok(t) => t,
+            Err(rc) => return Ok(rc),
+        };
         let settings = match raw.validate() {
             Ok(s) => s,
-            Err(e) => {
-                log(py, "error", &format!("setup: {}", e.message));
-                return Ok(code(&e));
-            }
-        };
-        let tuning = match StoreTuning::from_env() {
-            Ok(t) => t,
-            Err(e) => {
-                log(py, "error", &format!("setup: {}", e.message));
-                return Ok(code(&e));
-            }
+            Err(e) => return Ok(failed(py, "setup", &e)),
         };
         match py.detach(|| Engine::start(&settings, tuning)) {
             Ok(engine) => Ok(self.installed(py, engine)),
@@ -201,20 +206,9 @@ impl DropIn {
     ) -> PyResult<i32> {
         let mem_pool_size = args::size_arg(mem_pool_size, "mem_pool_size")?;
         let local_buffer_size = args::size_arg(local_buffer_size, "local_buffer_size")?;
-        if self.engine.is_set() {
-            log(
-                py,
-                "error",
-                "setup_dummy: this store is already set up; close() it first",
-            );
-            return Ok(code(&invalid("already set up")));
-        }
-        let tuning = match StoreTuning::from_env() {
+        let tuning = match self.ready_to_start(py, "setup_dummy") {
             Ok(t) => t,
-            Err(e) => {
-                log(py, "error", &format!("setup_dummy: {}", e.message));
-                return Ok(code(&e));
-            }
+            Err(rc) => return Ok(rc),
         };
         let started = py.detach(|| {
             Engine::start_standalone(
@@ -300,11 +294,10 @@ impl DropIn {
     /// tensor helpers check this before they read a header from caller memory).
     fn _is_registered(&self, buffer_ptr: UInt, size: UInt) -> bool {
         self.engine().is_ok_and(|e| {
-            let (_lease, errors) = e.registry.lease(&[Range {
+            e.registry.covers(Range {
                 ptr: buffer_ptr.0,
                 len: size.0,
-            }]);
-            errors.iter().all(Option::is_none)
+            })
         })
     }
 
