@@ -38,7 +38,6 @@ use moonkv_client::master_client::blocking::Connection;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::time::Duration;
 
 /// Arguments of `moonkv bench`.
 #[derive(clap::Args, Debug)]
@@ -109,38 +108,11 @@ fn nonce() -> u64 {
     h.finish()
 }
 
-/// `10s`, `500ms`, `2m`, or a bare number of seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 10s, 500ms or 2m"))?;
-    let seconds = match unit {
-        "" | "s" => value,
-        "ms" => value / 1e3,
-        "m" => value * 60.0,
-        _ => return Err(format!("unknown unit `{unit}` in `{text}`; use ms, s or m")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{text}`: {e}"))
-}
+use moonkv_proto::units::duration_flag as parse_duration;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("3h").is_err());
-    }
 
     #[test]
     fn nonces_differ() {

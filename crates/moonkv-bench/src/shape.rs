@@ -94,13 +94,22 @@ impl fmt::Display for Shape {
     }
 }
 
-impl FromStr for Shape {
-    type Err = String;
+/// A `--shape` that does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    /// Not `OP:CxT[:bB]`.
+    #[error("bad shape `{0}`: expected OP:CxT[:bB], e.g. put:2x1 or batch-get:2x1:b128")]
+    Malformed(String),
+    /// A batch workload without `:bB`.
+    #[error("bad shape `{0}`: batch shapes need a batch size, e.g. :b8")]
+    NoBatchSize(String),
+}
 
-    fn from_str(text: &str) -> std::result::Result<Shape, String> {
-        let usage = || {
-            format!("bad shape `{text}`: expected OP:CxT[:bB], e.g. put:2x1 or batch-get:2x1:b128")
-        };
+impl FromStr for Shape {
+    type Err = ShapeError;
+
+    fn from_str(text: &str) -> std::result::Result<Shape, ShapeError> {
+        let usage = || ShapeError::Malformed(text.to_string());
         let mut parts = text.trim().split(':');
         let workload = match parts.next() {
             Some("put") => Workload::Put,
@@ -118,10 +127,7 @@ impl FromStr for Shape {
         let batch = match parts.next() {
             None => {
                 if workload.is_batch() {
-                    return Err(format!(
-                        "{}: batch shapes need a batch size, e.g. :b8",
-                        usage()
-                    ));
+                    return Err(ShapeError::NoBatchSize(text.to_string()));
                 }
                 1
             }

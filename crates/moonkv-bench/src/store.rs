@@ -103,9 +103,7 @@ impl StoreOp {
     }
 }
 
-fn parse_size(text: &str) -> Result<u64, String> {
-    moonkv_proto::units::parse_size(text).map_err(|e| e.message.to_string())
-}
+use moonkv_proto::units::size_flag as parse_size;
 
 /// One run of one cell, all clients together.
 #[derive(Clone, Debug)]

@@ -31,29 +31,50 @@ pub fn fires(name: &str) -> bool {
     }
 }
 
+/// Why `FAILPOINTS` could not be applied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FailpointError {
+    /// An entry without `=`.
+    #[error("FAILPOINTS entry '{0}' is not name=actions")]
+    NotNameActions(String),
+    /// Actions the fault-point library refused.
+    #[error("FAILPOINTS entry '{entry}': {why}")]
+    BadActions {
+        /// The entry as given.
+        entry: String,
+        /// The library's reason.
+        why: String,
+    },
+    /// `FAILPOINTS` is set but this build has no fault points.
+    #[error("this moonkv was built without fault points (cargo feature `failpoints`)")]
+    NotBuilt,
+}
+
 /// Configures the points named in `FAILPOINTS` (`name=actions;...`); an error names the entry
 /// at fault. Without the `failpoints` feature a set `FAILPOINTS` is an error, so a test never
 /// passes by accident against a build that ignores it.
-pub fn configure_from_env() -> Result<(), String> {
+pub fn configure_from_env() -> Result<(), FailpointError> {
     let Ok(spec) = std::env::var("FAILPOINTS") else {
         return Ok(());
     };
     for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
         let (name, actions) = entry
             .split_once('=')
-            .ok_or_else(|| format!("FAILPOINTS entry '{entry}' is not name=actions"))?;
-        configure(name.trim(), actions.trim())
-            .map_err(|e| format!("FAILPOINTS entry '{entry}': {e}"))?;
+            .ok_or_else(|| FailpointError::NotNameActions(entry.to_string()))?;
+        configure(entry, name.trim(), actions.trim())?;
     }
     Ok(())
 }
 
 #[cfg(feature = "failpoints")]
-fn configure(name: &str, actions: &str) -> Result<(), String> {
-    fail::cfg(name, actions)
+fn configure(entry: &str, name: &str, actions: &str) -> Result<(), FailpointError> {
+    fail::cfg(name, actions).map_err(|why| FailpointError::BadActions {
+        entry: entry.to_string(),
+        why,
+    })
 }
 
 #[cfg(not(feature = "failpoints"))]
-fn configure(_: &str, _: &str) -> Result<(), String> {
-    Err("this moonkv was built without fault points (cargo feature `failpoints`)".into())
+fn configure(_: &str, _: &str, _: &str) -> Result<(), FailpointError> {
+    Err(FailpointError::NotBuilt)
 }

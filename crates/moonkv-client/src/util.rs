@@ -1,7 +1,7 @@
 //! Small shared helpers: fresh ids, secrets from the environment, key checks (sizes are
 //! re-exported from `moonkv_proto::units`).
 
-use moonkv_proto::{ClientId, Error, ErrorCode, Result};
+use moonkv_proto::{Error, ErrorCode, Result};
 
 pub use moonkv_proto::units::{format_size, parse_size};
 
@@ -26,11 +26,6 @@ fn logged(
             None
         }
     }
-}
-
-/// A fresh random 128-bit id (clients, nodes, segments generate their own).
-pub fn random_client_id() -> ClientId {
-    ClientId::new(rand::random(), rand::random())
 }
 
 /// Checks a key before it is sent anywhere.

@@ -57,9 +57,7 @@ impl DataConnection {
             let mut stream = crate::stream::connect(endpoint, tls, "node")
                 .await
                 .map_err(|e| match e {
-                    ConnectFailure::Tcp(e) => {
-                        transfer_fail(endpoint, &format!("connect failed: {e}"))
-                    }
+                    ConnectFailure::Tcp(e) => transfer_io_fail(endpoint, "connect failed", e),
                     ConnectFailure::Tls(why) => {
                         Error::new(ErrorCode::ILLEGAL_CLIENT, why.to_string())
                     }
@@ -510,5 +508,14 @@ pub(crate) fn transfer_fail(endpoint: &str, why: &str) -> Error {
     Error::new(
         ErrorCode::TRANSFER_FAIL,
         format!("data transfer with node {endpoint} failed: {why}"),
+    )
+}
+
+/// A failed transfer whose cause is an I/O error; the error stays reachable as its source.
+pub(crate) fn transfer_io_fail(endpoint: &str, what: &str, cause: std::io::Error) -> Error {
+    Error::caused_by(
+        ErrorCode::TRANSFER_FAIL,
+        format!("data transfer with node {endpoint} failed: {what}"),
+        cause,
     )
 }

@@ -14,7 +14,7 @@
 //! - [`same_host`]: what a caller on the node's own machine needs to let the node copy bytes
 //!   straight between its segments and the caller's memory (READ_LOCAL / WRITE_LOCAL).
 
-#![deny(unsafe_code)]
+#![allow(clippy::undocumented_unsafe_blocks)]
 
 pub mod connection;
 pub mod handshake;

@@ -11,7 +11,9 @@
 //! outside the segment) fails only its request; an I/O error, a timeout or a refusal after which
 //! the node closes the connection fails that request and every later one of the burst.
 
-use crate::connection::{head, refusal, stays_in_step, transfer_fail, DataConnection, HeadBytes};
+use crate::connection::{
+    head, refusal, stays_in_step, transfer_fail, transfer_io_fail, DataConnection, HeadBytes,
+};
 use crate::header::{
     DataOp, DataStatus, LocalPlan, RequestHeader, ResponseHeader, MAX_LOCAL_RANGES, RESPONSE_LEN,
 };
@@ -380,7 +382,7 @@ async fn receive_all<R: AsyncRead + Unpin>(
         match tokio::time::timeout(step, input.read_header(&mut raw, greedy)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
-                let error = transfer_fail(endpoint, &format!("receive answer: {e}"));
+                let error = transfer_io_fail(endpoint, "receive answer", e);
                 return stop(results, error, false);
             }
             Err(_) => return stop(results, timed_out(), true),
@@ -429,7 +431,7 @@ async fn receive_all<R: AsyncRead + Unpin>(
                 match tokio::time::timeout(step, input.read_payload(sink)).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
-                        let error = transfer_fail(endpoint, &format!("receive read bytes: {e}"));
+                        let error = transfer_io_fail(endpoint, "receive read bytes", e);
                         return stop(results, error, false);
                     }
                     Err(_) => return stop(results, timed_out(), true),

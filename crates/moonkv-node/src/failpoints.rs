@@ -40,6 +40,6 @@ pub fn fires(name: &str) -> bool {
 }
 
 /// Configures the points named in `FAILPOINTS`; an error names the entry at fault.
-pub fn configure_from_env() -> Result<(), String> {
+pub fn configure_from_env() -> Result<(), moonkv_client::failpoints::FailpointError> {
     moonkv_client::failpoints::configure_from_env()
 }

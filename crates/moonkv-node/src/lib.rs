@@ -1,3 +1,4 @@
+#![allow(unsafe_code, clippy::undocumented_unsafe_blocks)]
 //! The moonkv storage node: contributes memory segments and a disk directory to a cluster,
 //! mounts them on the master and serves their bytes over the data plane.
 //!

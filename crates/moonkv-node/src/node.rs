@@ -176,7 +176,7 @@ impl Node {
             })?;
         let mut memories = Vec::with_capacity(names.len());
         for _ in &names {
-            let id = SegmentId(moonkv_client::util::random_client_id().0);
+            let id = SegmentId::random();
             memories.push(Arc::new(SegmentMemory::allocate(id, config.segment_size)?));
         }
         if config.prefault {

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 macro_rules! error_codes {
     ($($name:ident = $value:literal,)*) => {
@@ -112,14 +113,24 @@ impl<'de> Deserialize<'de> for ErrorCode {
     }
 }
 
-/// An error with its stable code and a sentence an operator can act on.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{code}: {message}")]
+/// What caused an [`Error`]: any error, shared so that [`Error`] stays `Clone`.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// An error with its stable code, a sentence an operator can act on, and what caused it.
+///
+/// `Display` prints `CODE: message`, followed by `: cause` when there is one, because an
+/// operator reads one line. As the cause is already printed, [`std::error::Error::source`]
+/// continues below it (the cause's own source), so a chain printer names each error once;
+/// [`Error::cause`] and [`Error::find_cause`] reach the cause itself (its `io::ErrorKind`, for
+/// instance). Equality compares the code and the message only.
+#[derive(Clone, Debug)]
 pub struct Error {
     /// Stable, upstream-compatible code.
     pub code: ErrorCode,
     /// What went wrong, in plain words.
     pub message: Cow<'static, str>,
+    /// The lower-level error this one wraps, if any.
+    pub cause: Option<Cause>,
 }
 
 impl Error {
@@ -128,16 +139,78 @@ impl Error {
         Self {
             code,
             message: message.into(),
+            cause: None,
         }
+    }
+
+    /// Builds an error that says what was being done (`context`) and keeps what failed.
+    pub fn caused_by(
+        code: ErrorCode,
+        context: impl Into<Cow<'static, str>>,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            code,
+            message: context.into(),
+            cause: Some(Arc::new(cause)),
+        }
+    }
+
+    /// The error this one wraps, if any.
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.cause.as_deref()
+    }
+
+    /// The wrapped error of type `E`, searched along the whole cause chain.
+    pub fn find_cause<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = self
+            .cause
+            .as_deref()
+            .map(|cause| cause as &(dyn std::error::Error + 'static));
+        while let Some(error) = next {
+            if let Some(found) = error.downcast_ref::<E>() {
+                return Some(found);
+            }
+            // A wrapped moonkv error's `source` skips its printed cause; step into the cause.
+            next = match error.downcast_ref::<Error>() {
+                Some(inner) => inner
+                    .cause
+                    .as_deref()
+                    .map(|cause| cause as &(dyn std::error::Error + 'static)),
+                None => error.source(),
+            };
+        }
+        None
     }
 }
 
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)?;
+        if let Some(cause) = &self.cause {
+            write!(f, ": {cause}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.as_deref().and_then(|cause| cause.source())
+    }
+}
+
+impl PartialEq for Error {
+    fn eq(&self, other: &Self) -> bool {
+        self.code == other.code && self.message == other.message
+    }
+}
+
+impl Eq for Error {}
+
 impl From<ErrorCode> for Error {
     fn from(code: ErrorCode) -> Self {
-        Self {
-            code,
-            message: Cow::Borrowed(""),
-        }
+        Self::new(code, "")
     }
 }
 
@@ -157,5 +230,42 @@ mod tests {
         for code in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_i32(code.as_i32()), *code);
         }
+    }
+
+    #[test]
+    fn an_error_keeps_its_cause_and_names_it() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = Error::caused_by(ErrorCode::TRANSFER_FAIL, "connect to 10.0.0.1:7000", io);
+        assert_eq!(
+            error.to_string(),
+            "TRANSFER_FAIL: connect to 10.0.0.1:7000: refused"
+        );
+        let cause = error.cause().expect("a cause");
+        assert_eq!(
+            cause.downcast_ref::<std::io::Error>().map(|e| e.kind()),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
+        // The cause is printed already: the chain continues below it, never repeating it.
+        assert!(std::error::Error::source(&error).is_none());
+        let outer = Error::caused_by(ErrorCode::RPC_FAIL, "put k", error.clone());
+        assert_eq!(
+            outer.to_string(),
+            "RPC_FAIL: put k: TRANSFER_FAIL: connect to 10.0.0.1:7000: refused"
+        );
+        let mut chain = Vec::new();
+        let mut next = std::error::Error::source(&outer);
+        while let Some(e) = next {
+            chain.push(e.to_string());
+            next = e.source();
+        }
+        assert!(chain.is_empty(), "{chain:?}");
+        assert_eq!(
+            outer.find_cause::<std::io::Error>().map(|e| e.kind()),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
+        assert_eq!(outer.clone(), outer);
+        assert!(Error::new(ErrorCode::RPC_FAIL, "x")
+            .find_cause::<std::io::Error>()
+            .is_none());
     }
 }

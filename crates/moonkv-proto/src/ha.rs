@@ -74,9 +74,26 @@ impl fmt::Display for MasterAddr {
     }
 }
 
+/// Why an HA setting or an etcd record is not usable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HaError {
+    /// An etcd endpoint without a host and a numeric port.
+    #[error("etcd endpoint {0:?} is not host:port")]
+    BadEndpoint(String),
+    /// An endpoint list with nothing in it.
+    #[error("no etcd endpoint given")]
+    NoEndpoint,
+    /// A cluster id that cannot name etcd keys.
+    #[error("cluster id {0:?} must be 1 to 128 characters of A-Z a-z 0-9 _ - .")]
+    BadClusterId(String),
+    /// A leader key whose value is not a leader record.
+    #[error("leader record {0}")]
+    BadLeaderRecord(&'static str),
+}
+
 /// Splits `host:port;host:port` (an `http://` prefix on an endpoint is accepted and dropped,
 /// as upstream configs write it); at least one endpoint, each with a port.
-pub fn parse_endpoints(text: &str) -> Result<Vec<String>, String> {
+pub fn parse_endpoints(text: &str) -> Result<Vec<String>, HaError> {
     let mut endpoints = Vec::new();
     for part in text.split([';', ',']) {
         let part = part.trim();
@@ -88,18 +105,18 @@ pub fn parse_endpoints(text: &str) -> Result<Vec<String>, String> {
             .rsplit_once(':')
             .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
         if !port_ok {
-            return Err(format!("etcd endpoint {part:?} is not host:port"));
+            return Err(HaError::BadEndpoint(part.to_string()));
         }
         endpoints.push(bare.to_string());
     }
     if endpoints.is_empty() {
-        return Err("no etcd endpoint given".into());
+        return Err(HaError::NoEndpoint);
     }
     Ok(endpoints)
 }
 
 /// A cluster id names etcd keys: non-empty, at most 128 bytes of `[A-Za-z0-9_.-]`.
-pub fn validate_cluster_id(id: &str) -> Result<(), String> {
+pub fn validate_cluster_id(id: &str) -> Result<(), HaError> {
     let ok = !id.is_empty()
         && id.len() <= 128
         && id
@@ -108,9 +125,7 @@ pub fn validate_cluster_id(id: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "cluster id {id:?} must be 1 to 128 characters of A-Z a-z 0-9 _ - ."
-        ))
+        Err(HaError::BadClusterId(id.to_string()))
     }
 }
 
@@ -152,8 +167,9 @@ impl LeaderRecord {
     }
 
     /// Reads a value written by [`LeaderRecord::render`]; unknown lines are ignored.
-    pub fn parse(value: &[u8]) -> Result<LeaderRecord, String> {
-        let text = std::str::from_utf8(value).map_err(|_| "leader record is not UTF-8")?;
+    pub fn parse(value: &[u8]) -> Result<LeaderRecord, HaError> {
+        let text =
+            std::str::from_utf8(value).map_err(|_| HaError::BadLeaderRecord("is not UTF-8"))?;
         let (mut term, mut rpc, mut admin, mut events) = (None, None, None, None);
         for line in text.lines() {
             match line.split_once('=') {
@@ -165,9 +181,9 @@ impl LeaderRecord {
             }
         }
         Ok(LeaderRecord {
-            term: term.ok_or("leader record has no numeric term")?,
-            rpc_addr: rpc.ok_or("leader record has no rpc address")?,
-            admin_addr: admin.ok_or("leader record has no admin address")?,
+            term: term.ok_or(HaError::BadLeaderRecord("has no numeric term"))?,
+            rpc_addr: rpc.ok_or(HaError::BadLeaderRecord("has no rpc address"))?,
+            admin_addr: admin.ok_or(HaError::BadLeaderRecord("has no admin address"))?,
             events_endpoint: events,
         })
     }

@@ -20,6 +20,12 @@ impl Uuid {
         Self { hi, lo }
     }
 
+    /// A fresh random id: 128 bits from the thread's CSPRNG, so ids minted by different
+    /// processes do not collide.
+    pub fn random() -> Self {
+        Self::new(rand::random(), rand::random())
+    }
+
     /// Parses the text form `"<hi>-<lo>"` (two decimal numbers).
     pub fn parse(text: &str) -> Option<Self> {
         let (hi, lo) = text.split_once('-')?;
@@ -47,6 +53,11 @@ macro_rules! uuid_newtype {
             /// Builds an id from its two halves.
             pub const fn new(hi: u64, lo: u64) -> Self {
                 Self(Uuid::new(hi, lo))
+            }
+
+            /// A fresh random id (see [`Uuid::random`]).
+            pub fn random() -> Self {
+                Self(Uuid::random())
             }
         }
 

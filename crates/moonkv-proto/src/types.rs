@@ -7,6 +7,16 @@ use crate::error::{Error, ErrorCode};
 use crate::ids::{ReplicaId, SegmentId};
 use serde::{Deserialize, Serialize};
 
+/// A number on the wire that names no variant of the enum it should be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} value {value}")]
+pub struct UnknownWireValue {
+    /// The enum's name.
+    pub kind: &'static str,
+    /// The number received.
+    pub value: u8,
+}
+
 macro_rules! wire_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $value:literal,)* }) => {
         $(#[$doc])*
@@ -23,11 +33,11 @@ macro_rules! wire_enum {
         }
 
         impl TryFrom<u8> for $name {
-            type Error = String;
-            fn try_from(v: u8) -> Result<Self, String> {
+            type Error = UnknownWireValue;
+            fn try_from(v: u8) -> Result<Self, UnknownWireValue> {
                 match v {
                     $($value => Ok($name::$variant),)*
-                    other => Err(format!("unknown {} value {}", stringify!($name), other)),
+                    other => Err(UnknownWireValue { kind: stringify!($name), value: other }),
                 }
             }
         }

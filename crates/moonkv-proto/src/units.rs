@@ -82,6 +82,45 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
     Duration::try_from_secs_f64(seconds).map_err(|_| bad("out of range"))
 }
 
+/// A command-line value that does not parse. It displays the reason alone, because clap
+/// already names the flag and the value before it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct FlagError(pub std::borrow::Cow<'static, str>);
+
+impl From<Error> for FlagError {
+    fn from(error: Error) -> Self {
+        FlagError(error.message)
+    }
+}
+
+/// Clap value parser for a size flag such as `64MiB` (see [`parse_size`]).
+pub fn size_flag(text: &str) -> std::result::Result<u64, FlagError> {
+    Ok(parse_size(text)?)
+}
+
+/// Clap value parser for a positive rate in bytes per second, such as `1MiB`.
+pub fn rate_flag(text: &str) -> std::result::Result<u64, FlagError> {
+    match parse_size(text)? {
+        0 => Err(FlagError("must be more than zero".into())),
+        rate => Ok(rate),
+    }
+}
+
+/// Clap value parser for a duration flag such as `10s`, `500ms` or `1.5` (see
+/// [`parse_duration`]); zero is allowed.
+pub fn duration_flag(text: &str) -> std::result::Result<Duration, FlagError> {
+    Ok(parse_duration(text)?)
+}
+
+/// Clap value parser for a duration flag that must be more than zero.
+pub fn positive_duration_flag(text: &str) -> std::result::Result<Duration, FlagError> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err(FlagError("must be more than zero".into())),
+        d => Ok(d),
+    }
+}
+
 /// Formats a byte count for people with `decimals` digits: `512 B`, `4.0 KiB`, `1.50 GiB`.
 pub fn format_size_with(bytes: u64, decimals: usize) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -151,5 +190,27 @@ mod tests {
         assert_eq!(format_size(4096), "4.0 KiB");
         assert_eq!(format_size(3 << 29), "1.5 GiB");
         assert_eq!(format_size_with(3 << 29, 2), "1.50 GiB");
+    }
+
+    #[test]
+    fn flag_parsers_give_the_reason_alone() {
+        assert_eq!(size_flag("64MiB"), Ok(64 << 20));
+        assert_eq!(
+            rate_flag("0"),
+            Err(FlagError("must be more than zero".into()))
+        );
+        assert_eq!(rate_flag("1KiB"), Ok(1024));
+        assert_eq!(duration_flag("0"), Ok(Duration::ZERO));
+        assert!(positive_duration_flag("0").is_err());
+        assert_eq!(
+            positive_duration_flag("250ms"),
+            Ok(Duration::from_millis(250))
+        );
+        let error = size_flag("12 parsecs").unwrap_err().to_string();
+        assert!(
+            error.starts_with("cannot read size '12 parsecs'"),
+            "{error}"
+        );
+        assert!(!error.contains("INVALID_PARAMS"), "{error}");
     }
 }

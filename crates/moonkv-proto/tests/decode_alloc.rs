@@ -3,6 +3,9 @@
 //! after at most a bounded preallocation. Measured with a counting global allocator (this file
 //! is its own test binary, and its one test runs the cases sequentially).
 
+// Unsafe here: a counting allocator that forwards every call to the system allocator unchanged.
+#![allow(unsafe_code)]
+
 use moonkv_proto::msg::{Op, Request};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,8 +15,10 @@ struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
+// SAFETY: every call goes to the system allocator unchanged; the counters do not allocate.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller upholds `alloc`'s contract, which is passed on unchanged.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
@@ -23,6 +28,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout (see `alloc`).
         unsafe { System.dealloc(ptr, layout) };
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
     }

@@ -7,6 +7,10 @@
 //! Allocations are not returned one by one (there is no free call in the API): the whole region
 //! is released when the store is closed, after which its addresses must not be used.
 
+// Unsafe here: mapping and unmapping the pool region. Every address handed out lies inside the
+// mapping, and the mapping is unmapped only when the store closes.
+#![allow(unsafe_code)]
+
 use crate::errors::invalid;
 use moonkv_proto::Error;
 use parking_lot::Mutex;

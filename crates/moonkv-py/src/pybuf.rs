@@ -6,6 +6,11 @@
 //! interpreter exports the symbol, so the package declares them itself and keeps one wheel
 //! for CPython >= 3.9.
 
+// Unsafe here: CPython's buffer protocol through FFI. A view is taken with
+// `PyObject_GetBuffer`, released exactly once when its guard drops, and the slices made from it
+// never outlive the guard, which the call holds while the bytes move.
+#![allow(unsafe_code)]
+
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::os::raw::{c_char, c_int, c_void};

@@ -5,6 +5,11 @@
 //! a lease on every buffer it touches, and `unregister_buffer` waits for those leases, so the
 //! caller may free the memory as soon as it returns.
 
+// Unsafe here: turning a registered address range into a slice (`slice`, `slice_mut`). Sound
+// while the range lies inside a registration and the caller holds its lease, so
+// `unregister_buffer` cannot return (and the memory be freed) during the call.
+#![allow(unsafe_code)]
+
 use crate::errors::invalid;
 use moonkv_proto::Error;
 use parking_lot::{Condvar, Mutex, RwLock};

@@ -1,6 +1,10 @@
 //! What reads hand back besides integers: replica descriptors with upstream's accessors, and
 //! the `BufferHandle` of `get_buffer`.
 
+// Unsafe here: filling a bytearray this module has just created, before any Python code can see
+// (and resize) it.
+#![allow(unsafe_code)]
+
 use crate::engine::StagingLease;
 use crate::errors::HOOKS;
 use moonkv_proto::types::{ReplicaDescriptor, ReplicaKind};

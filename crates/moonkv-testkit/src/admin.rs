@@ -1,6 +1,7 @@
 //! The admin HTTP port from a test: one request helper over ureq, readers of the endpoints the
 //! tests check (metrics, segments, keys, the event snapshot) and bounded polling.
 
+use crate::KitError;
 use std::time::{Duration, Instant};
 
 /// Bound of one HTTP exchange, so a frozen server reads as "no answer" while tests poll.
@@ -16,7 +17,7 @@ pub fn request(
     path: &str,
     body: &str,
     headers: &[(&str, &str)],
-) -> Result<(u16, String), String> {
+) -> Result<(u16, String), KitError> {
     let config = ureq::Agent::config_builder()
         .timeout_global(Some(HTTP_WITHIN))
         .proxy(None)
@@ -32,17 +33,19 @@ pub fn request(
     }
     let request = builder
         .body(body.to_string())
-        .map_err(|e| format!("{method} {path}: {e}"))?;
+        .map_err(|e| KitError::http(format!("{method} {path}"))(e.into()))?;
     let mut response = agent
         .run(request)
-        .map_err(|e| format!("{method} http://{addr}{path}: {e}"))?;
+        .map_err(KitError::http(format!("{method} http://{addr}{path}")))?;
     let status = response.status().as_u16();
     let text = response
         .body_mut()
         .with_config()
         .limit(MAX_BODY_BYTES)
         .read_to_string()
-        .map_err(|e| format!("{method} http://{addr}{path}: reading the body: {e}"))?;
+        .map_err(KitError::http(format!(
+            "{method} http://{addr}{path}: reading the body"
+        )))?;
     Ok((status, text))
 }
 

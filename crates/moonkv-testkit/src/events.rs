@@ -77,7 +77,11 @@ pub fn placement_of_dump(dump: &serde_json::Value) -> Placement {
 
 /// Starts a master with events on; `ports` pins rpc/admin/events, else all are ephemeral.
 /// `Err` says why it did not come up (for example a port still held by a dying process).
-fn start_master(moonkv: Moonkv, ports: Option<[u16; 3]>, extra: &[&str]) -> Result<Proc, String> {
+fn start_master(
+    moonkv: Moonkv,
+    ports: Option<[u16; 3]>,
+    extra: &[&str],
+) -> Result<Proc, crate::KitError> {
     let (rpc, admin, events) = match ports {
         Some([r, a, e]) => (r.to_string(), a.to_string(), format!("tcp://127.0.0.1:{e}")),
         None => ("0".into(), "0".into(), "tcp://127.0.0.1:0".into()),

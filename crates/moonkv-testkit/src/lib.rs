@@ -20,6 +20,7 @@
 
 pub mod admin;
 pub mod cluster;
+pub mod error;
 pub mod etcd;
 pub mod events;
 pub mod fake_master;
@@ -30,4 +31,5 @@ pub mod wire;
 
 pub use admin::{http, http_get, http_with, wait_for};
 pub use cluster::Cluster;
+pub use error::KitError;
 pub use proc::{free_port, free_ports, output_of, signal, Moonkv, Proc};

@@ -1,6 +1,7 @@
 //! The real `moonkv` binary as a child process: spawned with ephemeral loopback ports, ready
 //! once it printed its ready line, SIGKILLed when dropped.
 
+use crate::KitError;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -147,21 +148,22 @@ impl Drop for Proc {
 impl Proc {
     /// Starts `cmd` (stdout and stderr are taken over) and waits for its ready line; `Err`
     /// with its log if it exits or prints something else first.
-    pub fn start(mut cmd: Command) -> Result<Proc, String> {
+    pub fn start(mut cmd: Command) -> Result<Proc, KitError> {
         // stderr goes to a file, so a process that fails to start can say why.
         let log_path = std::env::temp_dir().join(format!(
             "moonkv-test-{}-{}.log",
             std::process::id(),
             LOGS.fetch_add(1, Ordering::Relaxed)
         ));
-        let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(&log_path)
+            .map_err(KitError::io(format!("create {}", log_path.display())))?;
         let what = format!("{cmd:?}");
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("spawn {what}: {e}"))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
+            .map_err(KitError::io(format!("spawn {what}")))?;
+        let stdout = child.stdout.take().expect("stdout was piped");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut line = String::new();
@@ -177,10 +179,11 @@ impl Proc {
             let _ = child.wait();
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let _ = std::fs::remove_file(&log_path);
-            return Err(format!(
-                "{what} did not become ready (first line {line:?}): {}",
-                log.trim()
-            ));
+            return Err(KitError::NotReady {
+                what,
+                first_line: line,
+                log: log.trim().to_string(),
+            });
         };
         Ok(Proc {
             child,
@@ -315,16 +318,19 @@ pub fn output_of(mut cmd: Command, stdin: &[u8]) -> Output {
 }
 
 /// Sends `SIG<name>` to `pid` with kill(1).
-pub fn signal(pid: u32, name: &str) -> Result<(), String> {
+pub fn signal(pid: u32, name: &str) -> Result<(), KitError> {
     let status = Command::new("kill")
         .args(["-s", name, &pid.to_string()])
         .stderr(Stdio::null())
         .status()
-        .map_err(|e| e.to_string())?;
+        .map_err(KitError::io(format!("kill -s {name} {pid}")))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("kill -s {name} {pid} failed"))
+        Err(KitError::Signal {
+            signal: name.to_string(),
+            pid,
+        })
     }
 }
 
@@ -360,8 +366,15 @@ mod tests {
     fn a_process_that_never_gets_ready_is_reported_with_its_log() {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo not-json; echo the reason >&2"]);
-        let e = Proc::start(cmd).err().expect("no ready line");
-        assert!(e.contains("not-json") && e.contains("the reason"), "{e}");
+        match Proc::start(cmd).err().expect("no ready line") {
+            KitError::NotReady {
+                first_line, log, ..
+            } => assert!(
+                first_line.contains("not-json") && log.contains("the reason"),
+                "{first_line:?} {log:?}"
+            ),
+            other => panic!("{other}"),
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use moonkv_events::{
     format_event_line, DecodedEvent, DecodedMessage, Delivery, HttpSnapshotSource, IndexSync,
     Medium, SequenceVerdict, SnapshotSource, Subscriber, SubscriberCounters,
 };
+use moonkv_proto::units::{duration_flag, positive_duration_flag};
 use serde::Serialize;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,7 +49,7 @@ struct StreamOptions {
     #[arg(long, value_name = "N")]
     count: Option<u64>,
     /// Exit after this many seconds; an error if a goal (--count, --once-synced) is unmet.
-    #[arg(long, value_name = "SECS", value_parser = parse_positive_secs)]
+    #[arg(long, value_name = "DURATION", value_parser = positive_duration_flag)]
     timeout: Option<Duration>,
 }
 
@@ -78,7 +79,7 @@ struct IndexArgs {
     #[arg(long, value_name = "TENANT")]
     tenant: Option<String>,
     /// Seconds between status lines; 0 prints none.
-    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
+    #[arg(long, value_name = "DURATION", default_value = "5", value_parser = duration_flag)]
     interval: Duration,
     /// Status lines as JSON.
     #[arg(long)]
@@ -90,20 +91,6 @@ struct IndexArgs {
     /// the final status line).
     #[arg(long)]
     dump_json: bool,
-}
-
-fn parse_secs(text: &str) -> Result<Duration, String> {
-    let secs: f64 = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{text:?} is not a valid duration"))
-}
-
-fn parse_positive_secs(text: &str) -> Result<Duration, String> {
-    match parse_secs(text)? {
-        d if d.is_zero() => Err("must be more than 0 seconds".into()),
-        d => Ok(d),
-    }
 }
 
 /// Runs `moonkv events ...` until its goal, its timeout, or SIGINT/SIGTERM.
@@ -464,12 +451,12 @@ mod tests {
 
     #[test]
     fn durations_parse_as_fractional_seconds() {
-        assert_eq!(parse_secs("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_secs("0.25"), Ok(Duration::from_millis(250)));
-        assert!(parse_secs("-1").is_err());
-        assert!(parse_secs("soon").is_err());
-        assert!(parse_positive_secs("0").is_err());
-        assert_eq!(parse_positive_secs("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(duration_flag("0"), Ok(Duration::ZERO));
+        assert_eq!(duration_flag("0.25"), Ok(Duration::from_millis(250)));
+        assert!(duration_flag("-1").is_err());
+        assert!(duration_flag("soon").is_err());
+        assert!(positive_duration_flag("0").is_err());
+        assert_eq!(positive_duration_flag("2"), Ok(Duration::from_secs(2)));
     }
 
     #[test]

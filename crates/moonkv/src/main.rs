@@ -96,6 +96,7 @@ fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 /// frames) come from heaps it rarely gives back, and a burst's memory stays resident for good.
 /// A fixed threshold keeps every buffer of 256 KiB or more in its own mapping, returned to the
 /// system when freed. Called before the runtime starts any thread.
+#[allow(unsafe_code)] // one libc call, before any other thread exists
 fn return_large_buffers_when_freed() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; no other thread is running yet.

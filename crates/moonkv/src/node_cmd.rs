@@ -2,7 +2,7 @@
 
 use moonkv_node::{DiskConfig, Node, NodeConfig};
 use moonkv_proto::auth::Secret;
-use moonkv_proto::units::parse_size;
+use moonkv_proto::units::{positive_duration_flag, rate_flag, size_flag};
 
 /// Arguments of `moonkv node`.
 #[derive(clap::Args, Debug, Clone)]
@@ -11,7 +11,7 @@ pub struct NodeArgs {
     #[arg(long, env = "MOONKV_MASTER", default_value = "127.0.0.1:50051")]
     pub master: String,
     /// Bytes per segment, e.g. `1GiB`, `512MiB`.
-    #[arg(long, default_value = "1GiB", value_parser = size_arg)]
+    #[arg(long, default_value = "1GiB", value_parser = size_flag)]
     pub segment_size: u64,
     /// Number of segments of `--segment-size` each.
     #[arg(long, default_value_t = 1)]
@@ -53,18 +53,18 @@ pub struct NodeArgs {
     pub tls_key_file: Option<std::path::PathBuf>,
     /// A data-plane caller that makes no progress this long inside a request is disconnected
     /// (and the range it held is released), e.g. `30s`.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = positive_duration_flag)]
     pub data_io_timeout: std::time::Duration,
     /// A data-plane connection idle this long between requests is closed.
-    #[arg(long, value_name = "DURATION", default_value = "600s", value_parser = duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "600s", value_parser = positive_duration_flag)]
     pub data_idle_timeout: std::time::Duration,
     /// Every data-plane request's transfers may take this long, plus its length at
     /// --data-min-rate; a caller slower than that is disconnected and its range released.
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = positive_duration_flag)]
     pub data_request_floor: std::time::Duration,
     /// The slowest transfer rate, per second, a data-plane request is allowed on top of
     /// --data-request-floor, e.g. `1MiB`.
-    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = rate_arg)]
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = rate_flag)]
     pub data_min_rate: u64,
     /// Most data-plane connections open at once; more are closed at accept.
     #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
@@ -103,15 +103,6 @@ pub async fn serve_node_metrics(
     Ok((bound, task))
 }
 
-/// Parses a positive duration flag such as `30s` or `500ms` (clap value parser).
-pub fn duration_arg(text: &str) -> Result<std::time::Duration, String> {
-    match moonkv_proto::units::parse_duration(text) {
-        Ok(d) if d.is_zero() => Err("must be more than zero".into()),
-        Ok(d) => Ok(d),
-        Err(e) => Err(e.message.into_owned()),
-    }
-}
-
 /// The disk tier flags of `moonkv node` and `moonkv up`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DiskArgs {
@@ -120,7 +111,7 @@ pub struct DiskArgs {
     #[arg(long, value_name = "DIR", requires = "disk_capacity")]
     pub disk_dir: Option<std::path::PathBuf>,
     /// Bytes the disk tier may use, e.g. `10GiB`.
-    #[arg(long, value_name = "SIZE", value_parser = size_arg, requires = "disk_dir")]
+    #[arg(long, value_name = "SIZE", value_parser = size_flag, requires = "disk_dir")]
     pub disk_capacity: Option<u64>,
 }
 
@@ -131,20 +122,6 @@ impl DiskArgs {
             dir: self.disk_dir.clone()?,
             capacity: self.disk_capacity?,
         })
-    }
-}
-
-/// Parses a size flag such as `64MiB` (clap value parser).
-pub fn size_arg(text: &str) -> Result<u64, String> {
-    parse_size(text).map_err(|e| e.message.into_owned())
-}
-
-/// Parses a positive rate flag such as `1MiB` (bytes per second; clap value parser).
-pub fn rate_arg(text: &str) -> Result<u64, String> {
-    match parse_size(text) {
-        Ok(0) => Err("must be more than zero".into()),
-        Ok(rate) => Ok(rate),
-        Err(e) => Err(e.message.into_owned()),
     }
 }
 

@@ -1,10 +1,11 @@
 //! `moonkv up`: a master and one node in one process, events on — what a newcomer starts with.
 
 use crate::master_cmd::MasterFlags;
-use crate::node_cmd::{host_name, size_arg, DiskArgs};
+use crate::node_cmd::{host_name, DiskArgs};
 use moonkv_master::server::{self, MasterConfig};
 use moonkv_node::{Node, NodeConfig};
 use moonkv_proto::units::format_size;
+use moonkv_proto::units::size_flag;
 
 /// Arguments of `moonkv up`: every master flag, plus the embedded node's.
 #[derive(clap::Args, Debug)]
@@ -12,7 +13,7 @@ pub struct UpArgs {
     #[command(flatten)]
     master: MasterFlags,
     /// Bytes of memory the embedded node contributes, e.g. `1GiB` (pages are used on demand).
-    #[arg(long, default_value = "1GiB", value_parser = size_arg)]
+    #[arg(long, default_value = "1GiB", value_parser = size_flag)]
     segment_size: u64,
     /// Number of segments of `--segment-size` each.
     #[arg(long, default_value_t = 1)]

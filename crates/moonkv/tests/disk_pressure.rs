@@ -62,6 +62,7 @@ fn master(extra: &[&str]) -> Proc {
     MOONKV.start(&args)
 }
 
+/// A node on `dir`, or the text of why it did not start (its stderr included).
 fn node(master: &Proc, name: &str, dir: &Path, capacity: &str) -> Result<Proc, String> {
     let dir = dir.to_str().unwrap();
     Proc::start(MOONKV.node_command(
@@ -70,6 +71,7 @@ fn node(master: &Proc, name: &str, dir: &Path, capacity: &str) -> Result<Proc, S
         "16MiB",
         &["--disk-dir", dir, "--disk-capacity", capacity],
     ))
+    .map_err(|e| e.to_string())
 }
 
 /// A subscriber on its own thread whose index is built from the event stream alone (no

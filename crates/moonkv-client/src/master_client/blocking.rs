@@ -28,6 +28,10 @@ fn rpc_fail(message: impl Into<String>) -> Error {
     Error::new(ErrorCode::RPC_FAIL, message.into())
 }
 
+fn rpc_io_fail(what: impl Into<String>, cause: std::io::Error) -> Error {
+    Error::caused_by(ErrorCode::RPC_FAIL, what.into(), cause)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -95,7 +99,7 @@ impl ReadSide {
         let n = self
             .stream
             .read(&mut self.buf[self.end..])
-            .map_err(|e| rpc_fail(format!("read from the master failed: {e}")))?;
+            .map_err(|e| rpc_io_fail("read from the master failed", e))?;
         if n == 0 {
             return Err(rpc_fail("the master closed the connection"));
         }
@@ -139,7 +143,7 @@ impl Connection {
         io_timeout: Option<Duration>,
     ) -> Result<Connection, Error> {
         let cannot =
-            |e: std::io::Error| rpc_fail(format!("cannot connect to the master at {addr}: {e}"));
+            |e: std::io::Error| rpc_io_fail(format!("cannot connect to the master at {addr}"), e);
         let mut stream = open(addr, io_timeout).map_err(cannot)?;
         stream.set_nodelay(true).map_err(cannot)?;
         stream.set_read_timeout(io_timeout).map_err(cannot)?;
@@ -213,7 +217,7 @@ impl Connection {
             encode(&mut out, id)?;
             lock(&self.writer)
                 .write_all(&out)
-                .map_err(|e| rpc_fail(format!("write to the master failed: {e}")))
+                .map_err(|e| rpc_io_fail("write to the master failed", e))
         })?;
         let reply = self.wait_for(id)?;
         decode(id, &reply)
@@ -279,7 +283,7 @@ fn hello_round(
     frame::encode_value(&mut out, FrameKind::Hello, 0, 0, hello)?;
     stream
         .write_all(&out)
-        .map_err(|e| rpc_fail(format!("write to the master failed: {e}")))?;
+        .map_err(|e| rpc_io_fail("write to the master failed", e))?;
     let (_, reply) = reader
         .read_replies(MAX_RESPONSE_BYTES)?
         .into_iter()

@@ -71,7 +71,7 @@ impl MasterClientConfig {
     pub fn new(master_addr: impl Into<String>) -> Self {
         Self {
             master_addr: master_addr.into(),
-            client_id: crate::util::random_client_id(),
+            client_id: ClientId::random(),
             client_name: format!("moonkv-client/{}", env!("CARGO_PKG_VERSION")),
             rpc_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),

@@ -42,6 +42,17 @@ fn to_event_config(s: &KvEventsSettings) -> EventConfig {
     }
 }
 
+/// The KV event publisher did not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start the KV event publisher on {endpoint}")]
+pub struct EventsStartError {
+    /// The endpoint it was to bind.
+    pub endpoint: String,
+    /// Why it did not.
+    #[source]
+    pub source: moonkv_events::EventsError,
+}
+
 impl EventHook {
     /// A hook that drops every change (events disabled).
     pub fn disabled() -> Self {
@@ -51,16 +62,15 @@ impl EventHook {
     }
 
     /// Starts the publisher when the settings enable it.
-    pub fn start(settings: &KvEventsSettings) -> anyhow::Result<Self> {
+    pub fn start(settings: &KvEventsSettings) -> Result<Self, EventsStartError> {
         if !settings.enabled {
             return Ok(Self::disabled());
         }
-        let publisher = Publisher::start(to_event_config(settings)).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot start the KV event publisher on {}: {e}",
-                settings.bind_endpoint
-            )
-        })?;
+        let publisher =
+            Publisher::start(to_event_config(settings)).map_err(|source| EventsStartError {
+                endpoint: settings.bind_endpoint.clone(),
+                source,
+            })?;
         Ok(Self {
             publisher: RwLock::new(Some(publisher)),
         })

@@ -20,6 +20,8 @@ mod space_wait;
 mod tls;
 
 pub use config::{ConfigError, KvEventsSettings, MasterConfig, CONFIG_KEYS};
+pub use events::EventsStartError;
+pub use tls::TlsLoadError;
 
 use crate::engine::{Duties, Engine, SystemClock};
 use events::EventHook;
@@ -91,10 +93,38 @@ impl MasterHandle {
     }
 }
 
+/// Why a master did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting is out of range or inconsistent.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The TLS certificate, key or CA could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] TlsLoadError),
+    /// The KV event publisher could not bind or start.
+    #[error(transparent)]
+    Events(#[from] EventsStartError),
+    /// A listening port could not be bound.
+    #[error("cannot bind the {what} {addr}")]
+    Bind {
+        /// `RPC port` or `admin HTTP port`.
+        what: &'static str,
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The maintenance thread could not be spawned.
+    #[error("cannot start the maintenance thread")]
+    Thread(#[source] std::io::Error),
+}
+
 /// Binds every listener, starts the publisher and the maintenance thread, and serves.
 ///
 /// Must be called inside a tokio runtime.
-pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
+pub async fn start(config: MasterConfig) -> Result<MasterHandle, StartError> {
     config.validate()?;
     let tls = match config.tls() {
         Some(settings) => Some(tls::RpcTls::load(&settings)?),
@@ -131,14 +161,32 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
 
     let rpc_listener = tokio::net::TcpListener::bind(config.rpc_addr)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot bind the RPC port {}: {e}", config.rpc_addr))?;
+        .map_err(|source| StartError::Bind {
+            what: "RPC port",
+            addr: config.rpc_addr,
+            source,
+        })?;
     let admin_listener = tokio::net::TcpListener::bind(config.admin_addr)
         .await
-        .map_err(|e| {
-            anyhow::anyhow!("cannot bind the admin HTTP port {}: {e}", config.admin_addr)
+        .map_err(|source| StartError::Bind {
+            what: "admin HTTP port",
+            addr: config.admin_addr,
+            source,
         })?;
-    let rpc_addr = rpc_listener.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
+    let rpc_addr = rpc_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            what: "RPC port",
+            addr: config.rpc_addr,
+            source,
+        })?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            what: "admin HTTP port",
+            addr: config.admin_addr,
+            source,
+        })?;
     let (stop, stop_rx) = watch::channel(false);
 
     let shared = Arc::new(rpc::RpcShared {
@@ -179,7 +227,8 @@ pub async fn start(config: MasterConfig) -> anyhow::Result<MasterHandle> {
     ));
 
     let maintenance_stop = Arc::new(AtomicBool::new(false));
-    let maintenance = spawn_maintenance(gate.clone(), maintenance_stop.clone())?;
+    let maintenance =
+        spawn_maintenance(gate.clone(), maintenance_stop.clone()).map_err(StartError::Thread)?;
     let mut tasks = vec![rpc_task, admin_task];
     if let Some(settings) = ha_settings {
         let me = ha::Advertised {

@@ -31,7 +31,7 @@ pub(crate) struct RpcTls {
 /// The RPC port's certificate, key or client CA could not be loaded.
 #[derive(Debug, thiserror::Error)]
 #[error("TLS: {0}")]
-pub(crate) struct TlsLoadError(#[source] moonkv_proto::tls::TlsConfigError);
+pub struct TlsLoadError(#[source] pub moonkv_proto::tls::TlsConfigError);
 
 impl RpcTls {
     /// Loads the certificate, key and optional client CA.

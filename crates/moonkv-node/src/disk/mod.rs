@@ -577,7 +577,7 @@ fn load_or_create_id(dir: &Path) -> Result<SegmentId, DiskError> {
             .map(SegmentId)
             .ok_or(DiskError::BadId { path }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let id = SegmentId(moonkv_client::util::random_client_id().0);
+            let id = SegmentId::random();
             let tmp = dir.join(format!("{ID_FILE}.tmp"));
             let written =
                 std::fs::write(&tmp, format!("{id}\n")).and_then(|()| std::fs::rename(&tmp, &path));

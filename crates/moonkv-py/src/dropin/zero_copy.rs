@@ -3,6 +3,11 @@
 //! bytes go between the socket, or the embedded node's segment, and the caller's memory with no
 //! staging copy).
 
+// Unsafe here: slices of registered memory, made only from ranges that `registry` checked to lie
+// inside one registration, while the call holds that registration's lease; no two mutable
+// slices of one call overlap (`overlapping` is checked first).
+#![allow(unsafe_code)]
+
 use super::copying::keep_groups_of;
 use crate::args::Split;
 use crate::engine::Engine;

@@ -331,9 +331,9 @@ impl MasterConfig {
         if self.etcd_endpoints.trim().is_empty() {
             return Err(bad("etcd_endpoints", "required when enable_ha is true"));
         }
-        let endpoints =
-            parse_endpoints(&self.etcd_endpoints).map_err(|e| bad("etcd_endpoints", e))?;
-        validate_cluster_id(&self.cluster_id).map_err(|e| bad("cluster_id", e))?;
+        let endpoints = parse_endpoints(&self.etcd_endpoints)
+            .map_err(|e| bad("etcd_endpoints", e.to_string()))?;
+        validate_cluster_id(&self.cluster_id).map_err(|e| bad("cluster_id", e.to_string()))?;
         if self.rpc_addr.ip().is_unspecified() {
             return Err(bad(
                 "rpc_address",

@@ -30,8 +30,29 @@ fn hold_after_deadline() -> bool {
     false
 }
 
-/// Why one pass of the loop ended.
-type Step = Result<(), String>;
+/// Why one pass of the loop failed.
+#[derive(Debug, thiserror::Error)]
+enum StepError {
+    /// etcd answered with an error.
+    /// (Printed with its cause, as it is only logged and shown in `/ha/status`.)
+    #[error("{doing}: {error}")]
+    Etcd {
+        doing: &'static str,
+        error: etcd_client::Error,
+    },
+    /// etcd did not answer in time.
+    #[error("{doing}: etcd did not answer within {limit:?}")]
+    Timeout {
+        doing: &'static str,
+        limit: Duration,
+    },
+    /// etcd answered something unusable.
+    #[error("{0}")]
+    Unusable(String),
+}
+
+/// How one pass of the loop ended.
+type Step = Result<(), StepError>;
 
 /// What a master advertises in the leader key, minus the term.
 #[derive(Clone, Debug)]
@@ -95,7 +116,7 @@ impl Election {
         self.settings.call_timeout()
     }
 
-    async fn client(&mut self) -> Result<Client, String> {
+    async fn client(&mut self) -> Result<Client, StepError> {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
@@ -107,8 +128,14 @@ impl Election {
             Client::connect(&self.settings.endpoints, Some(options)),
         )
         .await
-        .map_err(|_| "connecting to etcd timed out".to_string())?
-        .map_err(|e| format!("connecting to etcd: {e}"))?;
+        .map_err(|_| StepError::Timeout {
+            doing: "connecting to etcd",
+            limit: self.call_timeout() * 2,
+        })?
+        .map_err(|error| StepError::Etcd {
+            doing: "connecting to etcd",
+            error,
+        })?;
         self.client = Some(client.clone());
         Ok(client)
     }
@@ -121,7 +148,12 @@ impl Election {
             let _ = tokio::time::timeout(self.call_timeout(), client.lease_revoke(lease)).await;
         }
         let key = leader_key(&self.settings.cluster_id);
-        let got = timed(self.call_timeout(), client.get(key.as_str(), None)).await?;
+        let got = timed(
+            "reading the leader key",
+            self.call_timeout(),
+            client.get(key.as_str(), None),
+        )
+        .await?;
         let revision = got.header().map(|h| h.revision()).unwrap_or(0);
         if let Some(kv) = got.kvs().first() {
             let leader = LeaderRecord::parse(kv.value()).ok();
@@ -140,7 +172,12 @@ impl Election {
     /// lost watch ends the wait instead of hanging it.
     async fn wait_for_vacancy(&mut self, client: &mut Client, key: &str, revision: i64) -> Step {
         let options = WatchOptions::new().with_start_revision(revision + 1);
-        let mut stream = timed(self.call_timeout(), client.watch(key, Some(options))).await?;
+        let mut stream = timed(
+            "watching the leader key",
+            self.call_timeout(),
+            client.watch(key, Some(options)),
+        )
+        .await?;
         let resync = self.settings.lease_ttl();
         let until = Instant::now() + resync;
         loop {
@@ -148,7 +185,10 @@ impl Election {
             let Ok(message) = tokio::time::timeout(left, stream.message()).await else {
                 return Ok(());
             };
-            let Some(response) = message.map_err(|e| format!("watching the leader key: {e}"))?
+            let Some(response) = message.map_err(|error| StepError::Etcd {
+                doing: "watching the leader key",
+                error,
+            })?
             else {
                 return Ok(());
             };
@@ -172,20 +212,30 @@ impl Election {
         &mut self,
         client: &mut Client,
         key: &str,
-    ) -> Result<Option<(i64, u64, Instant)>, String> {
+    ) -> Result<Option<(i64, u64, Instant)>, StepError> {
         let ttl = self.settings.lease_ttl_sec;
         let sent = Instant::now();
-        let lease = timed(self.call_timeout(), client.lease_grant(ttl, None)).await?;
+        let lease = timed(
+            "granting a lease",
+            self.call_timeout(),
+            client.lease_grant(ttl, None),
+        )
+        .await?;
         let lease_id = lease.id();
         let granted = Duration::from_secs(lease.ttl().clamp(1, ttl) as u64);
         let term_key = term_key(&self.settings.cluster_id);
-        let current = timed(self.call_timeout(), client.get(term_key.as_str(), None)).await?;
+        let current = timed(
+            "reading the term key",
+            self.call_timeout(),
+            client.get(term_key.as_str(), None),
+        )
+        .await?;
         let (last_term, term_guard) = match current.kvs().first() {
             Some(kv) => {
                 let last = std::str::from_utf8(kv.value())
                     .ok()
                     .and_then(|v| v.trim().parse::<u64>().ok())
-                    .ok_or_else(|| format!("{term_key} holds no number"))?;
+                    .ok_or_else(|| StepError::Unusable(format!("{term_key} holds no number")))?;
                 (
                     last,
                     Compare::mod_revision(term_key.as_str(), CompareOp::Equal, kv.mod_revision()),
@@ -214,7 +264,7 @@ impl Election {
                     Some(PutOptions::new().with_lease(lease_id)),
                 ),
             ]);
-        let outcome = timed(self.call_timeout(), client.txn(txn)).await;
+        let outcome = timed("campaigning", self.call_timeout(), client.txn(txn)).await;
         match outcome {
             Ok(answer) if answer.succeeded() => {
                 let deadline = sent + granted.saturating_sub(self.settings.margin());
@@ -287,24 +337,27 @@ impl Election {
                 .min(self.call_timeout());
             let renewed = tokio::time::timeout(limit, async {
                 if channel.is_none() {
-                    channel = Some(
-                        client
-                            .lease_keep_alive(lease)
-                            .await
-                            .map_err(|e| format!("opening the keep-alive stream: {e}"))?,
-                    );
+                    channel = Some(client.lease_keep_alive(lease).await.map_err(|error| {
+                        StepError::Etcd {
+                            doing: "opening the keep-alive stream",
+                            error,
+                        }
+                    })?);
                 }
                 let Some((keeper, stream)) = channel.as_mut() else {
-                    return Err("no keep-alive stream".to_string());
+                    return Err(StepError::Unusable("no keep-alive stream".into()));
                 };
-                keeper
-                    .keep_alive()
-                    .await
-                    .map_err(|e| format!("keep-alive: {e}"))?;
+                keeper.keep_alive().await.map_err(|error| StepError::Etcd {
+                    doing: "keep-alive",
+                    error,
+                })?;
                 match stream.message().await {
                     Ok(Some(answer)) => Ok(answer.ttl()),
-                    Ok(None) => Err("the keep-alive stream closed".to_string()),
-                    Err(e) => Err(format!("keep-alive: {e}")),
+                    Ok(None) => Err(StepError::Unusable("the keep-alive stream closed".into())),
+                    Err(error) => Err(StepError::Etcd {
+                        doing: "keep-alive",
+                        error,
+                    }),
                 }
             })
             .await;
@@ -353,14 +406,15 @@ impl Election {
     }
 }
 
-/// An etcd call within `limit`, its error as text.
+/// An etcd call (`doing`) within `limit`.
 async fn timed<T>(
+    doing: &'static str,
     limit: Duration,
     call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, String> {
+) -> Result<T, StepError> {
     match tokio::time::timeout(limit, call).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("etcd did not answer within {limit:?}")),
+        Ok(Err(error)) => Err(StepError::Etcd { doing, error }),
+        Err(_) => Err(StepError::Timeout { doing, limit }),
     }
 }
