@@ -17,6 +17,7 @@
 //! protocol client (one connection shared by several threads); `connect` opens one.
 
 mod batch;
+mod cancel;
 pub mod charts;
 mod echo;
 pub mod events;
@@ -62,6 +63,9 @@ enum BenchCommand {
     Readopt(readopt::ReadoptBenchArgs),
     /// SVG charts of a report's comparison tables, from the recorded figures (runs nothing).
     Charts(charts::ChartsArgs),
+    /// Cancelled reads against a running cluster: is a buffer ever written after its call was
+    /// dropped? Fails if one was.
+    Cancel(cancel::CancelProbeArgs),
 }
 
 /// Runs the chosen benchmark; results go to stdout, progress to the log (stderr).
@@ -74,6 +78,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Store(a) => store::run(a),
         BenchCommand::Readopt(a) => readopt::run(a),
         BenchCommand::Charts(a) => charts::run(a),
+        BenchCommand::Cancel(a) => cancel::run(a),
     }
 }
 
