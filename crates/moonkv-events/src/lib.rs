@@ -5,15 +5,17 @@
 //! nil rules) is specified in `docs/events.md`.
 //!
 //! Modules:
-//! - [`codec`]: event types, the publisher configuration, and the byte-exact encoder
-//!   (MessagePack written with `rmp`).
-//! - [`publisher`]: [`Publisher`], a ZMQ PUB socket on its own thread fed by a bounded
-//!   drop-oldest queue ([`publisher::EventQueue`], pure and socket-free) that turns every
-//!   loss into a visible sequence gap; [`PublisherStatus`] for `/kv_events/status`.
-//! - [`subscriber`]: tolerant decoding ([`decode_message`]), per-connection sequence
-//!   tracking ([`StreamTracker`]), the [`PlacementIndex`], snapshot recovery
-//!   ([`IndexSync`], [`SnapshotSource`], [`HttpSnapshotSource`]) and a blocking
-//!   [`Subscriber`].
+//! - [`codec`]: event types and the publisher configuration (`codec/mod.rs`), and the
+//!   byte-exact encoder (`codec/write.rs`, MessagePack written with `rmp`).
+//! - [`publisher`]: [`Publisher`], a ZMQ PUB socket on its own thread (`publisher/mod.rs`) fed by
+//!   a bounded drop-oldest queue ([`publisher::EventQueue`] in `queue.rs`, pure and socket-free)
+//!   that turns every loss into a visible sequence gap; [`PublisherStatus`] for
+//!   `/kv_events/status`.
+//! - [`subscriber`]: the blocking [`Subscriber`] (`subscriber/mod.rs`); tolerant decoding
+//!   ([`decode_message`], `decode.rs`, over the bounded tokenizer of `reader.rs`); per-connection sequence
+//!   tracking ([`StreamTracker`], `stream.rs`); the [`PlacementIndex`] of key → media
+//!   (`index.rs`); snapshot sources ([`SnapshotSource`], [`HttpSnapshotSource`], `snapshot.rs`);
+//!   and [`IndexSync`], which joins the stream and a snapshot without losing events (`sync.rs`).
 //! - [`error`]: [`EventsError`] and [`DecodeError`].
 //!
 //! The crate does no async I/O and depends on no other moonkv crate.
