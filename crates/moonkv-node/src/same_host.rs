@@ -13,10 +13,12 @@
 //! them only where it already lets the node's user trace the caller (same user, or a
 //! privileged node); anywhere else the attach is declined and the caller keeps using the socket.
 
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use std::fs;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
 /// The two ends of a plain data-plane connection, and its socket.
 #[derive(Clone, Copy, Debug)]
@@ -28,10 +30,16 @@ pub(crate) struct Ends {
     pub(crate) socket: RawFd,
 }
 
+/// A poll that does not wait.
+const NO_WAIT: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: 0,
+};
+
 /// An attached caller process.
 #[derive(Debug)]
 pub(crate) struct Peer {
-    pid: libc::pid_t,
+    pid: Pid,
     pidfd: OwnedFd,
     /// The connection it attached (see [`Ends::socket`]).
     socket: RawFd,
@@ -47,26 +55,24 @@ impl Peer {
     /// Whether the caller shut down its sending side: it abandoned its calls and waits, before
     /// it frees or reuses the memory they named, for this node to stop (`POLLRDHUP`).
     pub(crate) fn gave_up(&self) -> bool {
-        let mut poll = libc::pollfd {
-            fd: self.socket,
-            events: libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd on the connection's socket, which outlives `self`; no wait.
-        let rc = unsafe { libc::poll(&mut poll, 1, 0) };
-        rc > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+        // Not watching a connection (poll would ignore a negative descriptor).
+        if self.socket < 0 {
+            return false;
+        }
+        // SAFETY: a non-negative `socket` is the descriptor of the connection this caller
+        // attached, which stays open while the connection is served, longer than `self`.
+        let socket = unsafe { BorrowedFd::borrow_raw(self.socket) };
+        let mut fds = [PollFd::from_borrowed_fd(socket, PollFlags::RDHUP)];
+        matches!(poll(&mut fds, Some(&NO_WAIT)), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
     }
 
     /// Whether the caller process still runs (its pidfd is not yet readable).
     pub(crate) fn alive(&self) -> bool {
-        let mut poll = libc::pollfd {
-            fd: self.pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, no wait.
-        let rc = unsafe { libc::poll(&mut poll, 1, 0) };
-        rc == 0
+        let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
+        matches!(poll(&mut fds, Some(&NO_WAIT)), Ok(0))
     }
 
     /// Copies `src` into the caller's `ranges` (whose lengths add up to `src.len()`).
@@ -102,7 +108,7 @@ impl Peer {
             let n = unsafe {
                 if out {
                     libc::process_vm_writev(
-                        self.pid,
+                        self.pid.as_raw_nonzero().get(),
                         &local_iov,
                         1,
                         rest.as_ptr(),
@@ -111,7 +117,7 @@ impl Peer {
                     )
                 } else {
                     libc::process_vm_readv(
-                        self.pid,
+                        self.pid.as_raw_nonzero().get(),
                         &local_iov,
                         1,
                         rest.as_ptr(),
@@ -163,18 +169,11 @@ pub(crate) fn verify(
     let pid = libc::pid_t::try_from(pid)
         .ok()
         .filter(|p| *p > 0)
+        .and_then(Pid::from_raw)
         .ok_or_else(|| format!("{pid} is not a process id"))?;
     // Hold the process before checking it, so the checks are about the process held.
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(format!(
-            "no process {pid} here: {}",
-            io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: `fd` is a new descriptor that nothing else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let pidfd = pidfd_open(pid, PidfdFlags::empty())
+        .map_err(|e| format!("no process {pid} here: {}", io::Error::from(e)))?;
     let inode = peer_socket_inode(peer, local)?;
     let wanted = format!("socket:[{inode}]");
     let fds = fs::read_dir(format!("/proc/{pid}/fd"))
@@ -289,6 +288,29 @@ mod tests {
             .unwrap_err()
             .contains("loopback"));
         drop(client);
+    }
+
+    #[test]
+    fn a_caller_that_shuts_its_sending_side_has_given_up() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        let probe: Box<[u8; 16]> = Box::new([3; 16]);
+        let me = std::process::id();
+        let at = probe.as_ptr() as u64;
+        let unwatched = verify(me, peer, server.local_addr().unwrap(), at, *probe).unwrap();
+        assert!(!unwatched.gave_up(), "no connection watched");
+        let attached = unwatched.watching(server.as_raw_fd());
+        assert!(!attached.gave_up());
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        let since = std::time::Instant::now();
+        while !attached.gave_up() {
+            assert!(since.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(attached);
+        drop(server);
     }
 
     #[test]

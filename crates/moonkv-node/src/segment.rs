@@ -84,17 +84,17 @@ impl SegmentMemory {
         let skip = base.align_offset(PAGE_SIZE).min(len);
         let whole = (len - skip) / PAGE_SIZE * PAGE_SIZE;
         let populated = whole == 0 || {
+            use rustix::mm::{madvise, Advice};
             // SAFETY: `[base + skip, base + skip + whole)` lies inside this segment's own
             // allocation and is page-aligned; populating changes no byte of it.
-            let rc =
-                unsafe { libc::madvise(base.add(skip).cast(), whole, libc::MADV_POPULATE_WRITE) };
-            if rc != 0 {
-                let error = std::io::Error::last_os_error();
-                if error.raw_os_error() != Some(libc::EINVAL) {
-                    return Err(error);
-                }
+            let advised =
+                unsafe { madvise(base.add(skip).cast(), whole, Advice::LinuxPopulateWrite) };
+            match advised {
+                Ok(()) => true,
+                // A kernel without MADV_POPULATE_WRITE: touched page by page below.
+                Err(rustix::io::Errno::INVAL) => false,
+                Err(e) => return Err(e.into()),
             }
-            rc == 0
         };
         let touch = |offset: usize| {
             // SAFETY: `offset < len`, inside the allocation; the segment is zeroed and does not
