@@ -19,18 +19,34 @@ pub const SAME_HOST_CHUNK: usize = 2 << 20;
 /// Environment variable that turns same-host copies off for a store (`0`, `false`, `off`).
 pub const SAME_HOST_ENV: &str = "MOONKV_SAME_HOST";
 
+/// A value of [`SAME_HOST_ENV`] that is neither on nor off.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value:?}: expected 1/0, true/false or on/off")]
+pub struct SameHostEnvError {
+    /// The variable ([`SAME_HOST_ENV`]).
+    pub variable: &'static str,
+    /// Its value, trimmed and lowercased.
+    pub value: String,
+}
+
 /// Whether same-host copies are enabled by the environment (default: yes). A value other
-/// than `0`/`1`/`true`/`false`/`on`/`off` is an error naming the variable.
-pub fn enabled_by_env() -> Result<bool, String> {
+/// than `0`/`1`/`true`/`false`/`on`/`off` (or `yes`/`no`) is an error naming the variable.
+pub fn enabled_by_env() -> Result<bool, SameHostEnvError> {
     match std::env::var(SAME_HOST_ENV) {
         Err(_) => Ok(true),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "on" | "yes" => Ok(true),
-            "0" | "false" | "off" | "no" => Ok(false),
-            other => Err(format!(
-                "{SAME_HOST_ENV}={other:?}: expected 1/0, true/false or on/off"
-            )),
-        },
+        Ok(v) => parse_enabled(&v),
+    }
+}
+
+/// Reads a value of [`SAME_HOST_ENV`].
+fn parse_enabled(value: &str) -> Result<bool, SameHostEnvError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" => Ok(false),
+        other => Err(SameHostEnvError {
+            variable: SAME_HOST_ENV,
+            value: other.to_string(),
+        }),
     }
 }
 
@@ -136,6 +152,18 @@ mod tests {
         let b = monotonic_now_ns();
         assert!(b >= a);
         assert!(d >= a + 6_000_000_000 && d <= b + 6_000_000_000);
+    }
+
+    #[test]
+    fn the_environment_switch_reads_on_and_off_and_names_a_bad_value() {
+        assert_eq!(parse_enabled(" On "), Ok(true));
+        assert_eq!(parse_enabled("0"), Ok(false));
+        let bad = parse_enabled("Maybe").unwrap_err();
+        assert_eq!(bad.value, "maybe");
+        assert_eq!(
+            bad.to_string(),
+            "MOONKV_SAME_HOST=\"maybe\": expected 1/0, true/false or on/off"
+        );
     }
 
     /// A connected pair of loopback sockets and the lent duplicate of the caller's.

@@ -39,7 +39,16 @@ pub fn fires(name: &str) -> bool {
     moonkv_client::failpoints::fires(name)
 }
 
+/// `FAILPOINTS` could not be applied: an entry is malformed or names an unknown action, or this
+/// build has no fault points (feature `failpoints`). The message names the entry at fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    /// What is wrong, naming the entry.
+    pub message: String,
+}
+
 /// Configures the points named in `FAILPOINTS`; an error names the entry at fault.
-pub fn configure_from_env() -> Result<(), String> {
-    moonkv_client::failpoints::configure_from_env()
+pub fn configure_from_env() -> Result<(), ConfigError> {
+    moonkv_client::failpoints::configure_from_env().map_err(|message| ConfigError { message })
 }

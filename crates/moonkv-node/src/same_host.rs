@@ -152,6 +152,55 @@ impl Peer {
     }
 }
 
+/// Why a connection was not attached for same-host copies (the caller then keeps using the
+/// socket). Only logged by the node: the caller is answered `LOCAL_REFUSED` whatever the reason.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AttachError {
+    /// The node declines same-host copies on this connection (TLS, refused by configuration, or
+    /// its ends unknown).
+    #[error("same-host copies are off on this connection")]
+    Off,
+    /// The request's process id is zero or out of range.
+    #[error("{0} is not a process id")]
+    NotAProcessId(u64),
+    /// The connection does not come from this machine.
+    #[error("peer {0} is not a loopback address")]
+    NotLoopback(SocketAddr),
+    /// `pidfd_open` failed: no such process (or none this node may see).
+    #[error("no process {pid} here: {source}")]
+    NoProcess { pid: Pid, source: io::Error },
+    /// The kernel's table of TCP sockets could not be read.
+    #[error("cannot read {table}: {source}")]
+    SocketTable {
+        table: &'static str,
+        source: io::Error,
+    },
+    /// The kernel's table of TCP sockets has a line this node cannot read.
+    #[error("bad inode in {table}: {line}")]
+    BadInode { table: &'static str, line: String },
+    /// The caller's end of the connection is not in this machine's table.
+    #[error("the caller's end {0} of this connection is not a socket of this machine")]
+    NotLocal(SocketAddr),
+    /// The process's open files could not be listed.
+    #[error("cannot list the files of process {pid}: {source}")]
+    Files { pid: Pid, source: io::Error },
+    /// The process holds no descriptor of this connection.
+    #[error("process {pid} does not hold this connection (its socket {socket})")]
+    NotHolder { pid: Pid, socket: String },
+    /// The process ended during the checks.
+    #[error("process {0} has exited")]
+    Exited(Pid),
+    /// The node may not read the process's memory (or the probe address is not mapped).
+    #[error("cannot read the memory of process {pid}: {source}")]
+    Memory { pid: Pid, source: io::Error },
+    /// The probe bytes in the process are not the ones the caller sent.
+    #[error("the probe at {address:#x} in process {pid} does not match")]
+    ProbeMismatch { pid: Pid, address: u64 },
+    /// The blocking task that ran the checks failed.
+    #[error("verification failed: {0}")]
+    Verification(#[source] tokio::task::JoinError),
+}
+
 /// Checks that process `pid` is the caller at the other end of the connection `local ↔ peer`
 /// and that its memory can be reached (the 16 `probe` bytes lie at `probe_address` there).
 /// Blocking: reads `/proc`.
@@ -161,30 +210,33 @@ pub(crate) fn verify(
     local: SocketAddr,
     probe_address: u64,
     probe: [u8; 16],
-) -> Result<Peer, String> {
+) -> Result<Peer, AttachError> {
     // An IPv4 caller of a node listening on `[::]` shows as `::ffff:127.0.0.1`.
     if !peer.ip().to_canonical().is_loopback() {
-        return Err(format!("peer {peer} is not a loopback address"));
+        return Err(AttachError::NotLoopback(peer));
     }
     let pid = libc::pid_t::try_from(pid)
         .ok()
         .filter(|p| *p > 0)
         .and_then(Pid::from_raw)
-        .ok_or_else(|| format!("{pid} is not a process id"))?;
+        .ok_or(AttachError::NotAProcessId(pid.into()))?;
     // Hold the process before checking it, so the checks are about the process held.
-    let pidfd = pidfd_open(pid, PidfdFlags::empty())
-        .map_err(|e| format!("no process {pid} here: {}", io::Error::from(e)))?;
+    let pidfd = pidfd_open(pid, PidfdFlags::empty()).map_err(|e| AttachError::NoProcess {
+        pid,
+        source: e.into(),
+    })?;
     let inode = peer_socket_inode(peer, local)?;
     let wanted = format!("socket:[{inode}]");
     let fds = fs::read_dir(format!("/proc/{pid}/fd"))
-        .map_err(|e| format!("cannot list the files of process {pid}: {e}"))?;
+        .map_err(|source| AttachError::Files { pid, source })?;
     let holds = fds.flatten().any(|entry| {
         fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == wanted.as_str())
     });
     if !holds {
-        return Err(format!(
-            "process {pid} does not hold this connection (its socket {wanted})"
-        ));
+        return Err(AttachError::NotHolder {
+            pid,
+            socket: wanted,
+        });
     }
     let peer = Peer {
         pid,
@@ -192,39 +244,40 @@ pub(crate) fn verify(
         socket: -1,
     };
     if !peer.alive() {
-        return Err(format!("process {pid} has exited"));
+        return Err(AttachError::Exited(pid));
     }
     let mut seen = [0u8; 16];
     peer.read_from(&mut seen, &[(probe_address, 16)])
-        .map_err(|e| format!("cannot read the memory of process {pid}: {e}"))?;
+        .map_err(|source| AttachError::Memory { pid, source })?;
     if seen != probe {
-        return Err(format!(
-            "the probe at {probe_address:#x} in process {pid} does not match"
-        ));
+        return Err(AttachError::ProbeMismatch {
+            pid,
+            address: probe_address,
+        });
     }
     Ok(peer)
 }
 
 /// The inode of the caller's end of the TCP connection `local ↔ peer` (this node's end is
 /// `local`), from `/proc/net/tcp` or `/proc/net/tcp6` of the node's network namespace.
-fn peer_socket_inode(peer: SocketAddr, local: SocketAddr) -> Result<u64, String> {
+fn peer_socket_inode(peer: SocketAddr, local: SocketAddr) -> Result<u64, AttachError> {
     let table = match peer.ip() {
         IpAddr::V4(_) => "/proc/net/tcp",
         IpAddr::V6(_) => "/proc/net/tcp6",
     };
-    let text = fs::read_to_string(table).map_err(|e| format!("cannot read {table}: {e}"))?;
+    let text =
+        fs::read_to_string(table).map_err(|source| AttachError::SocketTable { table, source })?;
     let (want_local, want_remote) = (proc_address(peer), proc_address(local));
     for line in text.lines().skip(1) {
         let fields: Vec<&str> = line.split_whitespace().collect();
         if fields.len() > 9 && fields[1] == want_local && fields[2] == want_remote {
-            return fields[9]
-                .parse()
-                .map_err(|_| format!("bad inode in {table}: {line}"));
+            return fields[9].parse().map_err(|_| AttachError::BadInode {
+                table,
+                line: line.to_string(),
+            });
         }
     }
-    Err(format!(
-        "the caller's end {peer} of this connection is not a socket of this machine"
-    ))
+    Err(AttachError::NotLocal(peer))
 }
 
 /// How `/proc/net/tcp{,6}` writes an address: the address as 32-bit words in the machine's
@@ -269,24 +322,33 @@ mod tests {
         let attached = verify(me, peer, local, at, *probe).unwrap();
         assert!(attached.alive());
         // A wrong probe, another process, and a connection this process does not hold.
-        assert!(verify(me, peer, local, at, [0; 16])
-            .unwrap_err()
-            .contains("probe"));
+        assert!(matches!(
+            verify(me, peer, local, at, [0; 16]),
+            Err(AttachError::ProbeMismatch { .. })
+        ));
         let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
         let other = verify(child.id(), peer, local, at, *probe).unwrap_err();
-        assert!(other.contains("does not hold"), "{other}");
+        assert!(matches!(other, AttachError::NotHolder { .. }), "{other}");
+        assert!(other.to_string().contains("does not hold"), "{other}");
         child.kill().unwrap();
         child.wait().unwrap();
         let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert!(verify(me, elsewhere, local, at, *probe).is_err());
-        assert!(verify(0, peer, local, at, *probe).is_err());
+        assert!(matches!(
+            verify(me, elsewhere, local, at, *probe),
+            Err(AttachError::NotLocal(_))
+        ));
+        assert!(matches!(
+            verify(0, peer, local, at, *probe),
+            Err(AttachError::NotAProcessId(0))
+        ));
         let remote: SocketAddr = "10.1.2.3:4000".parse().unwrap();
-        assert!(verify(me, remote, local, at, *probe)
-            .unwrap_err()
-            .contains("loopback"));
+        assert!(matches!(
+            verify(me, remote, local, at, *probe),
+            Err(AttachError::NotLoopback(_))
+        ));
         drop(client);
     }
 

@@ -3,6 +3,7 @@
 //! lets the node copy same-host requests straight to and from the caller's memory.
 
 use super::{respond, Conn, Served, MAX_DRAIN_BYTES};
+use crate::same_host::AttachError;
 use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use moonkv_dataplane::header::{AttachRequest, DataStatus, RequestHeader};
 use moonkv_proto::auth::NONCE_LEN;
@@ -83,8 +84,8 @@ pub(super) async fn attach(
 ) -> io::Result<Option<crate::same_host::Peer>> {
     let pid = h.length;
     let verified = match (ends, AttachRequest::from_header(h)) {
-        (_, None) => Err(format!("{} is not a process id", h.length)),
-        (None, _) => Err("same-host copies are off on this connection".to_string()),
+        (_, None) => Err(AttachError::NotAProcessId(h.length)),
+        (None, _) => Err(AttachError::Off),
         (Some(ends), Some(request)) => tokio::task::spawn_blocking(move || {
             crate::same_host::verify(
                 request.pid,
@@ -96,7 +97,7 @@ pub(super) async fn attach(
             .map(|peer| peer.watching(ends.socket))
         })
         .await
-        .unwrap_or_else(|e| Err(format!("verification failed: {e}"))),
+        .unwrap_or_else(|e| Err(AttachError::Verification(e))),
     };
     match verified {
         Ok(peer) => {
