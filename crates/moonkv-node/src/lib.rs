@@ -17,6 +17,11 @@
 //!
 //! The wire it speaks is `moonkv-dataplane`; the master connection is `moonkv-client`'s
 //! `MasterClient`.
+//!
+//! Unsafe code is denied crate-wide; only `segment` (the raw segment allocation and its views)
+//! and `same_host` (cross-process copies) allow it, each stating why its unsafe is sound.
+
+#![deny(unsafe_code)]
 
 pub mod catalog;
 pub mod claims;

@@ -12,6 +12,17 @@
 //! (under the same range lock as a socket request) and the caller's ranges. The kernel allows
 //! them only where it already lets the node's user trace the caller (same user, or a
 //! privileged node); anywhere else the attach is declined and the caller keeps using the socket.
+//!
+//! Unsafe code here, and why it is sound: the copies are raw system calls whose local side is
+//! always a slice borrowed for the duration of the call (only read when the node sends, and
+//! written only through an exclusive borrow when it receives; in the server it is a locked
+//! segment view), while their remote side lies in another process, where the kernel itself
+//! refuses (`EFAULT`) any address that process has not mapped; the process is the verified
+//! caller, held by its pidfd. The other unsafe operation borrows the connection's raw
+//! descriptor, which [`Ends`] guarantees open while the connection is served, longer than any
+//! [`Peer`] watching it.
+
+#![allow(unsafe_code)]
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
@@ -28,6 +39,12 @@ pub(crate) struct Ends {
     /// The connection's socket; valid while the connection is served (longer than any `Peer`
     /// made from it).
     pub(crate) socket: RawFd,
+}
+
+/// The node's side of one copy: the bytes sent to the caller, or the buffer filled from it.
+enum Local<'a> {
+    Out(&'a [u8]),
+    In(&'a mut [u8]),
 }
 
 /// A poll that does not wait.
@@ -77,15 +94,19 @@ impl Peer {
 
     /// Copies `src` into the caller's `ranges` (whose lengths add up to `src.len()`).
     pub(crate) fn write_to(&self, src: &[u8], ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.copy(src.as_ptr() as *mut u8, src.len(), ranges, true)
+        self.copy(Local::Out(src), ranges)
     }
 
     /// Fills `dst` from the caller's `ranges` (whose lengths add up to `dst.len()`).
     pub(crate) fn read_from(&self, dst: &mut [u8], ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.copy(dst.as_mut_ptr(), dst.len(), ranges, false)
+        self.copy(Local::In(dst), ranges)
     }
 
-    fn copy(&self, local: *mut u8, len: usize, ranges: &[(u64, u64)], out: bool) -> io::Result<()> {
+    fn copy(&self, local: Local<'_>, ranges: &[(u64, u64)]) -> io::Result<()> {
+        let (out, local, len) = match local {
+            Local::Out(src) => (true, src.as_ptr().cast_mut(), src.len()),
+            Local::In(dst) => (false, dst.as_mut_ptr(), dst.len()),
+        };
         let mut remote: Vec<libc::iovec> = ranges
             .iter()
             .map(|&(address, len)| libc::iovec {
@@ -97,13 +118,14 @@ impl Peer {
         let mut first = 0usize;
         while done < len {
             let local_iov = libc::iovec {
-                // SAFETY (of the pointer arithmetic): `done < len`, inside the local buffer.
-                iov_base: unsafe { local.add(done) }.cast(),
+                // `done < len`: inside the local buffer.
+                iov_base: local.wrapping_add(done).cast(),
                 iov_len: len - done,
             };
             let rest = &remote[first..];
-            // SAFETY: the local iovec covers `[local + done, local + len)`, memory the caller of
-            // this function lent us for the call (readable for `out`, writable otherwise); the
+            // SAFETY: the local iovec covers `[local + done, local + len)` of the slice `copy` was
+            // given for this call: only read (process_vm_writev) when it is the shared `Out`
+            // slice, written (process_vm_readv) only when it is the exclusive `In` one. The
             // remote iovecs name the other process's memory, which the kernel checks itself.
             let n = unsafe {
                 if out {

@@ -4,6 +4,16 @@
 //!
 //! Access goes through [`ReadView`] / [`WriteView`], which hold a range lock for their bytes;
 //! that is what makes handing out `&[u8]` / `&mut [u8]` over the shared allocation sound.
+//!
+//! Unsafe code here, and why it is sound: [`SegmentMemory`] owns one allocation from
+//! `alloc_zeroed`, freed exactly once, in `Drop`. Every slice over it is made by a view whose
+//! range was bounds-checked when the view was made, which borrows the memory (so it cannot
+//! outlive the allocation) and holds a range guard for its life: shared for a `ReadView`,
+//! exclusive for a `WriteView`, so no writer ever overlaps another holder; this is also what
+//! the `Send` / `Sync` impls rely on. `prefault` touches the allocation only inside its bounds
+//! and before the segment serves, and `madvise` changes none of its bytes.
+
+#![allow(unsafe_code)]
 
 use crate::claims::Claims;
 use crate::range_lock::{RangeGuard, RangeLock};
