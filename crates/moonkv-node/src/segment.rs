@@ -29,12 +29,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// Alignment of every segment: one page.
-pub const PAGE_SIZE: usize = 4096;
+pub(crate) const PAGE_SIZE: usize = 4096;
 /// Alignment of segment memory. Kept at the allocator's natural alignment on purpose: a larger
 /// alignment makes the system allocator zero every byte up front (touching the whole segment),
 /// while this one takes the calloc path, whose large blocks come from fresh, lazily zeroed
 /// pages — a 1 GiB segment costs nothing until it is written.
-pub const SEGMENT_ALIGN: usize = 16;
+pub(crate) const SEGMENT_ALIGN: usize = 16;
 
 /// The bytes of one mounted segment.
 pub struct SegmentMemory {
@@ -87,7 +87,7 @@ impl SegmentMemory {
     /// or a write per page where the kernel lacks it), so the first fill of the cache does not
     /// pay a page fault per 4 KiB and a segment the machine cannot hold fails at start, not
     /// mid-put. Only before the segment serves: the fallback writes zeros.
-    pub fn prefault(&self) -> std::io::Result<()> {
+    pub(crate) fn prefault(&self) -> std::io::Result<()> {
         let (base, len) = (self.ptr.as_ptr(), self.layout.size());
         // The allocation starts wherever calloc put it: populate its whole pages, then touch the
         // partial ones at either end.
@@ -123,19 +123,19 @@ impl SegmentMemory {
     }
 
     /// Records a committed replica (replacing any entry overlapping its range).
-    pub fn catalog_commit(&self, entry: CatalogEntry) {
+    pub(crate) fn catalog_commit(&self, entry: CatalogEntry) {
         let mut catalog = self.catalog.lock();
         forget_overlapping(&mut catalog, entry.address, entry.len);
         catalog.insert(entry.address, entry);
     }
 
     /// Forgets every catalog entry overlapping `[address, address + len)`.
-    pub fn catalog_forget(&self, address: u64, len: u64) {
+    pub(crate) fn catalog_forget(&self, address: u64, len: u64) {
         forget_overlapping(&mut self.catalog.lock(), address, len);
     }
 
     /// Forgets the entries at these addresses (the master did not adopt them).
-    pub fn catalog_forget_at(&self, addresses: &[u64]) {
+    pub(crate) fn catalog_forget_at(&self, addresses: &[u64]) {
         let mut catalog = self.catalog.lock();
         for a in addresses {
             catalog.remove(a);
@@ -143,17 +143,17 @@ impl SegmentMemory {
     }
 
     /// Forgets every entry.
-    pub fn catalog_clear(&self) {
+    pub(crate) fn catalog_clear(&self) {
         self.catalog.lock().clear();
     }
 
     /// The committed replicas held here, by address.
-    pub fn catalog_entries(&self) -> Vec<CatalogEntry> {
+    pub(crate) fn catalog_entries(&self) -> Vec<CatalogEntry> {
         self.catalog.lock().values().cloned().collect()
     }
 
     /// Number of committed replicas held here.
-    pub fn catalog_len(&self) -> usize {
+    pub(crate) fn catalog_len(&self) -> usize {
         self.catalog.lock().len()
     }
 
@@ -168,17 +168,21 @@ impl SegmentMemory {
     }
 
     /// Size in bytes.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.layout.size() as u64
     }
 
     /// Range-lock acquisitions that had to wait, and the microseconds they waited in total.
-    pub fn range_lock_waits(&self) -> (u64, u64) {
+    pub(crate) fn range_lock_waits(&self) -> (u64, u64) {
         self.locks.waits()
     }
 
     /// Checks `[address, address + length)` and returns its offset.
-    pub fn check(&self, address: u64, length: u64) -> std::result::Result<usize, DataStatus> {
+    pub(crate) fn check(
+        &self,
+        address: u64,
+        length: u64,
+    ) -> std::result::Result<usize, DataStatus> {
         check_range(self.base(), self.size(), address, length)
     }
 
@@ -288,7 +292,7 @@ impl std::ops::DerefMut for WriteView<'_> {
 
 impl SegmentMemory {
     /// Copies `[address, address + out.len())` into `out` under the range lock.
-    pub async fn copy_out(
+    pub(crate) async fn copy_out(
         &self,
         address: u64,
         out: &mut [u8],
@@ -299,7 +303,11 @@ impl SegmentMemory {
     }
 
     /// Copies `data` to `[address, address + data.len())` under the range lock.
-    pub async fn copy_in(&self, address: u64, data: &[u8]) -> std::result::Result<(), DataStatus> {
+    pub(crate) async fn copy_in(
+        &self,
+        address: u64,
+        data: &[u8],
+    ) -> std::result::Result<(), DataStatus> {
         let mut view = self.write_view(address, data.len() as u64).await?;
         view.copy_from_slice(data);
         Ok(())
@@ -308,7 +316,7 @@ impl SegmentMemory {
 
 /// A segment as a store in this process reaches it: with the node's grant checks and replica
 /// claims, so an in-process copy obeys the same rules as a request over the network.
-pub struct LocalView {
+pub(crate) struct LocalView {
     memory: Arc<SegmentMemory>,
     grant_key: Option<Secret>,
     claims: Arc<Claims>,
@@ -316,7 +324,11 @@ pub struct LocalView {
 
 impl LocalView {
     /// `memory` checked with `grant_key` (none: open, like the node's data plane) and `claims`.
-    pub fn new(memory: Arc<SegmentMemory>, grant_key: Option<Secret>, claims: Arc<Claims>) -> Self {
+    pub(crate) fn new(
+        memory: Arc<SegmentMemory>,
+        grant_key: Option<Secret>,
+        claims: Arc<Claims>,
+    ) -> Self {
         Self {
             memory,
             grant_key,

@@ -42,7 +42,7 @@ use tokio::task::JoinSet;
 
 /// A refused write at most this long has its payload read and discarded so the connection stays
 /// usable; a longer one is answered and the connection closed.
-pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_DRAIN_BYTES: u64 = 64 << 20;
 
 /// A connection as the request loop sees it: buffered both ways.
 pub(crate) type Conn = BufReader<BufWriter<Timed<Stream>>>;
@@ -173,12 +173,12 @@ impl DataServer {
     }
 
     /// Connections accepted and open, requests answered.
-    pub fn stats(&self) -> NodeStats {
+    pub(crate) fn stats(&self) -> NodeStats {
         self.served.counters.snapshot()
     }
 
     /// The node's Prometheus metrics (data plane, range locks, disk).
-    pub fn metrics(&self) -> crate::metrics::NodeMetrics {
+    pub(crate) fn metrics(&self) -> crate::metrics::NodeMetrics {
         crate::metrics::NodeMetrics::new(self.served.clone())
     }
 
