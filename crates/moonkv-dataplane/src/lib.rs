@@ -13,8 +13,11 @@
 //!   same process, so local replicas are copied without the network.
 //! - [`same_host`]: what a caller on the node's own machine needs to let the node copy bytes
 //!   straight between its segments and the caller's memory (READ_LOCAL / WRITE_LOCAL).
+//!
+//! Unsafe code is denied crate-wide and no module allows it (the system calls of `same_host`
+//! go through rustix's safe wrappers).
 
-#![allow(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_code)]
 
 pub mod connection;
 pub mod handshake;

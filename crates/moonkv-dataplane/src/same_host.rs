@@ -19,32 +19,41 @@ pub const SAME_HOST_CHUNK: usize = 2 << 20;
 /// Environment variable that turns same-host copies off for a store (`0`, `false`, `off`).
 pub const SAME_HOST_ENV: &str = "MOONKV_SAME_HOST";
 
+/// A value of [`SAME_HOST_ENV`] that is neither on nor off.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value:?}: expected 1/0, true/false or on/off")]
+pub struct SameHostEnvError {
+    /// The variable ([`SAME_HOST_ENV`]).
+    pub variable: &'static str,
+    /// Its value, trimmed and lowercased.
+    pub value: String,
+}
+
 /// Whether same-host copies are enabled by the environment (default: yes). A value other
-/// than `0`/`1`/`true`/`false`/`on`/`off` is an error naming the variable.
-pub fn enabled_by_env() -> Result<bool, String> {
+/// than `0`/`1`/`true`/`false`/`on`/`off` (or `yes`/`no`) is an error naming the variable.
+pub fn enabled_by_env() -> Result<bool, SameHostEnvError> {
     match std::env::var(SAME_HOST_ENV) {
         Err(_) => Ok(true),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "on" | "yes" => Ok(true),
-            "0" | "false" | "off" | "no" => Ok(false),
-            other => Err(format!(
-                "{SAME_HOST_ENV}={other:?}: expected 1/0, true/false or on/off"
-            )),
-        },
+        Ok(v) => parse_enabled(&v),
+    }
+}
+
+/// Reads a value of [`SAME_HOST_ENV`].
+fn parse_enabled(value: &str) -> Result<bool, SameHostEnvError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" => Ok(false),
+        other => Err(SameHostEnvError {
+            variable: SAME_HOST_ENV,
+            value: other.to_string(),
+        }),
     }
 }
 
 /// The machine's monotonic clock (`CLOCK_MONOTONIC`) in nanoseconds: the same clock in every
 /// process of one kernel, unlike `std::time::Instant`, whose values cannot be sent.
 pub fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    debug_assert_eq!(rc, 0);
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
@@ -99,47 +108,35 @@ impl Drop for Lent {
 }
 
 fn wait_for_node_to_let_go(socket: &std::os::fd::OwnedFd, deadline_ns: u64) {
-    use std::os::fd::AsRawFd;
-    let fd = socket.as_raw_fd();
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use rustix::io::Errno;
     let until = deadline_ns.saturating_add(LET_GO_GRACE.as_nanos() as u64);
-    // SAFETY: `fd` is a socket `socket` owns (a duplicate of the connection's) and keeps open.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::shutdown(fd, libc::SHUT_WR)
-    };
+    // An error is ignored: a connection already gone ends the wait below at once.
+    let _ = rustix::net::shutdown(socket, rustix::net::Shutdown::Write);
     let mut drain = [0u8; 16 << 10];
     loop {
         let now = monotonic_now_ns();
         if now >= until {
             return;
         }
-        let wait_ms = ((until - now) / 1_000_000).clamp(1, i32::MAX as u64) as i32;
-        let mut poll = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
+        let wait_ms = ((until - now) / 1_000_000).clamp(1, i32::MAX as u64);
+        let wait = Timespec {
+            tv_sec: (wait_ms / 1_000) as i64,
+            tv_nsec: ((wait_ms % 1_000) * 1_000_000) as i64,
         };
-        // SAFETY: one valid pollfd on an owned socket.
-        #[allow(unsafe_code)]
-        let ready = unsafe { libc::poll(&mut poll, 1, wait_ms) };
-        if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return;
+        let mut fds = [PollFd::new(socket, PollFlags::IN)];
+        match poll(&mut fds, Some(&wait)) {
+            Ok(0) | Err(Errno::INTR) => continue,
+            Ok(_) => {}
+            Err(_) => return,
         }
-        if ready <= 0 {
-            continue;
-        }
-        // SAFETY: reads into a buffer this function owns from an open socket (non-blocking).
-        #[allow(unsafe_code)]
-        let n = unsafe { libc::read(fd, drain.as_mut_ptr().cast(), drain.len()) };
-        match n {
+        // Non-blocking: a duplicate of the connection's socket shares its flags.
+        match rustix::io::read(socket, &mut drain[..]) {
             // The node closed the connection: it stopped, and answers no more.
-            0 => return,
-            n if n > 0 => continue,
-            _ => match std::io::Error::last_os_error().kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
-                // Reset: the node is gone.
-                _ => return,
-            },
+            Ok(0) => return,
+            Ok(_) | Err(Errno::WOULDBLOCK | Errno::INTR) => continue,
+            // Reset: the node is gone.
+            Err(_) => return,
         }
     }
 }
@@ -155,5 +152,70 @@ mod tests {
         let b = monotonic_now_ns();
         assert!(b >= a);
         assert!(d >= a + 6_000_000_000 && d <= b + 6_000_000_000);
+    }
+
+    #[test]
+    fn the_environment_switch_reads_on_and_off_and_names_a_bad_value() {
+        assert_eq!(parse_enabled(" On "), Ok(true));
+        assert_eq!(parse_enabled("0"), Ok(false));
+        let bad = parse_enabled("Maybe").unwrap_err();
+        assert_eq!(bad.value, "maybe");
+        assert_eq!(
+            bad.to_string(),
+            "MOONKV_SAME_HOST=\"maybe\": expected 1/0, true/false or on/off"
+        );
+    }
+
+    /// A connected pair of loopback sockets and the lent duplicate of the caller's.
+    fn lending() -> (std::net::TcpStream, std::sync::Arc<std::os::fd::OwnedFd>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let caller = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (node, _) = listener.accept().unwrap();
+        caller.set_nonblocking(true).unwrap();
+        let socket = std::os::fd::AsFd::as_fd(&caller)
+            .try_clone_to_owned()
+            .unwrap();
+        // The caller's own descriptor may go: the lent duplicate keeps the connection.
+        drop(caller);
+        (node, std::sync::Arc::new(socket))
+    }
+
+    #[test]
+    fn dropped_lent_memory_waits_for_the_node_to_close_the_connection() {
+        let (mut node, socket) = lending();
+        let lent = Lent::new(socket, deadline_for(Duration::from_secs(20)));
+        let closer = std::thread::spawn(move || {
+            // The caller shut its sending side: the node sees the end, stops and closes.
+            let mut rest = Vec::new();
+            std::io::Read::read_to_end(&mut node, &mut rest).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            drop(node);
+        });
+        let since = std::time::Instant::now();
+        drop(lent);
+        let waited = since.elapsed();
+        closer.join().unwrap();
+        assert!(waited >= Duration::from_millis(40), "{waited:?}");
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+    }
+
+    #[test]
+    fn dropped_lent_memory_of_a_silent_node_waits_out_the_deadline_and_grace() {
+        let (node, socket) = lending();
+        let lent = Lent::new(socket, monotonic_now_ns());
+        let since = std::time::Instant::now();
+        drop(lent);
+        let waited = since.elapsed();
+        assert!(
+            waited >= LET_GO_GRACE - Duration::from_millis(5),
+            "{waited:?}"
+        );
+        assert!(waited < LET_GO_GRACE + Duration::from_secs(5), "{waited:?}");
+        drop(node);
+        // Returned in time, nothing is waited for.
+        let (_node, socket) = lending();
+        let since = std::time::Instant::now();
+        Lent::new(socket, deadline_for(Duration::from_secs(20))).returned();
+        assert!(since.elapsed() < Duration::from_secs(1));
     }
 }

@@ -29,13 +29,13 @@ pub const EXIT_CODE: i32 = moonkv_client::failpoints::EXIT_CODE;
 
 /// Passes the point `name`: no-op unless configured.
 #[inline]
-pub fn hit(name: &str) {
+pub(crate) fn hit(name: &str) {
     moonkv_client::failpoints::hit(name)
 }
 
 /// Whether the point `name` fires, for points that stop a task rather than the process.
 #[inline]
-pub fn fires(name: &str) -> bool {
+pub(crate) fn fires(name: &str) -> bool {
     moonkv_client::failpoints::fires(name)
 }
 

@@ -1,30 +1,53 @@
-#![allow(unsafe_code, clippy::undocumented_unsafe_blocks)]
 //! The moonkv storage node: contributes memory segments and a disk directory to a cluster,
 //! mounts them on the master and serves their bytes over the data plane.
 //!
-//! - [`node`]: [`Node::start`] and [`NodeHandle`] — allocate, mount, heartbeat, serve, shut down;
-//!   also embeddable in any tokio program (`moonkv up`, tests, an inference worker).
-//! - [`segment`]: segment memory (one lazily committed allocation) and its range-locked views.
+//! What other crates use is re-exported here or lives in the four public modules:
+//!
+//! - [`Node::start`], [`NodeConfig`], [`DiskConfig`], [`NodeHandle`], [`Deadlines`]: start a node
+//!   and stop it; it runs as its own process (`moonkv node`) or embedded in any tokio program
+//!   (`moonkv up`, tests, benchmarks, an inference worker).
+//! - [`metrics`]: the node's Prometheus metrics ([`NodeHandle::metrics`]) and the small HTTP
+//!   server of `/metrics` ([`metrics::serve`]).
+//! - [`failpoints`]: the names of the fault points (feature `failpoints`) and their
+//!   configuration from `FAILPOINTS` at process start.
+//! - [`segment`] and [`server`]: a segment's memory ([`segment::SegmentMemory`]) and a bare
+//!   data-plane listener ([`server::DataServer`], [`server::Access`]), for tests of other
+//!   crates that serve segments without a master.
+//!
+//! Inside the crate:
+//!
+//! - `node`: allocate, mount, heartbeat, serve, shut down ([`Node`], [`NodeHandle`]).
+//! - `segment`: segment memory (one lazily committed allocation) and its range-locked views,
+//!   also lent to a store in the same process.
 //! - `range_lock`: the byte-range reader/writer lock that makes those views sound.
-//! - [`claims`]: which replica owns which range, so a freed replica's grant is worthless.
-//! - [`catalog`]: the node's record of its committed replicas, fed by the master and announced
+//! - `claims`: which replica owns which range, so a freed replica's grant is worthless.
+//! - `catalog`: the node's record of its committed replicas, fed by the master and announced
 //!   to a master that lost its metadata (re-adoption).
 //! - `timed`: I/O and idle deadlines on every connection ([`Deadlines`]).
-//! - [`server`]: the data-plane listener and per-connection request loop (bounds, grants, auth).
-//! - [`disk`]: the disk tier — replica files, their format and checksums, capacity accounting.
-//! - [`metrics`]: the node's Prometheus metrics and the small HTTP server of `/metrics`.
+//! - `server`: the data-plane listener and the request loop of a connection (bounds, grants,
+//!   auth), split by operation: `requests`, `handshake`, `memory`, `same_host`, `file`.
+//! - `same_host`: the node's side of same-host copies — verifying the process that attaches a
+//!   connection, then copying between segment memory and that process's memory.
+//! - `disk`: the disk tier — replica files, their format and checksums, capacity accounting,
+//!   the directory's lock and free space.
 //! - `offload`: the agent that copies evicted memory replicas to disk when the master asks.
-//! - [`failpoints`]: named fault points for tests (feature `failpoints`).
+//! - `metrics`, `failpoints`: as above; their other items (the request loop's counters, passing
+//!   a point) are crate-internal, as are the rest of `segment` and `server`.
 //!
 //! The wire it speaks is `moonkv-dataplane`; the master connection is `moonkv-client`'s
 //! `MasterClient`.
+//!
+//! Unsafe code is denied crate-wide; only `segment` (the raw segment allocation and its views)
+//! and `same_host` (cross-process copies) allow it, each stating why its unsafe is sound.
 
-pub mod catalog;
-pub mod claims;
-pub mod disk;
+#![deny(unsafe_code)]
+
+mod catalog;
+mod claims;
+mod disk;
 pub mod failpoints;
 pub mod metrics;
-pub mod node;
+mod node;
 mod offload;
 mod range_lock;
 mod same_host;

@@ -12,11 +12,24 @@
 //! (under the same range lock as a socket request) and the caller's ranges. The kernel allows
 //! them only where it already lets the node's user trace the caller (same user, or a
 //! privileged node); anywhere else the attach is declined and the caller keeps using the socket.
+//!
+//! Unsafe code here, and why it is sound: the copies are raw system calls whose local side is
+//! always a slice borrowed for the duration of the call (only read when the node sends, and
+//! written only through an exclusive borrow when it receives; in the server it is a locked
+//! segment view), while their remote side lies in another process, where the kernel itself
+//! refuses (`EFAULT`) any address that process has not mapped; the process is the verified
+//! caller, held by its pidfd. The other unsafe operation borrows the connection's raw
+//! descriptor, which [`Ends`] guarantees open while the connection is served, longer than any
+//! [`Peer`] watching it.
 
+#![allow(unsafe_code)]
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use std::fs;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
 /// The two ends of a plain data-plane connection, and its socket.
 #[derive(Clone, Copy, Debug)]
@@ -28,10 +41,22 @@ pub(crate) struct Ends {
     pub(crate) socket: RawFd,
 }
 
+/// The node's side of one copy: the bytes sent to the caller, or the buffer filled from it.
+enum Local<'a> {
+    Out(&'a [u8]),
+    In(&'a mut [u8]),
+}
+
+/// A poll that does not wait.
+const NO_WAIT: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: 0,
+};
+
 /// An attached caller process.
 #[derive(Debug)]
 pub(crate) struct Peer {
-    pid: libc::pid_t,
+    pid: Pid,
     pidfd: OwnedFd,
     /// The connection it attached (see [`Ends::socket`]).
     socket: RawFd,
@@ -47,39 +72,41 @@ impl Peer {
     /// Whether the caller shut down its sending side: it abandoned its calls and waits, before
     /// it frees or reuses the memory they named, for this node to stop (`POLLRDHUP`).
     pub(crate) fn gave_up(&self) -> bool {
-        let mut poll = libc::pollfd {
-            fd: self.socket,
-            events: libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd on the connection's socket, which outlives `self`; no wait.
-        let rc = unsafe { libc::poll(&mut poll, 1, 0) };
-        rc > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+        // Not watching a connection (poll would ignore a negative descriptor).
+        if self.socket < 0 {
+            return false;
+        }
+        // SAFETY: a non-negative `socket` is the descriptor of the connection this caller
+        // attached, which stays open while the connection is served, longer than `self`.
+        let socket = unsafe { BorrowedFd::borrow_raw(self.socket) };
+        let mut fds = [PollFd::from_borrowed_fd(socket, PollFlags::RDHUP)];
+        matches!(poll(&mut fds, Some(&NO_WAIT)), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
     }
 
     /// Whether the caller process still runs (its pidfd is not yet readable).
     pub(crate) fn alive(&self) -> bool {
-        let mut poll = libc::pollfd {
-            fd: self.pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, no wait.
-        let rc = unsafe { libc::poll(&mut poll, 1, 0) };
-        rc == 0
+        let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
+        matches!(poll(&mut fds, Some(&NO_WAIT)), Ok(0))
     }
 
     /// Copies `src` into the caller's `ranges` (whose lengths add up to `src.len()`).
     pub(crate) fn write_to(&self, src: &[u8], ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.copy(src.as_ptr() as *mut u8, src.len(), ranges, true)
+        self.copy(Local::Out(src), ranges)
     }
 
     /// Fills `dst` from the caller's `ranges` (whose lengths add up to `dst.len()`).
     pub(crate) fn read_from(&self, dst: &mut [u8], ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.copy(dst.as_mut_ptr(), dst.len(), ranges, false)
+        self.copy(Local::In(dst), ranges)
     }
 
-    fn copy(&self, local: *mut u8, len: usize, ranges: &[(u64, u64)], out: bool) -> io::Result<()> {
+    fn copy(&self, local: Local<'_>, ranges: &[(u64, u64)]) -> io::Result<()> {
+        let (out, local, len) = match local {
+            Local::Out(src) => (true, src.as_ptr().cast_mut(), src.len()),
+            Local::In(dst) => (false, dst.as_mut_ptr(), dst.len()),
+        };
         let mut remote: Vec<libc::iovec> = ranges
             .iter()
             .map(|&(address, len)| libc::iovec {
@@ -91,18 +118,19 @@ impl Peer {
         let mut first = 0usize;
         while done < len {
             let local_iov = libc::iovec {
-                // SAFETY (of the pointer arithmetic): `done < len`, inside the local buffer.
-                iov_base: unsafe { local.add(done) }.cast(),
+                // `done < len`: inside the local buffer.
+                iov_base: local.wrapping_add(done).cast(),
                 iov_len: len - done,
             };
             let rest = &remote[first..];
-            // SAFETY: the local iovec covers `[local + done, local + len)`, memory the caller of
-            // this function lent us for the call (readable for `out`, writable otherwise); the
+            // SAFETY: the local iovec covers `[local + done, local + len)` of the slice `copy` was
+            // given for this call: only read (process_vm_writev) when it is the shared `Out`
+            // slice, written (process_vm_readv) only when it is the exclusive `In` one. The
             // remote iovecs name the other process's memory, which the kernel checks itself.
             let n = unsafe {
                 if out {
                     libc::process_vm_writev(
-                        self.pid,
+                        self.pid.as_raw_nonzero().get(),
                         &local_iov,
                         1,
                         rest.as_ptr(),
@@ -111,7 +139,7 @@ impl Peer {
                     )
                 } else {
                     libc::process_vm_readv(
-                        self.pid,
+                        self.pid.as_raw_nonzero().get(),
                         &local_iov,
                         1,
                         rest.as_ptr(),
@@ -146,6 +174,55 @@ impl Peer {
     }
 }
 
+/// Why a connection was not attached for same-host copies (the caller then keeps using the
+/// socket). Only logged by the node: the caller is answered `LOCAL_REFUSED` whatever the reason.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AttachError {
+    /// The node declines same-host copies on this connection (TLS, refused by configuration, or
+    /// its ends unknown).
+    #[error("same-host copies are off on this connection")]
+    Off,
+    /// The request's process id is zero or out of range.
+    #[error("{0} is not a process id")]
+    NotAProcessId(u64),
+    /// The connection does not come from this machine.
+    #[error("peer {0} is not a loopback address")]
+    NotLoopback(SocketAddr),
+    /// `pidfd_open` failed: no such process (or none this node may see).
+    #[error("no process {pid} here: {source}")]
+    NoProcess { pid: Pid, source: io::Error },
+    /// The kernel's table of TCP sockets could not be read.
+    #[error("cannot read {table}: {source}")]
+    SocketTable {
+        table: &'static str,
+        source: io::Error,
+    },
+    /// The kernel's table of TCP sockets has a line this node cannot read.
+    #[error("bad inode in {table}: {line}")]
+    BadInode { table: &'static str, line: String },
+    /// The caller's end of the connection is not in this machine's table.
+    #[error("the caller's end {0} of this connection is not a socket of this machine")]
+    NotLocal(SocketAddr),
+    /// The process's open files could not be listed.
+    #[error("cannot list the files of process {pid}: {source}")]
+    Files { pid: Pid, source: io::Error },
+    /// The process holds no descriptor of this connection.
+    #[error("process {pid} does not hold this connection (its socket {socket})")]
+    NotHolder { pid: Pid, socket: String },
+    /// The process ended during the checks.
+    #[error("process {0} has exited")]
+    Exited(Pid),
+    /// The node may not read the process's memory (or the probe address is not mapped).
+    #[error("cannot read the memory of process {pid}: {source}")]
+    Memory { pid: Pid, source: io::Error },
+    /// The probe bytes in the process are not the ones the caller sent.
+    #[error("the probe at {address:#x} in process {pid} does not match")]
+    ProbeMismatch { pid: Pid, address: u64 },
+    /// The blocking task that ran the checks failed.
+    #[error("verification failed: {0}")]
+    Verification(#[source] tokio::task::JoinError),
+}
+
 /// Checks that process `pid` is the caller at the other end of the connection `local ↔ peer`
 /// and that its memory can be reached (the 16 `probe` bytes lie at `probe_address` there).
 /// Blocking: reads `/proc`.
@@ -155,37 +232,33 @@ pub(crate) fn verify(
     local: SocketAddr,
     probe_address: u64,
     probe: [u8; 16],
-) -> Result<Peer, String> {
+) -> Result<Peer, AttachError> {
     // An IPv4 caller of a node listening on `[::]` shows as `::ffff:127.0.0.1`.
     if !peer.ip().to_canonical().is_loopback() {
-        return Err(format!("peer {peer} is not a loopback address"));
+        return Err(AttachError::NotLoopback(peer));
     }
     let pid = libc::pid_t::try_from(pid)
         .ok()
         .filter(|p| *p > 0)
-        .ok_or_else(|| format!("{pid} is not a process id"))?;
+        .and_then(Pid::from_raw)
+        .ok_or(AttachError::NotAProcessId(pid.into()))?;
     // Hold the process before checking it, so the checks are about the process held.
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(format!(
-            "no process {pid} here: {}",
-            io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: `fd` is a new descriptor that nothing else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let pidfd = pidfd_open(pid, PidfdFlags::empty()).map_err(|e| AttachError::NoProcess {
+        pid,
+        source: e.into(),
+    })?;
     let inode = peer_socket_inode(peer, local)?;
     let wanted = format!("socket:[{inode}]");
     let fds = fs::read_dir(format!("/proc/{pid}/fd"))
-        .map_err(|e| format!("cannot list the files of process {pid}: {e}"))?;
+        .map_err(|source| AttachError::Files { pid, source })?;
     let holds = fds.flatten().any(|entry| {
         fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == wanted.as_str())
     });
     if !holds {
-        return Err(format!(
-            "process {pid} does not hold this connection (its socket {wanted})"
-        ));
+        return Err(AttachError::NotHolder {
+            pid,
+            socket: wanted,
+        });
     }
     let peer = Peer {
         pid,
@@ -193,39 +266,40 @@ pub(crate) fn verify(
         socket: -1,
     };
     if !peer.alive() {
-        return Err(format!("process {pid} has exited"));
+        return Err(AttachError::Exited(pid));
     }
     let mut seen = [0u8; 16];
     peer.read_from(&mut seen, &[(probe_address, 16)])
-        .map_err(|e| format!("cannot read the memory of process {pid}: {e}"))?;
+        .map_err(|source| AttachError::Memory { pid, source })?;
     if seen != probe {
-        return Err(format!(
-            "the probe at {probe_address:#x} in process {pid} does not match"
-        ));
+        return Err(AttachError::ProbeMismatch {
+            pid,
+            address: probe_address,
+        });
     }
     Ok(peer)
 }
 
 /// The inode of the caller's end of the TCP connection `local ↔ peer` (this node's end is
 /// `local`), from `/proc/net/tcp` or `/proc/net/tcp6` of the node's network namespace.
-fn peer_socket_inode(peer: SocketAddr, local: SocketAddr) -> Result<u64, String> {
+fn peer_socket_inode(peer: SocketAddr, local: SocketAddr) -> Result<u64, AttachError> {
     let table = match peer.ip() {
         IpAddr::V4(_) => "/proc/net/tcp",
         IpAddr::V6(_) => "/proc/net/tcp6",
     };
-    let text = fs::read_to_string(table).map_err(|e| format!("cannot read {table}: {e}"))?;
+    let text =
+        fs::read_to_string(table).map_err(|source| AttachError::SocketTable { table, source })?;
     let (want_local, want_remote) = (proc_address(peer), proc_address(local));
     for line in text.lines().skip(1) {
         let fields: Vec<&str> = line.split_whitespace().collect();
         if fields.len() > 9 && fields[1] == want_local && fields[2] == want_remote {
-            return fields[9]
-                .parse()
-                .map_err(|_| format!("bad inode in {table}: {line}"));
+            return fields[9].parse().map_err(|_| AttachError::BadInode {
+                table,
+                line: line.to_string(),
+            });
         }
     }
-    Err(format!(
-        "the caller's end {peer} of this connection is not a socket of this machine"
-    ))
+    Err(AttachError::NotLocal(peer))
 }
 
 /// How `/proc/net/tcp{,6}` writes an address: the address as 32-bit words in the machine's
@@ -270,25 +344,57 @@ mod tests {
         let attached = verify(me, peer, local, at, *probe).unwrap();
         assert!(attached.alive());
         // A wrong probe, another process, and a connection this process does not hold.
-        assert!(verify(me, peer, local, at, [0; 16])
-            .unwrap_err()
-            .contains("probe"));
+        assert!(matches!(
+            verify(me, peer, local, at, [0; 16]),
+            Err(AttachError::ProbeMismatch { .. })
+        ));
         let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
         let other = verify(child.id(), peer, local, at, *probe).unwrap_err();
-        assert!(other.contains("does not hold"), "{other}");
+        assert!(matches!(other, AttachError::NotHolder { .. }), "{other}");
+        assert!(other.to_string().contains("does not hold"), "{other}");
         child.kill().unwrap();
         child.wait().unwrap();
         let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert!(verify(me, elsewhere, local, at, *probe).is_err());
-        assert!(verify(0, peer, local, at, *probe).is_err());
+        assert!(matches!(
+            verify(me, elsewhere, local, at, *probe),
+            Err(AttachError::NotLocal(_))
+        ));
+        assert!(matches!(
+            verify(0, peer, local, at, *probe),
+            Err(AttachError::NotAProcessId(0))
+        ));
         let remote: SocketAddr = "10.1.2.3:4000".parse().unwrap();
-        assert!(verify(me, remote, local, at, *probe)
-            .unwrap_err()
-            .contains("loopback"));
+        assert!(matches!(
+            verify(me, remote, local, at, *probe),
+            Err(AttachError::NotLoopback(_))
+        ));
         drop(client);
+    }
+
+    #[test]
+    fn a_caller_that_shuts_its_sending_side_has_given_up() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        let probe: Box<[u8; 16]> = Box::new([3; 16]);
+        let me = std::process::id();
+        let at = probe.as_ptr() as u64;
+        let unwatched = verify(me, peer, server.local_addr().unwrap(), at, *probe).unwrap();
+        assert!(!unwatched.gave_up(), "no connection watched");
+        let attached = unwatched.watching(server.as_raw_fd());
+        assert!(!attached.gave_up());
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        let since = std::time::Instant::now();
+        while !attached.gave_up() {
+            assert!(since.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(attached);
+        drop(server);
     }
 
     #[test]

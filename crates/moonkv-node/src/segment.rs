@@ -4,6 +4,16 @@
 //!
 //! Access goes through [`ReadView`] / [`WriteView`], which hold a range lock for their bytes;
 //! that is what makes handing out `&[u8]` / `&mut [u8]` over the shared allocation sound.
+//!
+//! Unsafe code here, and why it is sound: [`SegmentMemory`] owns one allocation from
+//! `alloc_zeroed`, freed exactly once, in `Drop`. Every slice over it is made by a view whose
+//! range was bounds-checked when the view was made, which borrows the memory (so it cannot
+//! outlive the allocation) and holds a range guard for its life: shared for a `ReadView`,
+//! exclusive for a `WriteView`, so no writer ever overlaps another holder; this is also what
+//! the `Send` / `Sync` impls rely on. `prefault` touches the allocation only inside its bounds
+//! and before the segment serves, and `madvise` changes none of its bytes.
+
+#![allow(unsafe_code)]
 
 use crate::claims::Claims;
 use crate::range_lock::{RangeGuard, RangeLock};
@@ -19,12 +29,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// Alignment of every segment: one page.
-pub const PAGE_SIZE: usize = 4096;
+pub(crate) const PAGE_SIZE: usize = 4096;
 /// Alignment of segment memory. Kept at the allocator's natural alignment on purpose: a larger
 /// alignment makes the system allocator zero every byte up front (touching the whole segment),
 /// while this one takes the calloc path, whose large blocks come from fresh, lazily zeroed
 /// pages — a 1 GiB segment costs nothing until it is written.
-pub const SEGMENT_ALIGN: usize = 16;
+pub(crate) const SEGMENT_ALIGN: usize = 16;
 
 /// The bytes of one mounted segment.
 pub struct SegmentMemory {
@@ -77,24 +87,24 @@ impl SegmentMemory {
     /// or a write per page where the kernel lacks it), so the first fill of the cache does not
     /// pay a page fault per 4 KiB and a segment the machine cannot hold fails at start, not
     /// mid-put. Only before the segment serves: the fallback writes zeros.
-    pub fn prefault(&self) -> std::io::Result<()> {
+    pub(crate) fn prefault(&self) -> std::io::Result<()> {
         let (base, len) = (self.ptr.as_ptr(), self.layout.size());
         // The allocation starts wherever calloc put it: populate its whole pages, then touch the
         // partial ones at either end.
         let skip = base.align_offset(PAGE_SIZE).min(len);
         let whole = (len - skip) / PAGE_SIZE * PAGE_SIZE;
         let populated = whole == 0 || {
+            use rustix::mm::{madvise, Advice};
             // SAFETY: `[base + skip, base + skip + whole)` lies inside this segment's own
             // allocation and is page-aligned; populating changes no byte of it.
-            let rc =
-                unsafe { libc::madvise(base.add(skip).cast(), whole, libc::MADV_POPULATE_WRITE) };
-            if rc != 0 {
-                let error = std::io::Error::last_os_error();
-                if error.raw_os_error() != Some(libc::EINVAL) {
-                    return Err(error);
-                }
+            let advised =
+                unsafe { madvise(base.add(skip).cast(), whole, Advice::LinuxPopulateWrite) };
+            match advised {
+                Ok(()) => true,
+                // A kernel without MADV_POPULATE_WRITE: touched page by page below.
+                Err(rustix::io::Errno::INVAL) => false,
+                Err(e) => return Err(e.into()),
             }
-            rc == 0
         };
         let touch = |offset: usize| {
             // SAFETY: `offset < len`, inside the allocation; the segment is zeroed and does not
@@ -113,19 +123,19 @@ impl SegmentMemory {
     }
 
     /// Records a committed replica (replacing any entry overlapping its range).
-    pub fn catalog_commit(&self, entry: CatalogEntry) {
+    pub(crate) fn catalog_commit(&self, entry: CatalogEntry) {
         let mut catalog = self.catalog.lock();
         forget_overlapping(&mut catalog, entry.address, entry.len);
         catalog.insert(entry.address, entry);
     }
 
     /// Forgets every catalog entry overlapping `[address, address + len)`.
-    pub fn catalog_forget(&self, address: u64, len: u64) {
+    pub(crate) fn catalog_forget(&self, address: u64, len: u64) {
         forget_overlapping(&mut self.catalog.lock(), address, len);
     }
 
     /// Forgets the entries at these addresses (the master did not adopt them).
-    pub fn catalog_forget_at(&self, addresses: &[u64]) {
+    pub(crate) fn catalog_forget_at(&self, addresses: &[u64]) {
         let mut catalog = self.catalog.lock();
         for a in addresses {
             catalog.remove(a);
@@ -133,17 +143,17 @@ impl SegmentMemory {
     }
 
     /// Forgets every entry.
-    pub fn catalog_clear(&self) {
+    pub(crate) fn catalog_clear(&self) {
         self.catalog.lock().clear();
     }
 
     /// The committed replicas held here, by address.
-    pub fn catalog_entries(&self) -> Vec<CatalogEntry> {
+    pub(crate) fn catalog_entries(&self) -> Vec<CatalogEntry> {
         self.catalog.lock().values().cloned().collect()
     }
 
     /// Number of committed replicas held here.
-    pub fn catalog_len(&self) -> usize {
+    pub(crate) fn catalog_len(&self) -> usize {
         self.catalog.lock().len()
     }
 
@@ -158,17 +168,21 @@ impl SegmentMemory {
     }
 
     /// Size in bytes.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.layout.size() as u64
     }
 
     /// Range-lock acquisitions that had to wait, and the microseconds they waited in total.
-    pub fn range_lock_waits(&self) -> (u64, u64) {
+    pub(crate) fn range_lock_waits(&self) -> (u64, u64) {
         self.locks.waits()
     }
 
     /// Checks `[address, address + length)` and returns its offset.
-    pub fn check(&self, address: u64, length: u64) -> std::result::Result<usize, DataStatus> {
+    pub(crate) fn check(
+        &self,
+        address: u64,
+        length: u64,
+    ) -> std::result::Result<usize, DataStatus> {
         check_range(self.base(), self.size(), address, length)
     }
 
@@ -278,7 +292,7 @@ impl std::ops::DerefMut for WriteView<'_> {
 
 impl SegmentMemory {
     /// Copies `[address, address + out.len())` into `out` under the range lock.
-    pub async fn copy_out(
+    pub(crate) async fn copy_out(
         &self,
         address: u64,
         out: &mut [u8],
@@ -289,7 +303,11 @@ impl SegmentMemory {
     }
 
     /// Copies `data` to `[address, address + data.len())` under the range lock.
-    pub async fn copy_in(&self, address: u64, data: &[u8]) -> std::result::Result<(), DataStatus> {
+    pub(crate) async fn copy_in(
+        &self,
+        address: u64,
+        data: &[u8],
+    ) -> std::result::Result<(), DataStatus> {
         let mut view = self.write_view(address, data.len() as u64).await?;
         view.copy_from_slice(data);
         Ok(())
@@ -298,7 +316,7 @@ impl SegmentMemory {
 
 /// A segment as a store in this process reaches it: with the node's grant checks and replica
 /// claims, so an in-process copy obeys the same rules as a request over the network.
-pub struct LocalView {
+pub(crate) struct LocalView {
     memory: Arc<SegmentMemory>,
     grant_key: Option<Secret>,
     claims: Arc<Claims>,
@@ -306,7 +324,11 @@ pub struct LocalView {
 
 impl LocalView {
     /// `memory` checked with `grant_key` (none: open, like the node's data plane) and `claims`.
-    pub fn new(memory: Arc<SegmentMemory>, grant_key: Option<Secret>, claims: Arc<Claims>) -> Self {
+    pub(crate) fn new(
+        memory: Arc<SegmentMemory>,
+        grant_key: Option<Secret>,
+        claims: Arc<Claims>,
+    ) -> Self {
         Self {
             memory,
             grant_key,

@@ -148,7 +148,7 @@ impl Store {
     fn lazy(config: StoreConfig) -> Result<Store> {
         let tenant = checked_tenant(&config.tenant)?;
         moonkv_dataplane::same_host::enabled_by_env()
-            .map_err(|why| Error::new(ErrorCode::INVALID_PARAMS, why))?;
+            .map_err(|why| Error::new(ErrorCode::INVALID_PARAMS, why.to_string()))?;
         let mut master_config = MasterClientConfig::new(config.master_addr.clone());
         if let Some(id) = config.client_id {
             master_config.client_id = id;

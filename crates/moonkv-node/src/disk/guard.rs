@@ -80,17 +80,11 @@ impl DirLock {
 
 /// An exclusive, non-blocking `flock` on `file`: false when another open file holds it.
 fn try_lock(file: &File) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: the descriptor belongs to `file`, which outlives the call; flock only reads it.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(e)
+    use rustix::fs::{flock, FlockOperation};
+    match flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -113,19 +107,8 @@ pub fn free_space(dir: &Path) -> io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `path` is a valid NUL-terminated string and `stat` points to writable memory
-    // the size of a `statvfs`, which the call fills in when it returns 0.
-    let rc = unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the call succeeded, so the structure is initialised.
-    let stat = unsafe { stat.assume_init() };
-    // Both fields are 64-bit on the Linux targets; the conversion keeps other widths honest.
-    #[allow(clippy::useless_conversion)]
-    let (blocks, size) = (u64::from(stat.f_bavail), u64::from(stat.f_frsize));
-    Ok(blocks.saturating_mul(size))
+    let stat = rustix::fs::statvfs(path.as_c_str())?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 #[cfg(test)]
@@ -140,9 +123,24 @@ mod tests {
     }
 
     #[test]
+    fn a_held_lock_is_refused_without_waiting_and_free_once_released() {
+        let path = std::env::temp_dir().join(format!("moonkv-flock-{}", std::process::id()));
+        let open = || File::create(&path).unwrap();
+        let (first, second) = (open(), open());
+        assert!(try_lock(&first).unwrap());
+        assert!(!try_lock(&second).unwrap(), "held by another open file");
+        drop(first);
+        assert!(try_lock(&second).unwrap());
+        drop(second);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
     fn free_space_is_reported_and_bad_paths_fail() {
         let here = std::env::temp_dir();
         assert!(free_space(&here).unwrap() > 0);
         assert!(free_space(Path::new("/definitely/not/here")).is_err());
+        let nul = free_space(Path::new("bad\0path")).unwrap_err();
+        assert_eq!(nul.kind(), io::ErrorKind::InvalidInput);
     }
 }

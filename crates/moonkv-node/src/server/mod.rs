@@ -1,0 +1,347 @@
+//! The node side of the data plane: accepts connections and serves reads and writes of the
+//! segments in its table, and of the files of its disk, one request at a time per connection.
+//! With a shared secret, a connection must open with the authentication handshake and every
+//! request must carry a grant covering it (`docs/data-plane.md`).
+//!
+//! This module holds what a connection is served with ([`Access`], the served table, the
+//! counters), the listener ([`DataServer`], its accept loop and the TLS opening of a
+//! connection) and the answers every operation shares (`respond`, `refuse`, `refuse_write`).
+//! The rest is split by operation:
+//!
+//! - `requests`: the request loop of one connection — header, grant check, dispatch, STATS.
+//! - `handshake`: the authentication hello and proof, and ATTACH (same-host copies).
+//! - `memory`: READ / WRITE of segment bytes over the socket.
+//! - `same_host`: READ_LOCAL / WRITE_LOCAL, copied straight to and from the caller's memory.
+//! - `file`: FILE_READ / FILE_WRITE of the disk tier's files.
+
+mod file;
+mod handshake;
+mod memory;
+mod requests;
+mod same_host;
+
+use crate::claims::Claims;
+use crate::disk::DiskStore;
+use crate::segment::SegmentMemory;
+use crate::timed::{Deadlines, Timed};
+use moonkv_dataplane::header::{DataOp, DataStatus, NodeStats, RequestHeader, ResponseHeader};
+use moonkv_dataplane::stream::{Stream, TlsAcceptor};
+use moonkv_proto::auth::Secret;
+use moonkv_proto::SegmentId;
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// A refused write at most this long has its payload read and discarded so the connection stays
+/// usable; a longer one is answered and the connection closed.
+pub(crate) const MAX_DRAIN_BYTES: u64 = 64 << 20;
+
+/// A connection as the request loop sees it: buffered both ways.
+pub(crate) type Conn = BufReader<BufWriter<Timed<Stream>>>;
+
+/// Buffer of each direction of a connection: pipelined small requests and answers coalesce up
+/// to this size; larger payloads go straight between the socket and segment memory.
+const CONNECTION_BUFFER: usize = 64 << 10;
+
+/// Segments a node serves, by id.
+pub type SegmentTable = Arc<RwLock<HashMap<SegmentId, Arc<SegmentMemory>>>>;
+
+/// What a node requires of data-plane callers.
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    /// Callers must complete the handshake proving this secret.
+    pub secret: Option<Secret>,
+    /// Requests must carry a grant signed with this key.
+    pub grant_key: Option<Secret>,
+    /// Set: connections must open with a TLS handshake.
+    pub tls: Option<TlsAcceptor>,
+    /// Which replica owns which range, checked with every grant (shared with the in-process
+    /// copy path of an embedding store).
+    pub claims: Arc<Claims>,
+    /// How long a caller may make no progress inside a request, and stay idle between them.
+    pub deadlines: Deadlines,
+    /// Most connections open at once; more are closed at accept (`None`: no cap).
+    pub max_connections: Option<usize>,
+    /// Decline same-host copies: callers on this machine move bytes over the socket too.
+    pub refuse_same_host: bool,
+    /// The master this node mounts its segments on, told to callers in STATS answers (so a
+    /// standalone client that knows only the node finds the cluster).
+    pub master_addr: Option<String>,
+}
+
+/// Everything a node serves: its segments and, optionally, its disk, to the callers `access`
+/// admits.
+pub(crate) struct Served {
+    pub(crate) segments: SegmentTable,
+    pub(crate) disk: Option<Arc<DiskStore>>,
+    access: Access,
+    pub(crate) counters: Counters,
+    pub(crate) metrics: crate::metrics::DataMetrics,
+}
+
+/// The node's data-plane counters (answered to STATS requests).
+#[derive(Default)]
+pub(crate) struct Counters {
+    opened: AtomicU64,
+    open: AtomicU64,
+    requests: AtomicU64,
+    same_host: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> NodeStats {
+        NodeStats {
+            connections_opened: self.opened.load(Ordering::Relaxed),
+            connections_open: self.open.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            same_host_requests: self.same_host.load(Ordering::Relaxed),
+            master: None,
+        }
+    }
+}
+
+/// Counts a connection as open while it lives.
+struct OpenConnection(Arc<Served>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.counters.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Served {
+    fn segment(&self, id: SegmentId) -> Option<Arc<SegmentMemory>> {
+        self.segments.read().get(&id).cloned()
+    }
+
+    fn disk(&self, id: SegmentId) -> Option<&Arc<DiskStore>> {
+        self.disk.as_ref().filter(|d| d.id() == id)
+    }
+}
+
+/// A running data-plane listener.
+pub struct DataServer {
+    served: Arc<Served>,
+    local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DataServer {
+    /// Starts serving `table` (memory only, no authentication) on an already bound listener.
+    pub fn spawn(listener: TcpListener, table: SegmentTable) -> io::Result<DataServer> {
+        Self::spawn_with_disk(listener, table, None, Access::default())
+    }
+
+    /// Starts serving `table` and the files of `disk` on an already bound listener, to the
+    /// callers `access` admits.
+    pub fn spawn_with_disk(
+        listener: TcpListener,
+        table: SegmentTable,
+        disk: Option<Arc<DiskStore>>,
+        access: Access,
+    ) -> io::Result<DataServer> {
+        let local_addr = listener.local_addr()?;
+        let (stop, stopped) = watch::channel(false);
+        let served = Arc::new(Served {
+            segments: table,
+            disk,
+            access,
+            counters: Counters::default(),
+            metrics: Default::default(),
+        });
+        let task = tokio::spawn(accept_loop(listener, served.clone(), stopped));
+        Ok(DataServer {
+            served,
+            local_addr,
+            stop,
+            task,
+        })
+    }
+
+    /// Address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Connections accepted and open, requests answered.
+    pub(crate) fn stats(&self) -> NodeStats {
+        self.served.counters.snapshot()
+    }
+
+    /// The node's Prometheus metrics (data plane, range locks, disk).
+    pub(crate) fn metrics(&self) -> crate::metrics::NodeMetrics {
+        crate::metrics::NodeMetrics::new(self.served.clone())
+    }
+
+    /// Stops accepting and closes every connection.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    served: Arc<Served>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    // Dropping the set at the end aborts every connection task.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let open_now = served.counters.open.load(Ordering::Relaxed) as usize;
+                    if served.access.max_connections.is_some_and(|max| open_now >= max) {
+                        tracing::warn!(%peer, open_now, "data-plane connection refused: the node's connection cap is reached");
+                        served.metrics.refused_connection();
+                        drop(stream);
+                        continue;
+                    }
+                    let served = served.clone();
+                    served.counters.opened.fetch_add(1, Ordering::Relaxed);
+                    served.counters.open.fetch_add(1, Ordering::Relaxed);
+                    let open = OpenConnection(served.clone());
+                    connections.spawn(async move {
+                        let _open = open;
+                        if let Err(e) = open_and_serve(stream, served).await {
+                            tracing::debug!(%peer, error = %e, "data-plane connection ended");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "data-plane accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// How long a new connection may take to finish its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Performs the TLS handshake when the node requires it, then serves the connection.
+///
+/// Until the caller has sent a byte, the connection costs only this small future: the TLS
+/// state, the request loop and its buffers (`CONNECTION_BUFFER` each way) are allocated once
+/// a byte has come, so a flood of connections that stay silent, or close, costs next to
+/// nothing.
+async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut first = [0u8; 1];
+    // Like the rest of a request's header, the first byte must come within the I/O deadline.
+    match tokio::time::timeout(served.access.deadlines.io, stream.peek(&mut first)).await {
+        Ok(Ok(0)) | Err(_) => return Ok(()),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(e),
+    }
+    Box::pin(open_and_serve_sending(stream, served)).await
+}
+
+/// [`open_and_serve`] once the caller has sent its first byte.
+async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
+    // Same-host copies are offered only on plain connections from this machine.
+    let ends = match (stream.peer_addr(), stream.local_addr()) {
+        (Ok(peer), Ok(local)) if served.access.tls.is_none() && !served.access.refuse_same_host => {
+            Some(crate::same_host::Ends {
+                peer,
+                local,
+                socket: std::os::fd::AsRawFd::as_raw_fd(&stream),
+            })
+        }
+        _ => None,
+    };
+    let stream = match &served.access.tls {
+        None => Stream::Plain(stream),
+        Some(tls) => {
+            let mut first = [0u8; 1];
+            let peeked = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await;
+            if !matches!(peeked, Ok(Ok(1))) || !moonkv_proto::tls::looks_like_tls(first[0]) {
+                // A plaintext caller: close without a TLS alert it could not read anyway.
+                served.metrics.refused_handshake();
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "plaintext caller on the TLS data plane",
+                ));
+            }
+            tls.accept(stream, TLS_HANDSHAKE_TIMEOUT)
+                .await
+                .inspect_err(|e| {
+                    served.metrics.refused_handshake();
+                    tracing::warn!(error = %e, "data-plane TLS handshake failed")
+                })?
+        }
+    };
+    serve_connection(stream, served, ends).await
+}
+
+/// Serves one connection until the peer closes it or sends something unrecoverable.
+pub(crate) async fn serve_connection(
+    stream: Stream,
+    served: Arc<Served>,
+    ends: Option<crate::same_host::Ends>,
+) -> io::Result<()> {
+    let deadlines = served.access.deadlines;
+    let mut conn = BufReader::with_capacity(
+        CONNECTION_BUFFER,
+        BufWriter::with_capacity(CONNECTION_BUFFER, Timed::new(stream, deadlines.io)),
+    );
+    let served_until = requests::serve_requests(&mut conn, &served, ends).await;
+    // Answers still buffered (the last one before a close, say) go out before the socket does.
+    let _ = conn.flush().await;
+    served_until
+}
+
+/// Refuses a request with `status`, consuming a write's payload (see [`refuse_write`]).
+async fn refuse(stream: &mut Conn, h: &RequestHeader, status: DataStatus) -> io::Result<()> {
+    if h.op == DataOp::Write as u8 || h.op == DataOp::FileWrite as u8 {
+        refuse_write(stream, h, status).await
+    } else {
+        respond(stream, status, h.request_id).await
+    }
+}
+
+async fn respond(stream: &mut Conn, status: DataStatus, request_id: u64) -> io::Result<()> {
+    stream
+        .write_all(
+            &ResponseHeader {
+                status,
+                request_id,
+                length: 0,
+            }
+            .encode(),
+        )
+        .await
+}
+
+/// Answers a refused write, keeping the stream in step by discarding its payload when that is
+/// cheap enough; otherwise answers and closes.
+async fn refuse_write(stream: &mut Conn, h: &RequestHeader, status: DataStatus) -> io::Result<()> {
+    if h.length > MAX_DRAIN_BYTES {
+        respond(stream, DataStatus::TooLarge, h.request_id).await?;
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("refused write of {} bytes ({status:?})", h.length),
+        ));
+    }
+    let mut scratch = [0u8; 16 * 1024];
+    let mut left = h.length;
+    while left > 0 {
+        let take = left.min(scratch.len() as u64) as usize;
+        stream.read_exact(&mut scratch[..take]).await?;
+        left -= take as u64;
+    }
+    respond(stream, status, h.request_id).await
+}

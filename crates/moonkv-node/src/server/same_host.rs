@@ -1,0 +1,147 @@
+//! READ_LOCAL and WRITE_LOCAL on an attached connection: the plan naming the caller's ranges,
+//! and the copy between segment memory and those ranges, in steps that each look at the
+//! caller's deadline, process and connection first (see [`crate::same_host`]).
+
+use super::{respond, Conn};
+use crate::segment::SegmentMemory;
+use moonkv_dataplane::header::{DataOp, DataStatus, LocalPlan, RequestHeader};
+use std::io;
+use std::sync::Arc;
+use tokio::io::AsyncReadExt;
+
+/// Reads the plan of a same-host request. A plan listing too many ranges cannot be skipped
+/// safely: answered `BAD_HEADER` and the connection closed (`Err`). One whose ranges do not add
+/// up to the header's length is consumed and refused (`Ok(Err)`).
+pub(super) async fn read_plan(
+    stream: &mut Conn,
+    h: &RequestHeader,
+) -> io::Result<Result<LocalPlan, DataStatus>> {
+    let mut fixed = [0u8; LocalPlan::FIXED_LEN];
+    stream.read_exact(&mut fixed).await?;
+    let Some(count) = LocalPlan::count(&fixed) else {
+        respond(stream, DataStatus::BadHeader, h.request_id).await?;
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "same-host request with too many ranges",
+        ));
+    };
+    let mut ranges = vec![0u8; count * 16];
+    stream.read_exact(&mut ranges).await?;
+    Ok(LocalPlan::decode(&fixed, &ranges, h.length).ok_or(DataStatus::OutOfRange))
+}
+
+/// Bytes a same-host copy moves between two looks at the caller's deadline and the runtime.
+const LOCAL_STEP: usize = 4 << 20;
+
+/// Serves READ_LOCAL / WRITE_LOCAL: the range is checked and locked exactly as for READ / WRITE,
+/// then copied straight between segment memory and the caller's ranges, in steps, each only
+/// while the caller's deadline has not passed and the caller still runs.
+pub(super) async fn serve_local(
+    stream: &mut Conn,
+    h: &RequestHeader,
+    segment: Option<Arc<SegmentMemory>>,
+    peer: Option<&crate::same_host::Peer>,
+    plan: &LocalPlan,
+) -> io::Result<bool> {
+    let Some(segment) = segment else {
+        return respond(stream, DataStatus::UnknownSegment, h.request_id)
+            .await
+            .map(|()| false);
+    };
+    let Some(peer) = peer else {
+        return respond(stream, DataStatus::LocalRefused, h.request_id)
+            .await
+            .map(|()| false);
+    };
+    // The views check the range, as for READ / WRITE.
+    let copied = if h.op == DataOp::WriteLocal as u8 {
+        match segment.write_view(h.address, h.length).await {
+            Ok(mut view) => {
+                let mid = crate::failpoints::WRITE_MID_PAYLOAD;
+                copy_local(peer, plan, view.len(), mid, |at, end, ranges| {
+                    peer.read_from(&mut view[at..end], ranges)
+                })
+                .await
+            }
+            Err(status) => Err(status),
+        }
+    } else {
+        match segment.read_view(h.address, h.length).await {
+            Ok(view) => {
+                let mid = crate::failpoints::READ_MID_PAYLOAD;
+                copy_local(peer, plan, view.len(), mid, |at, end, ranges| {
+                    peer.write_to(&view[at..end], ranges)
+                })
+                .await
+            }
+            Err(status) => Err(status),
+        }
+    };
+    let status = copied.err().unwrap_or(DataStatus::Ok);
+    respond(stream, status, h.request_id)
+        .await
+        .map(|()| status == DataStatus::Ok)
+}
+
+/// Runs `step(from, to, caller ranges)` over `len` bytes in steps of at most [`LOCAL_STEP`];
+/// with fault points compiled in, a step ends half-way and passes `mid` there, as the socket
+/// path does.
+async fn copy_local(
+    peer: &crate::same_host::Peer,
+    plan: &LocalPlan,
+    len: usize,
+    mid: &str,
+    mut step: impl FnMut(usize, usize, &[(u64, u64)]) -> io::Result<()>,
+) -> Result<(), DataStatus> {
+    let half = cfg!(feature = "failpoints").then_some(len / 2);
+    if half == Some(0) {
+        crate::failpoints::hit(mid);
+    }
+    let mut at = 0;
+    while at < len {
+        // Past the deadline, the caller gone, or the caller shut its side of the connection
+        // (it gave up the call and waits for this node to let go of its memory): no more steps.
+        if moonkv_dataplane::same_host::monotonic_now_ns() >= plan.deadline_ns
+            || !peer.alive()
+            || peer.gave_up()
+        {
+            return Err(DataStatus::LocalRefused);
+        }
+        // The worst moment to be descheduled: checks passed, copy not started.
+        crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
+        let mut end = (at + LOCAL_STEP).min(len);
+        if let Some(half) = half.filter(|h| at < *h) {
+            end = end.min(half);
+        }
+        let ranges = ranges_between(&plan.ranges, at as u64, (end - at) as u64);
+        if let Err(e) = step(at, end, &ranges) {
+            tracing::debug!(error = %e, "same-host copy failed");
+            return Err(DataStatus::LocalRefused);
+        }
+        at = end;
+        if half == Some(at) {
+            crate::failpoints::hit(mid);
+        }
+        if at < len {
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(())
+}
+
+/// The part of `ranges` (laid end to end) covering bytes `[from, from + len)`.
+fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
+    let (end, mut pos) = (from + len, 0u64);
+    let mut out = Vec::new();
+    for &(address, size) in ranges {
+        let (start, stop) = (pos.max(from), (pos + size).min(end));
+        if start < stop {
+            out.push((address + (start - pos), stop - start));
+        }
+        pos += size;
+        if pos >= end {
+            break;
+        }
+    }
+    out
+}
