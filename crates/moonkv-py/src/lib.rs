@@ -29,6 +29,13 @@ mod settings;
 
 use pyo3::prelude::*;
 
+/// Runs the `moonkv` command with `argv` (program name first) and returns its exit status;
+/// the package's `moonkv` script calls it. The interpreter lock is released for the whole run.
+#[pyfunction]
+fn _cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    py.detach(|| moonkv::main_with_args(argv))
+}
+
 #[pymodule]
 fn _moonkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dropin::DropIn>()?;
@@ -41,6 +48,7 @@ fn _moonkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::_install, m)?)?;
     m.add_function(wrap_pyfunction!(engine::_close_all, m)?)?;
     m.add_function(wrap_pyfunction!(replica::_bytearray_address, m)?)?;
+    m.add_function(wrap_pyfunction!(_cli_main, m)?)?;
     m.add("MAX_KEY_LEN", moonkv_proto::MAX_KEY_LEN)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

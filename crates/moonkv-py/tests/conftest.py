@@ -1,8 +1,8 @@
 """Fixtures: a real `moonkv master` on loopback with ephemeral ports, and stores set up on it.
 
-The binary is `$MOONKV_BIN`, else `target/debug/moonkv` of this repository (`cargo build -p
-moonkv`). Tests import the installed package (`pip install ./crates/moonkv-py`), never the
-source tree.
+The command is `$MOONKV_BIN` if set, else the `moonkv` script the installed package put beside
+this interpreter (`pip install ./crates/moonkv-py`, or the wheel), else `moonkv` on `PATH`.
+Tests import the installed package, never the source tree.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import ctypes
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,9 +28,16 @@ WAIT = 30.0
 
 
 def moonkv_bin() -> str:
-    path = os.environ.get("MOONKV_BIN") or str(REPO / "target" / "debug" / "moonkv")
-    if not Path(path).is_file():
-        pytest.exit(f"moonkv binary not found at {path}: run `cargo build -p moonkv` or set MOONKV_BIN", 2)
+    path = os.environ.get("MOONKV_BIN")
+    if path is None:
+        beside = Path(sys.executable).parent / "moonkv"
+        path = str(beside) if beside.is_file() else shutil.which("moonkv")
+    if not path or not Path(path).is_file():
+        pytest.exit(
+            f"moonkv command not found (looked at {path or 'PATH'}): install the package "
+            "(pip install ./crates/moonkv-py) or set MOONKV_BIN",
+            2,
+        )
     return path
 
 

@@ -16,7 +16,6 @@ mod up_cmd;
 
 use clap::{Parser, Subcommand};
 
-
 /// moonkv: a distributed KV-cache store for LLM serving.
 #[derive(Parser, Debug)]
 #[command(version, about, propagate_version = true)]
