@@ -42,6 +42,7 @@ impl Granting {
             deadlines: Default::default(),
             max_connections: None,
             refuse_same_host: false,
+            same_host_other_users: false,
             master_addr: None,
         };
         let server = DataServer::spawn_with_disk(listener, table, None, access).unwrap();

@@ -54,6 +54,8 @@ pub(crate) struct DataMetrics {
     latency: [Histogram; OPS.len()],
     refused_grants: [AtomicU64; REFUSALS.len()],
     refused_handshakes: AtomicU64,
+    handshake_timeouts: AtomicU64,
+    refused_attaches: AtomicU64,
     refused_connections: AtomicU64,
 }
 
@@ -67,6 +69,8 @@ impl Default for DataMetrics {
             latency: std::array::from_fn(|_| Histogram::new(exponential_buckets(1e-5, 2.0, 20))),
             refused_grants: Default::default(),
             refused_handshakes: AtomicU64::new(0),
+            handshake_timeouts: AtomicU64::new(0),
+            refused_attaches: AtomicU64::new(0),
             refused_connections: AtomicU64::new(0),
         }
     }
@@ -95,6 +99,14 @@ impl DataMetrics {
     }
 
     /// Counts a connection refused at the handshake (TLS, missing or wrong proof).
+    pub(crate) fn handshake_timed_out(&self) {
+        self.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused_attach(&self) {
+        self.refused_attaches.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn refused_handshake(&self) {
         self.refused_handshakes.fetch_add(1, Ordering::Relaxed);
     }
@@ -218,6 +230,18 @@ impl Collector for NodeCollector {
             "node_refused_handshakes",
             "data-plane connections refused at the handshake (TLS, missing or wrong proof)",
             load(&m.refused_handshakes),
+        )?;
+        counter(
+            e,
+            "node_handshake_timeouts",
+            "data-plane connections closed because their first byte, TLS, hello or proof did not come within the handshake deadline",
+            load(&m.handshake_timeouts),
+        )?;
+        counter(
+            e,
+            "node_refused_attaches",
+            "same-host ATTACH requests refused (checks failed, another user, copies off, or a second ATTACH on one connection)",
+            load(&m.refused_attaches),
         )?;
         counter(
             e,

@@ -81,6 +81,8 @@ pub struct NodeConfig {
     /// Decline same-host copies (`docs/data-plane.md`): callers on this machine then move
     /// bytes over the socket like remote ones.
     pub refuse_same_host: bool,
+    /// Attach same-host callers of another user too (see `Access::same_host_other_users`).
+    pub same_host_other_users: bool,
 }
 
 impl NodeConfig {
@@ -109,6 +111,7 @@ impl NodeConfig {
             data_deadlines: crate::Deadlines::default(),
             data_max_connections: 4096,
             refuse_same_host: false,
+            same_host_other_users: false,
         }
         .with_secrets(
             moonkv_proto::auth::Secret::from_env(),
@@ -215,6 +218,7 @@ impl Node {
             deadlines: config.data_deadlines,
             max_connections: Some(config.data_max_connections),
             refuse_same_host: config.refuse_same_host,
+            same_host_other_users: config.same_host_other_users,
             master_addr: Some(config.master_addr.clone()),
         };
         let local_views: Vec<Arc<dyn LocalSegment>> = memories

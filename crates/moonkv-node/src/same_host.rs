@@ -218,9 +218,28 @@ pub(crate) enum AttachError {
     /// The probe bytes in the process are not the ones the caller sent.
     #[error("the probe at {address:#x} in process {pid} does not match")]
     ProbeMismatch { pid: Pid, address: u64 },
+    /// The process belongs to another user, and the node attaches its own user's only.
+    #[error("process {pid} runs as uid {uid}, not as the node's uid {node}")]
+    OtherUser { pid: Pid, uid: u32, node: u32 },
     /// The blocking task that ran the checks failed.
     #[error("verification failed: {0}")]
     Verification(#[source] tokio::task::JoinError),
+}
+
+/// Refuses a process of another user than the node's: a node that may reach any process's
+/// memory (root, `CAP_SYS_PTRACE`) would otherwise copy into processes that merely inherited a
+/// caller's socket. The owner of `/proc/PID` is the process's effective uid.
+pub(crate) fn same_user(pid: Pid) -> Result<(), AttachError> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = fs::metadata(format!("/proc/{pid}"))
+        .map_err(|source| AttachError::Files { pid, source })?
+        .uid();
+    let node = rustix::process::geteuid().as_raw();
+    if uid == node {
+        Ok(())
+    } else {
+        Err(AttachError::OtherUser { pid, uid, node })
+    }
 }
 
 /// Checks that process `pid` is the caller at the other end of the connection `local ↔ peer`
@@ -232,6 +251,7 @@ pub(crate) fn verify(
     local: SocketAddr,
     probe_address: u64,
     probe: [u8; 16],
+    other_users: bool,
 ) -> Result<Peer, AttachError> {
     // An IPv4 caller of a node listening on `[::]` shows as `::ffff:127.0.0.1`.
     if !peer.ip().to_canonical().is_loopback() {
@@ -247,6 +267,9 @@ pub(crate) fn verify(
         pid,
         source: e.into(),
     })?;
+    if !other_users {
+        same_user(pid)?;
+    }
     let inode = peer_socket_inode(peer, local)?;
     let wanted = format!("socket:[{inode}]");
     let fds = fs::read_dir(format!("/proc/{pid}/fd"))
@@ -341,34 +364,34 @@ mod tests {
         let probe: Box<[u8; 16]> = Box::new(*b"0123456789abcdef");
         let me = std::process::id();
         let at = probe.as_ptr() as u64;
-        let attached = verify(me, peer, local, at, *probe).unwrap();
+        let attached = verify(me, peer, local, at, *probe, false).unwrap();
         assert!(attached.alive());
         // A wrong probe, another process, and a connection this process does not hold.
         assert!(matches!(
-            verify(me, peer, local, at, [0; 16]),
+            verify(me, peer, local, at, [0; 16], false),
             Err(AttachError::ProbeMismatch { .. })
         ));
         let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
-        let other = verify(child.id(), peer, local, at, *probe).unwrap_err();
+        let other = verify(child.id(), peer, local, at, *probe, false).unwrap_err();
         assert!(matches!(other, AttachError::NotHolder { .. }), "{other}");
         assert!(other.to_string().contains("does not hold"), "{other}");
         child.kill().unwrap();
         child.wait().unwrap();
         let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert!(matches!(
-            verify(me, elsewhere, local, at, *probe),
+            verify(me, elsewhere, local, at, *probe, false),
             Err(AttachError::NotLocal(_))
         ));
         assert!(matches!(
-            verify(0, peer, local, at, *probe),
+            verify(0, peer, local, at, *probe, false),
             Err(AttachError::NotAProcessId(0))
         ));
         let remote: SocketAddr = "10.1.2.3:4000".parse().unwrap();
         assert!(matches!(
-            verify(me, remote, local, at, *probe),
+            verify(me, remote, local, at, *probe, false),
             Err(AttachError::NotLoopback(_))
         ));
         drop(client);
@@ -383,7 +406,7 @@ mod tests {
         let probe: Box<[u8; 16]> = Box::new([3; 16]);
         let me = std::process::id();
         let at = probe.as_ptr() as u64;
-        let unwatched = verify(me, peer, server.local_addr().unwrap(), at, *probe).unwrap();
+        let unwatched = verify(me, peer, server.local_addr().unwrap(), at, *probe, false).unwrap();
         assert!(!unwatched.gave_up(), "no connection watched");
         let attached = unwatched.watching(server.as_raw_fd());
         assert!(!attached.gave_up());
@@ -409,6 +432,7 @@ mod tests {
             server.local_addr().unwrap(),
             probe.as_ptr() as u64,
             *probe,
+            false,
         )
         .unwrap();
         let source: Vec<u8> = (0..100u8).collect();

@@ -48,6 +48,7 @@ async fn secured(node_secret: Option<Secret>) -> Secured {
         deadlines: Default::default(),
         max_connections: None,
         refuse_same_host: false,
+        same_host_other_users: false,
         master_addr: None,
     };
     let server = DataServer::spawn_with_disk(listener, table, Some(disk.clone()), access).unwrap();

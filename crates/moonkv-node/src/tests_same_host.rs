@@ -228,9 +228,25 @@ async fn same_host_requests_are_refused_unless_attached_in_time_and_well_formed(
         child.wait().unwrap();
         assert!(sink.iter().all(|b| *b == 0), "nothing was copied");
 
+        // One ATTACH per connection: even a truthful second one is refused.
+        assert_eq!(
+            attach_raw(&mut stream, std::process::id()).await,
+            DataStatus::LocalRefused
+        );
+        let mut stream = TcpStream::connect(f.addr()).await.unwrap();
         assert_eq!(
             attach_raw(&mut stream, std::process::id()).await,
             DataStatus::Ok
+        );
+        assert_eq!(
+            attach_raw(&mut stream, std::process::id()).await,
+            DataStatus::LocalRefused,
+            "a second ATTACH on an attached connection is refused too"
+        );
+        let refused = f.server.metrics().encode();
+        assert!(
+            refused.contains("node_refused_attaches_total 3"),
+            "three refused ATTACHes counted"
         );
         // A deadline already passed: refused before any byte moves.
         let past = monotonic_now_ns() - 1;
@@ -373,4 +389,65 @@ async fn same_host_requests_need_the_same_grants_as_socket_ones() {
     })
     .await
     .unwrap();
+}
+
+#[test]
+fn a_process_of_another_user_is_not_attached() {
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("skipped: starting a process as another user needs root");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .uid(65534)
+        .spawn()
+        .unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let refused = crate::same_host::same_user(pid);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    match refused {
+        Err(crate::same_host::AttachError::OtherUser {
+            uid: 65534,
+            node: 0,
+            ..
+        }) => {}
+        other => panic!("a process of uid 65534 was not refused: {other:?}"),
+    }
+    let me = rustix::process::Pid::from_raw(std::process::id() as i32).unwrap();
+    assert!(crate::same_host::same_user(me).is_ok());
+}
+
+#[tokio::test]
+async fn a_connection_that_does_not_finish_its_handshake_is_closed_at_the_deadline() {
+    let mut access = Access {
+        secret: Some(
+            moonkv_proto::auth::Secret::new(b"a-data-plane-secret-0123".to_vec()).unwrap(),
+        ),
+        ..Access::default()
+    };
+    access.deadlines.handshake = std::time::Duration::from_millis(300);
+    let f = fixture(access).await;
+    let opened = std::time::Instant::now();
+    // One silent, one that sends the hello and never the proof, one dripping the hello.
+    let mut silent = TcpStream::connect(f.addr()).await.unwrap();
+    let mut half = TcpStream::connect(f.addr()).await.unwrap();
+    let hello = moonkv_dataplane::handshake::hello(&[1u8; moonkv_proto::auth::NONCE_LEN]);
+    half.write_all(&hello).await.unwrap();
+    let mut drip = TcpStream::connect(f.addr()).await.unwrap();
+    drip.write_all(&hello[..4]).await.unwrap();
+    for stream in [&mut silent, &mut half, &mut drip] {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(LIMIT, stream.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "closed within the test's limit");
+    }
+    let closed_after = opened.elapsed();
+    assert!(
+        closed_after >= std::time::Duration::from_millis(250)
+            && closed_after < std::time::Duration::from_secs(5),
+        "closed at the 300 ms deadline, not before nor long after: {closed_after:?}"
+    );
+    let text = f.server.metrics().encode();
+    assert!(text.contains("node_handshake_timeouts_total 3"), "{text}");
 }

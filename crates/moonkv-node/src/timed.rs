@@ -23,6 +23,8 @@ use tokio::time::{Instant, Sleep};
 /// How long a peer may make no progress, and how long a request may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deadlines {
+    /// From accept until the first byte, and, with a secret, until the proof is checked.
+    pub handshake: Duration,
     /// During a request (header, payload, answer).
     pub io: Duration,
     /// Between requests, waiting for the next header.
@@ -34,10 +36,11 @@ pub struct Deadlines {
 }
 
 impl Default for Deadlines {
-    /// 30 s of no progress inside a request; 10 minutes idle between requests; a request may
+    /// 10 s to open (first byte, hello and proof); 30 s of no progress inside a request; 10 minutes idle between requests; a request may
     /// take 60 s plus one second per MiB.
     fn default() -> Self {
         Self {
+            handshake: Duration::from_secs(10),
             io: Duration::from_secs(30),
             idle: Duration::from_secs(600),
             request_floor: Duration::from_secs(60),

@@ -73,6 +73,14 @@ pub struct NodeArgs {
     /// socket instead of letting the node copy them straight to and from their memory.
     #[arg(long)]
     pub no_same_host: bool,
+    /// Attach same-host callers that run as another user too, when this node may reach their
+    /// memory (root or CAP_SYS_PTRACE). Off: only processes of the node's own user.
+    #[arg(long)]
+    pub same_host_other_users: bool,
+    /// A data-plane connection must send its first byte, finish TLS and its hello and proof
+    /// within this long of being accepted, else it is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = positive_duration_flag)]
+    pub data_handshake_timeout: std::time::Duration,
     /// Serve the node's Prometheus metrics on `/metrics` at this address, e.g. `0.0.0.0:9310`
     /// (port 0 picks a free port); unset = no metrics endpoint.
     #[arg(long, value_name = "ADDR")]
@@ -143,6 +151,7 @@ impl NodeArgs {
         config.prefault = self.prefault;
         config.segment_names = self.segment_names.clone();
         config.data_deadlines = moonkv_node::Deadlines {
+            handshake: self.data_handshake_timeout,
             io: self.data_io_timeout,
             idle: self.data_idle_timeout,
             request_floor: self.data_request_floor,
@@ -150,6 +159,7 @@ impl NodeArgs {
         };
         config.data_max_connections = self.data_max_connections as usize;
         config.refuse_same_host = self.no_same_host;
+        config.same_host_other_users = self.same_host_other_users;
         config.data_bind = self.data_bind.clone();
         config.advertise_host = self.advertise_host.clone();
         config.host_id = self.host_id.clone().unwrap_or_else(host_name);

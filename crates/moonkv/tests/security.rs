@@ -375,3 +375,178 @@ fn up_with_a_secret_shares_it_with_its_node() {
         DataStatus::Unauthenticated
     );
 }
+
+/// Whether the peer closed `stream`: end of stream or an error, read without waiting.
+fn closed_by_peer(stream: &mut std::net::TcpStream) -> bool {
+    let _ = stream.set_nonblocking(true);
+    let mut scratch = [0u8; 4096];
+    loop {
+        match stream.read(&mut scratch) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// A connection that sends the first hello and never the proof the challenge asks for.
+fn hello_without_proof(rpc: &str) -> std::net::TcpStream {
+    use moonkv_client::master_client::handshake::Handshake;
+    use moonkv_proto::frame::{self, FrameKind};
+    let mut stream = std::net::TcpStream::connect(rpc).unwrap();
+    let mut out = Vec::new();
+    frame::encode_value(
+        &mut out,
+        FrameKind::Hello,
+        0,
+        0,
+        &Handshake::new("half", None).first_hello(),
+    )
+    .unwrap();
+    stream.write_all(&out).unwrap();
+    stream
+}
+
+/// The value of the metric line starting with `name` (labels included) in `/metrics`.
+fn metric(admin: &str, name: &str) -> f64 {
+    let text = http_get(admin, "/metrics").expect("/metrics answers");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn silent_and_half_handshaken_connections_close_at_the_deadline_and_never_lock_clients_out() {
+    let dir = TempDir::new("handshake");
+    let secret = dir.secret_file();
+    let secret = secret.to_str().unwrap();
+    let master = start(&[
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--auth-secret-file",
+        secret,
+        "--max-connections",
+        "100",
+        "--handshake-timeout",
+        "5s",
+        "--max-handshaking-connections",
+        "300",
+        "--max-handshaking-per-source",
+        "300",
+    ]);
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let _node = start(&[
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "32MiB",
+        "--auth-secret-file",
+        secret,
+    ]);
+    // 400 sockets against 300 handshake places and 100 client slots: 200 that never send a
+    // byte, 200 that send the hello and never the proof.
+    let opened = std::time::Instant::now();
+    let mut attack: Vec<std::net::TcpStream> = Vec::new();
+    for _ in 0..200 {
+        attack.push(std::net::TcpStream::connect(&rpc).unwrap());
+    }
+    for _ in 0..200 {
+        attack.push(hello_without_proof(&rpc));
+    }
+    // An honest client connects and works while they are held.
+    let value = payload(7, 64 << 10);
+    runtime().block_on(async {
+        let store = store(&rpc, "default").await;
+        store
+            .put("honest", &value, &ReplicateConfig::default())
+            .await
+            .expect("an honest put during the flood");
+        assert_eq!(store.get("honest").await.unwrap(), value);
+    });
+    let worked_after = opened.elapsed();
+    let held = attack
+        .iter_mut()
+        .map(closed_by_peer)
+        .filter(|closed| !closed)
+        .count();
+    assert!(
+        held >= 250,
+        "the client must work while the flood is held: {held} of 400 open after {worked_after:?}"
+    );
+    // The oldest 100 made room for newer ones at once; the rest close at the deadline.
+    let until = opened + Duration::from_secs(15);
+    while attack.iter_mut().any(|s| !closed_by_peer(s)) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let closed_after = opened.elapsed();
+    let still_open = attack
+        .iter_mut()
+        .map(closed_by_peer)
+        .filter(|closed| !closed)
+        .count();
+    assert_eq!(still_open, 0, "open after {closed_after:?}");
+    assert!(
+        closed_after >= Duration::from_millis(4900),
+        "closed before the deadline: {closed_after:?}"
+    );
+    let deadline = metric(
+        &admin,
+        "master_rpc_handshake_closed_total{reason=\"deadline\"}",
+    );
+    let evicted = metric(
+        &admin,
+        "master_rpc_handshake_closed_total{reason=\"evicted\"}",
+    );
+    assert!(
+        evicted >= 100.0 && deadline >= 250.0,
+        "evicted {evicted}, closed at the deadline {deadline}"
+    );
+    assert_eq!(
+        metric(&admin, "master_rpc_connections{state=\"handshake\"}"),
+        0.0
+    );
+    // And the honest client still works after.
+    runtime().block_on(async {
+        let store = store(&rpc, "default").await;
+        assert_eq!(store.get("honest").await.unwrap(), value);
+    });
+}
+
+#[test]
+fn with_every_client_slot_taken_a_hello_is_refused_with_an_answer_naming_the_cap() {
+    let master = start(&[
+        "master",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--max-connections",
+        "2",
+    ]);
+    let rpc = master.field("rpc");
+    let _a = moonkv_testkit::wire::RawStream::after_hello(&rpc);
+    let _b = moonkv_testkit::wire::RawStream::after_hello(&rpc);
+    let mut third = moonkv_testkit::wire::RawStream::connect(&rpc);
+    let mut out = Vec::new();
+    moonkv_proto::frame::encode_value(
+        &mut out,
+        moonkv_proto::frame::FrameKind::Hello,
+        5,
+        0,
+        &moonkv_client::master_client::handshake::Handshake::new("third", None).first_hello(),
+    )
+    .unwrap();
+    third.write(&out);
+    let answer = third.read_frame().expect("the hello is answered");
+    assert_eq!(answer.request_id, 5);
+    assert_eq!(answer.code, ErrorCode::RPC_FAIL.as_i32());
+    let text = String::from_utf8_lossy(&answer.body).to_string();
+    assert!(text.contains("max_connections (2)"), "{text}");
+    assert!(third.read_frame().is_none(), "then the connection closes");
+}

@@ -37,6 +37,7 @@ pub struct Metrics {
     replies: ReplyMetrics,
     /// The engine stats of the scrape in progress, taken once by [`EngineCollector`].
     last_stats: Arc<Mutex<EngineStats>>,
+    connections: super::pending::ConnectionMetrics,
     registry: Registry,
 }
 
@@ -90,6 +91,7 @@ impl Metrics {
             malformed.clone(),
         );
         let replies = ReplyMetrics::register(&mut registry);
+        let connections = super::pending::ConnectionMetrics::register(&mut registry);
         let last_stats = Arc::new(Mutex::new(EngineStats::default()));
         registry.register_collector(Box::new(EngineCollector {
             engine,
@@ -101,8 +103,14 @@ impl Metrics {
             malformed,
             replies,
             last_stats,
+            connections,
             registry,
         }
+    }
+
+    /// The RPC port's connection gauges and handshake counters.
+    pub(crate) fn connection_metrics(&self) -> super::pending::ConnectionMetrics {
+        self.connections.clone()
     }
 
     /// Counts one request refused before it ran (`ok` false) or answered without an engine

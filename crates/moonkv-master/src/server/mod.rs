@@ -15,6 +15,7 @@ pub mod events;
 pub mod ha;
 mod http;
 pub mod metrics;
+mod pending;
 mod rpc;
 mod space_wait;
 mod tls;
@@ -194,7 +195,15 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle, StartError> {
         metrics: metrics.clone(),
         max_frame_bytes: config.max_frame_bytes,
         io_timeout: std::time::Duration::from_millis(config.rpc_io_timeout_ms),
-        connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
+        connections: pending::Connections::new(
+            pending::HandshakeLimits {
+                deadline: std::time::Duration::from_millis(config.handshake_timeout_ms),
+                max: config.max_handshaking_connections,
+                max_per_source: config.max_handshaking_per_source,
+            },
+            config.max_connections,
+            metrics.connection_metrics(),
+        ),
         admin_addr: Some(admin_addr.to_string()),
         secret: config.auth_secret.clone(),
         node_secret: config

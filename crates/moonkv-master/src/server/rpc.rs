@@ -7,6 +7,7 @@
 
 use super::ha::Gate;
 use super::metrics::Metrics;
+use super::pending::{Connections, Established, Pending};
 use crate::engine::Engine;
 use moonkv_proto::auth::{Secret, NONCE_LEN};
 use moonkv_proto::frame::{self, FrameKind};
@@ -27,8 +28,9 @@ pub(crate) struct RpcShared {
     pub max_frame_bytes: u32,
     /// An incomplete frame that gets no new bytes this long closes its connection.
     pub io_timeout: std::time::Duration,
-    /// Slots for open connections (`max_connections`).
-    pub connections: Arc<Semaphore>,
+    /// Connections in their handshake (deadline, caps, eviction) and the `max_connections`
+    /// slots of established ones.
+    pub connections: Arc<Connections>,
     /// Announced in every hello answer.
     pub admin_addr: Option<String>,
     pub secret: Option<Secret>,
@@ -151,6 +153,12 @@ async fn sync_catalog(
     }
 }
 
+/// A connection's handshake and, once accepted, its `max_connections` slot.
+struct Opening {
+    handshake: Handshake,
+    established: Option<Established>,
+}
+
 /// Where a connection is in its handshake.
 enum Handshake {
     /// Nothing received yet.
@@ -246,29 +254,34 @@ pub(crate) async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let Ok(slot) = shared.connections.clone().try_acquire_owned() else {
-                        tracing::warn!(%peer, "connection refused: max_connections reached");
-                        shared.metrics.record_refused_connection();
-                        drop(stream);
-                        continue;
-                    };
+                    // The handshake's place: a deadline, and caps that evict the oldest
+                    // pending connection rather than refuse the newest (`pending.rs`).
+                    let pending = shared.connections.begin(peer.ip());
+                    let deadline = tokio::time::Instant::now() + shared.connections.deadline();
                     let shared = shared.clone();
                     let shutdown = shutdown.clone();
                     tokio::spawn(async move {
-                        let _slot = slot;
                         // Until its first byte a connection costs only this small task: the
                         // connection's state (TLS included) is allocated once the client speaks.
                         let mut first = [0u8; 1];
                         let mut stop = shutdown.clone();
+                        let evicted = pending.eviction();
                         tokio::select! {
                             peeked = stream.peek(&mut first) => {
                                 if !matches!(peeked, Ok(n) if n > 0) {
                                     return;
                                 }
                             }
+                            _ = tokio::time::sleep_until(deadline) => {
+                                shared.connections.metrics().closed("deadline");
+                                tracing::debug!(%peer, "closed: no hello within handshake_timeout");
+                                return;
+                            }
+                            _ = evicted.notified() => return,
                             _ = stop.changed() => return,
                         }
-                        if let Err(e) = Box::pin(serve_connection(stream, shared, shutdown)).await {
+                        let served = serve_connection(stream, shared, shutdown, pending, deadline);
+                        if let Err(e) = Box::pin(served).await {
                             tracing::debug!(%peer, error = %e, "connection closed");
                         }
                     });
@@ -290,21 +303,41 @@ enum CloseReason {
     Io(#[from] std::io::Error),
     #[error("protocol violation: {0}")]
     Protocol(String),
+    #[error("refused: {0}")]
+    Full(String),
+    #[error("handshake not finished within handshake_timeout")]
+    HandshakeTimeout,
+    #[error("evicted during its handshake by a newer connection")]
+    Evicted,
 }
 
 async fn serve_connection(
     stream: TcpStream,
     shared: Arc<RpcShared>,
     mut shutdown: watch::Receiver<bool>,
+    pending: Pending,
+    deadline: tokio::time::Instant,
 ) -> Result<(), CloseReason> {
     stream.set_nodelay(true)?;
-    let (mut reader, mut writer) = super::tls::accept(stream, shared.tls.as_ref()).await?;
+    let evicted = pending.eviction();
+    let mut pending = Some(pending);
+    let (mut reader, mut writer) = tokio::select! {
+        opened = super::tls::accept(stream, shared.tls.as_ref()) => opened?,
+        _ = tokio::time::sleep_until(deadline) => {
+            shared.connections.metrics().closed("deadline");
+            return Err(CloseReason::HandshakeTimeout);
+        }
+        _ = evicted.notified() => return Err(CloseReason::Evicted),
+    };
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<ScanDone>();
     let scans = Arc::new(Semaphore::new(MAX_SCANS_IN_FLIGHT));
     // Both start empty, so an idle connection costs little (see `READ_ROOM`).
     let mut input: Vec<u8> = Vec::new();
     let mut output: Vec<u8> = Vec::new();
-    let mut handshake = Handshake::New;
+    let mut opening = Opening {
+        handshake: Handshake::New,
+        established: None,
+    };
     let mut serving = Serving::new(&shared.gate);
     // Set while frames wait in `input` for a scan slot: the socket is not read meanwhile, so a
     // client that sends scans and never reads their answers stalls itself, not the master.
@@ -316,8 +349,13 @@ async fn serve_connection(
                     return Ok(());
                 }
                 let verdict = process_input(
-                    &shared, &mut serving, &mut input, &mut output, &mut handshake, &done_tx, &scans,
+                    &shared, &mut serving, &mut input, &mut output, &mut opening,
+                    &done_tx, &scans,
                 );
+                if opening.established.is_some() {
+                    // Accepted: the handshake's place goes back.
+                    pending = None;
+                }
                 if !output.is_empty() {
                     serving.seal(&shared.gate, &mut output);
                     writer.write_all(&output).await?;
@@ -332,7 +370,7 @@ async fn serve_connection(
                 drop(slot);
                 if paused {
                     let verdict = process_input(
-                        &shared, &mut serving, &mut input, &mut output, &mut handshake, &done_tx, &scans,
+                        &shared, &mut serving, &mut input, &mut output, &mut opening, &done_tx, &scans,
                     );
                     if !output.is_empty() {
                         serving.seal(&shared.gate, &mut output);
@@ -343,6 +381,11 @@ async fn serve_connection(
                     paused = verdict?;
                 }
             }
+            _ = tokio::time::sleep_until(deadline), if pending.is_some() => {
+                shared.connections.metrics().closed("deadline");
+                return Err(CloseReason::HandshakeTimeout);
+            }
+            _ = evicted.notified(), if pending.is_some() => return Err(CloseReason::Evicted),
             _ = shutdown.changed() => return Ok(()),
         }
     }
@@ -399,7 +442,7 @@ fn process_input(
     serving: &mut Serving,
     input: &mut Vec<u8>,
     output: &mut Vec<u8>,
-    handshake: &mut Handshake,
+    opening: &mut Opening,
     done_tx: &mpsc::UnboundedSender<ScanDone>,
     scans: &Arc<Semaphore>,
 ) -> Result<bool, CloseReason> {
@@ -421,11 +464,19 @@ fn process_input(
             }
         };
         consumed += used;
-        let Handshake::Ready(role) = *handshake else {
-            match greet(&frame, shared, handshake, output) {
-                Ok(next) => *handshake = next,
+        let Handshake::Ready(role) = opening.handshake else {
+            match greet(
+                &frame,
+                shared,
+                &opening.handshake,
+                &mut opening.established,
+                output,
+            ) {
+                Ok(next) => opening.handshake = next,
                 Err(reason) => {
-                    shared.metrics.record_refused_handshake();
+                    if !matches!(reason, CloseReason::Full(_)) {
+                        shared.metrics.record_refused_handshake();
+                    }
                     break Err(reason);
                 }
             }
@@ -686,6 +737,7 @@ fn greet(
     frame: &frame::Frame<'_>,
     shared: &RpcShared,
     state: &Handshake,
+    established: &mut Option<Established>,
     output: &mut Vec<u8>,
 ) -> Result<Handshake, CloseReason> {
     if frame.kind != FrameKind::Hello {
@@ -775,6 +827,22 @@ fn greet(
         }
         (Some(_), Handshake::Ready(role)) => Handshake::Ready(*role),
     };
+    if matches!(next, Handshake::Ready(_)) && established.is_none() {
+        // Only an accepted handshake takes one of the `max_connections` slots.
+        let Some(slot) = shared.connections.establish() else {
+            shared.metrics.record_refused_connection();
+            let max = shared.connections.max_established();
+            let msg =
+                format!("the master has max_connections ({max}) connections open; try again later");
+            frame::encode_err(
+                output,
+                frame.request_id,
+                &Error::new(ErrorCode::RPC_FAIL, msg.clone()),
+            );
+            return Err(CloseReason::Full(msg));
+        };
+        *established = Some(slot);
+    }
     frame::encode_ok(output, frame.request_id, &ack)
         .map_err(|e| CloseReason::Protocol(e.to_string()))?;
     Ok(next)

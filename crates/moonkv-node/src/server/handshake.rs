@@ -81,8 +81,10 @@ pub(super) async fn attach(
     stream: &mut Conn,
     h: &RequestHeader,
     ends: Option<crate::same_host::Ends>,
+    served: &Served,
 ) -> io::Result<Option<crate::same_host::Peer>> {
     let pid = h.length;
+    let other_users = served.access.same_host_other_users;
     let verified = match (ends, AttachRequest::from_header(h)) {
         (_, None) => Err(AttachError::NotAProcessId(h.length)),
         (None, _) => Err(AttachError::Off),
@@ -93,6 +95,7 @@ pub(super) async fn attach(
                 ends.local,
                 request.probe_address,
                 request.probe,
+                other_users,
             )
             .map(|peer| peer.watching(ends.socket))
         })
@@ -106,6 +109,7 @@ pub(super) async fn attach(
             Ok(Some(peer))
         }
         Err(why) => {
+            served.metrics.refused_attach();
             tracing::debug!(pid, %why, "same-host attach declined");
             respond(stream, DataStatus::LocalRefused, h.request_id).await?;
             Ok(None)

@@ -72,6 +72,9 @@ pub struct Access {
     pub max_connections: Option<usize>,
     /// Decline same-host copies: callers on this machine move bytes over the socket too.
     pub refuse_same_host: bool,
+    /// Attach callers of another user too, when the node may reach their memory (it runs as
+    /// root or with `CAP_SYS_PTRACE`). Off: only processes of the node's own user are attached.
+    pub same_host_other_users: bool,
     /// The master this node mounts its segments on, told to callers in STATS answers (so a
     /// standalone client that knows only the node finds the cluster).
     pub master_addr: Option<String>,
@@ -240,18 +243,27 @@ const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// nothing.
 async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
     stream.set_nodelay(true)?;
+    // The first byte, TLS, and the hello and proof must all be done by this instant.
+    let opening_until = tokio::time::Instant::now() + served.access.deadlines.handshake;
     let mut first = [0u8; 1];
-    // Like the rest of a request's header, the first byte must come within the I/O deadline.
-    match tokio::time::timeout(served.access.deadlines.io, stream.peek(&mut first)).await {
-        Ok(Ok(0)) | Err(_) => return Ok(()),
+    match tokio::time::timeout_at(opening_until, stream.peek(&mut first)).await {
+        Ok(Ok(0)) => return Ok(()),
+        Err(_) => {
+            served.metrics.handshake_timed_out();
+            return Ok(());
+        }
         Ok(Ok(_)) => {}
         Ok(Err(e)) => return Err(e),
     }
-    Box::pin(open_and_serve_sending(stream, served)).await
+    Box::pin(open_and_serve_sending(stream, served, opening_until)).await
 }
 
 /// [`open_and_serve`] once the caller has sent its first byte.
-async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::Result<()> {
+async fn open_and_serve_sending(
+    stream: TcpStream,
+    served: Arc<Served>,
+    opening_until: tokio::time::Instant,
+) -> io::Result<()> {
     // Same-host copies are offered only on plain connections from this machine.
     let ends = match (stream.peer_addr(), stream.local_addr()) {
         (Ok(peer), Ok(local)) if served.access.tls.is_none() && !served.access.refuse_same_host => {
@@ -267,7 +279,7 @@ async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::R
         None => Stream::Plain(stream),
         Some(tls) => {
             let mut first = [0u8; 1];
-            let peeked = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await;
+            let peeked = tokio::time::timeout_at(opening_until, stream.peek(&mut first)).await;
             if !matches!(peeked, Ok(Ok(1))) || !moonkv_proto::tls::looks_like_tls(first[0]) {
                 // A plaintext caller: close without a TLS alert it could not read anyway.
                 served.metrics.refused_handshake();
@@ -276,7 +288,8 @@ async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::R
                     "plaintext caller on the TLS data plane",
                 ));
             }
-            tls.accept(stream, TLS_HANDSHAKE_TIMEOUT)
+            let left = opening_until.saturating_duration_since(tokio::time::Instant::now());
+            tls.accept(stream, left.min(TLS_HANDSHAKE_TIMEOUT))
                 .await
                 .inspect_err(|e| {
                     served.metrics.refused_handshake();
@@ -284,7 +297,7 @@ async fn open_and_serve_sending(stream: TcpStream, served: Arc<Served>) -> io::R
                 })?
         }
     };
-    serve_connection(stream, served, ends).await
+    serve_connection(stream, served, ends, opening_until).await
 }
 
 /// Serves one connection until the peer closes it or sends something unrecoverable.
@@ -292,13 +305,14 @@ pub(crate) async fn serve_connection(
     stream: Stream,
     served: Arc<Served>,
     ends: Option<crate::same_host::Ends>,
+    opening_until: tokio::time::Instant,
 ) -> io::Result<()> {
     let deadlines = served.access.deadlines;
     let mut conn = BufReader::with_capacity(
         CONNECTION_BUFFER,
         BufWriter::with_capacity(CONNECTION_BUFFER, Timed::new(stream, deadlines.io)),
     );
-    let served_until = requests::serve_requests(&mut conn, &served, ends).await;
+    let served_until = requests::serve_requests(&mut conn, &served, ends, opening_until).await;
     // Answers still buffered (the last one before a close, say) go out before the socket does.
     let _ = conn.flush().await;
     served_until

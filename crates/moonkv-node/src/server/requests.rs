@@ -22,6 +22,7 @@ pub(super) async fn serve_requests(
     stream: &mut Conn,
     served: &Served,
     ends: Option<crate::same_host::Ends>,
+    opening_until: tokio::time::Instant,
 ) -> io::Result<()> {
     let mut raw = [0u8; REQUEST_LEN];
     if !read_header(stream, &mut raw[..HELLO_MAGIC.len()], 0).await? {
@@ -29,7 +30,18 @@ pub(super) async fn serve_requests(
     }
     let mut filled = HELLO_MAGIC.len();
     if raw[..HELLO_MAGIC.len()] == HELLO_MAGIC {
-        greet(stream, served).await?;
+        // The hello and proof are due by the connection's opening deadline, however slowly
+        // their bytes drip in.
+        match tokio::time::timeout_at(opening_until, greet(stream, served)).await {
+            Ok(greeted) => greeted?,
+            Err(_) => {
+                served.metrics.handshake_timed_out();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the data-plane handshake did not finish in time",
+                ));
+            }
+        }
         filled = 0;
     } else if served.access.secret.is_some() {
         // A request without the handshake: answer it by its id, then close.
@@ -42,6 +54,8 @@ pub(super) async fn serve_requests(
     let deadlines = served.access.deadlines;
     // The caller process, once it attached this connection for same-host copies.
     let mut attached: Option<crate::same_host::Peer> = None;
+    // One ATTACH per connection: a refused one is not retried on the same socket.
+    let mut attach_tried = false;
     loop {
         if stream.buffer().is_empty() && !more_waiting(stream)? {
             stream.flush().await?;
@@ -76,7 +90,14 @@ pub(super) async fn serve_requests(
         stream.read_exact(&mut grant[..grant_len]).await?;
         if header.op == DataOp::Attach as u8 {
             // Grants nothing by itself: every same-host request still needs its grant.
-            attached = attach(stream, &header, ends).await?;
+            if attach_tried {
+                served.metrics.refused_attach();
+                tracing::debug!("a second ATTACH on one connection refused");
+                respond(stream, DataStatus::LocalRefused, header.request_id).await?;
+                continue;
+            }
+            attach_tried = true;
+            attached = attach(stream, &header, ends, served).await?;
             continue;
         }
         let plan = if DataOp::is_local(header.op) {

@@ -117,8 +117,18 @@ config_keys! {
     /// a connection whose frame stays incomplete this long without new bytes is closed, in ms
     /// or with a unit (default 30s)
     rpc_io_timeout: Millis => |c, v| c.rpc_io_timeout_ms = v.0.max(1);
-    /// most client and node connections open at once; more are closed at once (default 10000)
+    /// most client and node connections past their handshake open at once; a hello beyond it
+    /// is refused with an answer naming the cap (default 10000)
     max_connections: Int<1, 1000000> => |c, v| c.max_connections = v.0 as usize;
+    /// a connection's hello (and, with a secret, its proof) must be accepted within this long
+    /// of accept, else it is closed; in ms or with a unit (default 10s)
+    handshake_timeout: Millis => |c, v| c.handshake_timeout_ms = v.0.max(1);
+    /// most connections in their handshake at once; a new one beyond it evicts the oldest, so
+    /// silent sockets never lock clients out (default 256)
+    max_handshaking_connections: Int<1, 1000000> => |c, v| c.max_handshaking_connections = v.0 as usize;
+    /// most connections in their handshake at once from one address; a new one beyond it
+    /// evicts that address's oldest (default 64)
+    max_handshaking_per_source: Int<1, 1000000> => |c, v| c.max_handshaking_per_source = v.0 as usize;
     /// admin HTTP: a request's headers must arrive within this long of the connection opening
     /// or of the previous answer, else the connection is closed; in ms or with a unit (default
     /// 30s)

@@ -80,8 +80,16 @@ pub struct MasterConfig {
     /// `rpc_io_timeout`: an incomplete frame that gets no new bytes this long closes its
     /// connection.
     pub rpc_io_timeout_ms: u64,
-    /// `max_connections`: RPC connections open at once.
+    /// `max_connections`: RPC connections past their handshake open at once.
     pub max_connections: usize,
+    /// `handshake_timeout`: an RPC connection's hello (and proof) must be accepted this long
+    /// after accept, else it is closed.
+    pub handshake_timeout_ms: u64,
+    /// `max_handshaking_connections`: RPC connections in their handshake at once; a new one
+    /// over the cap evicts the oldest.
+    pub max_handshaking_connections: usize,
+    /// `max_handshaking_per_source`: the same, per source address.
+    pub max_handshaking_per_source: usize,
     /// `admin_header_timeout`: an admin HTTP request's headers must arrive within this long of
     /// the connection opening or of the previous answer.
     pub admin_header_timeout_ms: u64,
@@ -125,6 +133,9 @@ impl Default for MasterConfig {
             max_frame_bytes: moonkv_proto::frame::DEFAULT_MAX_FRAME_BYTES,
             rpc_io_timeout_ms: 30_000,
             max_connections: 10_000,
+            handshake_timeout_ms: 10_000,
+            max_handshaking_connections: 256,
+            max_handshaking_per_source: 64,
             admin_header_timeout_ms: 30_000,
             admin_idle_timeout_ms: 60_000,
             admin_max_connections: 256,
