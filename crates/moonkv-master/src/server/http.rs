@@ -1,7 +1,12 @@
 //! The admin HTTP listener: HTTP/1 connections around the admin router, with the limits a port
 //! anyone can reach needs, so half-sent requests and connection floods cannot pile up memory:
 //!
-//! - at most `admin_max_connections` are open at once; more are closed at accept;
+//! - at most `admin_max_connections` are open at once. A connection beyond that evicts the
+//!   oldest open connection that is not in the middle of a request (silent, half-sent, or
+//!   kept alive between requests); only when every connection is serving a request is the new
+//!   one closed at accept. So a flood of idle or half-sent connections cannot keep `/health`,
+//!   `/role` or `/metrics` from answering: a probe sends its request at once and is served,
+//!   while the flood's connections make room for it;
 //! - a request's headers must arrive within `admin_header_timeout` of the connection opening or
 //!   of the previous answer (hyper's header timer, which also runs while a kept-alive
 //!   connection waits for its next request), and may not exceed [`MAX_HEAD_BYTES`];
@@ -11,15 +16,16 @@
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use std::collections::BTreeMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -45,22 +51,21 @@ pub(crate) async fn serve(
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Slots::new(limits.max_connections);
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        tracing::warn!(%peer, "admin HTTP connection refused: admin_max_connections reached");
+                    let Some(slot) = slots.admit() else {
+                        tracing::warn!(%peer, "admin HTTP connection refused: admin_max_connections are all serving requests");
                         drop(stream);
                         continue;
                     };
                     let router = router.clone();
                     let shutdown = shutdown.clone();
                     connections.spawn(async move {
-                        let _slot = slot;
-                        serve_connection(stream, router, limits, shutdown).await;
+                        serve_connection(stream, router, limits, shutdown, slot).await;
                     });
                 }
                 Err(e) => {
@@ -85,6 +90,7 @@ async fn serve_connection(
     router: Router,
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
+    slot: Slot,
 ) {
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().ok();
@@ -99,8 +105,13 @@ async fn serve_connection(
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
-    let conn = builder.serve_connection(io, TowerToHyperService::new(router));
+    let service = Counted {
+        inner: TowerToHyperService::new(router),
+        busy: slot.busy.clone(),
+    };
+    let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
+    let evicted = slot.evict.clone();
     let mut stopping = false;
     loop {
         let quiet_until = activity.last() + limits.idle_timeout;
@@ -117,11 +128,126 @@ async fn serve_connection(
                     return;
                 }
             }
+            _ = evicted.notified() => {
+                tracing::debug!(?peer, "admin HTTP connection closed: its slot went to a newer one");
+                return;
+            }
             _ = shutdown.changed(), if !stopping => {
                 stopping = true;
                 conn.as_mut().graceful_shutdown();
             }
         }
+    }
+}
+
+/// The admin port's connection slots: a new connection over the cap takes the slot of the
+/// oldest connection that is not serving a request.
+struct Slots {
+    max: usize,
+    table: parking_lot::Mutex<(u64, BTreeMap<u64, SlotEntry>)>,
+}
+
+struct SlotEntry {
+    busy: Arc<AtomicUsize>,
+    evict: Arc<Notify>,
+}
+
+/// One connection's slot; gives it back when dropped.
+struct Slot {
+    slots: Arc<Slots>,
+    id: u64,
+    /// Requests this connection is serving now.
+    busy: Arc<AtomicUsize>,
+    /// Fires when a newer connection took this one's slot.
+    evict: Arc<Notify>,
+}
+
+impl Slots {
+    fn new(max: usize) -> Arc<Slots> {
+        Arc::new(Slots {
+            max,
+            table: parking_lot::Mutex::new((0, BTreeMap::new())),
+        })
+    }
+
+    /// A slot for a new connection, evicting the oldest idle one when all are taken; `None`
+    /// when every open connection is serving a request.
+    fn admit(self: &Arc<Self>) -> Option<Slot> {
+        let mut guard = self.table.lock();
+        let (next, table) = &mut *guard;
+        if table.len() >= self.max {
+            let idle = table
+                .iter()
+                .find(|(_, e)| e.busy.load(Ordering::Acquire) == 0)
+                .map(|(id, _)| *id)?;
+            if let Some(victim) = table.remove(&idle) {
+                victim.evict.notify_one();
+            }
+        }
+        let id = *next;
+        *next += 1;
+        let entry = SlotEntry {
+            busy: Arc::new(AtomicUsize::new(0)),
+            evict: Arc::new(Notify::new()),
+        };
+        let slot = Slot {
+            slots: self.clone(),
+            id,
+            busy: entry.busy.clone(),
+            evict: entry.evict.clone(),
+        };
+        table.insert(id, entry);
+        Some(slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slots.table.lock().1.remove(&self.id);
+    }
+}
+
+/// The router, counting the requests in service so an idle connection can be told apart.
+#[derive(Clone)]
+struct Counted {
+    inner: TowerToHyperService<Router>,
+    busy: Arc<AtomicUsize>,
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Counted {
+    type Response = <TowerToHyperService<Router> as hyper::service::Service<
+        hyper::Request<hyper::body::Incoming>,
+    >>::Response;
+    type Error = <TowerToHyperService<Router> as hyper::service::Service<
+        hyper::Request<hyper::body::Incoming>,
+    >>::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let busy = Busy::enter(self.busy.clone());
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answered = answer.await;
+            drop(busy);
+            answered
+        })
+    }
+}
+
+/// A request in service; counted until dropped (answered or cancelled).
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn enter(count: Arc<AtomicUsize>) -> Busy {
+        count.fetch_add(1, Ordering::AcqRel);
+        Busy(count)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -214,6 +340,27 @@ impl AsyncWrite for Watched {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_full_port_evicts_its_oldest_idle_connection_and_never_a_busy_one() {
+        let slots = Slots::new(2);
+        let first = slots.admit().expect("a free slot");
+        let second = slots.admit().expect("a free slot");
+        let busy = Busy::enter(first.busy.clone());
+        // The first is serving a request: the second, idle, gives way.
+        let third = slots.admit().expect("an idle slot to take");
+        assert!(
+            Arc::strong_count(&second.evict) == 1,
+            "the evicted slot's notifier is shared with the table no more"
+        );
+        assert_eq!(slots.table.lock().1.len(), 2);
+        // Both remaining are busy: a newcomer is refused.
+        let _busy3 = Busy::enter(third.busy.clone());
+        assert!(slots.admit().is_none(), "every slot serves a request");
+        drop(busy);
+        assert!(slots.admit().is_some(), "an idle one gives way again");
+    }
+
     use super::*;
 
     #[tokio::test(start_paused = true)]
