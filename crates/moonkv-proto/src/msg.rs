@@ -23,6 +23,7 @@ macro_rules! for_each_op {
             7 => QuerySegmentStatusById(QuerySegmentStatusByIdRequest) -> SegmentStatus, query_segment_status_by_id;
             8 => ServiceReady(ServiceReadyRequest) -> String, service_ready;
             9 => ReportUnreachable(ReportUnreachableRequest) -> u32, report_unreachable;
+            16 => ReleaseParked(ReleaseParkedRequest) -> u32, release_parked_replicas;
             10 => ExistKey(KeyRequest) -> bool, exist_key;
             11 => BatchExistKey(KeysRequest) -> Vec<ItemResult<bool>>, batch_exist_key;
             12 => GetReplicaList(KeyRequest) -> GetReplicaListResponse, get_replica_list;
@@ -144,6 +145,7 @@ macro_rules! rpc {
 // client sends the Upsert form through [`Request`] directly.
 rpc!(PingRequest => Ping, PingResponse);
 rpc!(ReportUnreachableRequest => ReportUnreachable, u32);
+rpc!(ReleaseParkedRequest => ReleaseParked, u32);
 rpc!(MountSegmentRequest => MountSegment, ());
 rpc!(ReMountSegmentRequest => ReMountSegment, ());
 rpc!(SyncCatalogRequest => SyncCatalog, SyncCatalogResponse);
@@ -187,6 +189,21 @@ pub struct ReportUnreachableRequest {
     /// [`MAX_REPORTED_ENDPOINTS`].
     pub endpoints: Vec<String>,
 }
+
+/// ReleaseParked: the writer of revoked replicas that were parked as *unsettled* (see
+/// [`RevokeRequest::unsettled`]) now knows no node can still write into them; their space is
+/// freed at once instead of at `put_start_release_timeout`. Ids this client did not park, or
+/// that were freed already, are ignored; the answer counts the buffers freed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseParkedRequest {
+    /// The writer that revoked them.
+    pub client_id: ClientId,
+    /// Replica ids from the revoked write's Start.
+    pub replica_ids: Vec<ReplicaId>,
+}
+
+/// Most replica ids one [`ReleaseParkedRequest`] may name.
+pub const MAX_RELEASED_REPLICAS: usize = 65_536;
 
 /// Most endpoints one [`ReportUnreachableRequest`] may name.
 pub const MAX_REPORTED_ENDPOINTS: usize = 256;
@@ -438,6 +455,13 @@ pub struct RevokeRequest {
     pub replica_type: ReplicaType,
     /// Ids returned by the writer's own Start for this type (must match exactly).
     pub replica_ids: Vec<ReplicaId>,
+    /// The writer cannot tell whether a node is still writing into these replicas (a transfer
+    /// timed out or was cancelled). The key is freed at once all the same, but the replicas'
+    /// space is parked until `put_start_release_timeout` or a [`ReleaseParkedRequest`], so a
+    /// late write cannot land in space handed to another object. Absent (false) from older
+    /// clients, and not sent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsettled: bool,
 }
 
 /// BatchPutStart / BatchUpsertStart.
@@ -486,6 +510,9 @@ pub struct RevokeItem {
     pub key: String,
     /// Ids from the Start.
     pub replica_ids: Vec<ReplicaId>,
+    /// As [`RevokeRequest::unsettled`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsettled: bool,
 }
 
 /// BatchPutRevoke / BatchUpsertRevoke.

@@ -763,3 +763,65 @@ fn a_caller_that_trickles_its_payload_loses_its_range_lock_at_the_request_cap() 
     trickle.join().unwrap();
     assert!(closed, "the trickling writer's connection is still open");
 }
+
+#[test]
+fn a_put_that_fails_on_a_stalled_range_leaves_its_key_free_at_once() {
+    use moonkv_dataplane::header::{DataOp, RequestHeader};
+    use std::io::Write;
+    let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let rpc = master.field("rpc");
+    // 40 MiB: any 32 MiB object overlaps any other one.
+    let _node = start(&[
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "40MiB",
+        "--no-same-host",
+    ]);
+    let cfg = ReplicateConfig::default();
+    runtime().block_on(async {
+        let mut config = StoreConfig::new(rpc.clone());
+        config.transfer_timeout = Duration::from_secs(1);
+        let store = Store::connect(config).await.unwrap();
+        let big = vec![0x5au8; 32 << 20];
+        store.put("old", &big, &cfg).await.unwrap();
+        let old = store
+            .list("^old$")
+            .await
+            .unwrap()
+            .remove(0)
+            .replicas
+            .remove(0);
+        // A reader that asks for the whole object and never reads the answer: the node blocks
+        // on its full socket while it holds the range.
+        let mut stalled = std::net::TcpStream::connect(&old.endpoint).unwrap();
+        stalled
+            .write_all(
+                &RequestHeader::new(DataOp::Read, 1, old.segment_id, old.address, old.size)
+                    .encode(),
+            )
+            .unwrap();
+        store.remove("old", true).await.unwrap();
+        // The range goes to the next put, whose write waits behind the stalled reader.
+        let failed = store.put("k", &big, &cfg).await;
+        assert!(
+            failed.is_err(),
+            "the write behind the stalled reader timed out"
+        );
+        // The key is free as soon as the error returned, and the space the late write might
+        // still land in is not handed out: a new put goes elsewhere and succeeds.
+        let again = std::time::Instant::now();
+        store
+            .put("k", &[1u8; 4096], &cfg)
+            .await
+            .expect("the key is free again");
+        assert!(
+            again.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            again.elapsed()
+        );
+        assert_eq!(store.get("k").await.unwrap(), vec![1u8; 4096]);
+        drop(stalled);
+    });
+}

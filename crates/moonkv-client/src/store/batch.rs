@@ -280,6 +280,7 @@ impl Store {
                         RevokeItem {
                             key: keys[i].to_string(),
                             replica_ids: ids(i),
+                            unsettled: false,
                         },
                     ));
                     results[i] = Err(e);
@@ -304,20 +305,27 @@ impl Store {
                         RevokeItem {
                             key: keys[*slot].to_string(),
                             replica_ids: ids(*slot),
+                            unsettled: false,
                         },
                     ));
                     results[*slot] = Err(e);
                 }
             }
         }
-        let (deferred, sent): (Vec<_>, Vec<_>) = revoke_items
-            .into_iter()
-            .partition(|(_, item)| self.defer_revoke(kind, &item.key, &item.replica_ids));
-        // A deferred key stays taken until its revoke goes out: no second placement.
-        for (i, _) in deferred {
-            retry[i] = None;
+        // Every failed key is revoked now, so it is free again as the batch returns; the space
+        // of a write whose transfer timed out is parked at the master until it settles.
+        let mut settling = Vec::new();
+        for (i, item) in revoke_items.iter_mut() {
+            if let Some(settled) = self.transfer.unsettled(&item.replica_ids) {
+                item.unsettled = true;
+                settling.push((*i, settled, item.replica_ids.clone()));
+                // Its node may still be busy with the old bytes: no second placement there.
+                retry[*i] = None;
+            }
         }
-        let (sent_index, revoke_items): (Vec<usize>, Vec<RevokeItem>) = sent.into_iter().unzip();
+        let (sent_index, revoke_items): (Vec<usize>, Vec<RevokeItem>) =
+            revoke_items.into_iter().unzip();
+        let mut revoked = vec![false; keys.len()];
         if !revoke_items.is_empty() {
             let revoke = BatchRevokeRequest {
                 client_id: self.master.client_id(),
@@ -333,6 +341,8 @@ impl Store {
                     for (&i, answer) in sent_index.iter().zip(items) {
                         if answer.0.is_err() {
                             retry[i] = None;
+                        } else {
+                            revoked[i] = true;
                         }
                     }
                 }
@@ -340,6 +350,11 @@ impl Store {
                     tracing::warn!(error = %e, "batch revoke did not go through; the master reclaims the space later");
                     retry.iter_mut().for_each(|r| *r = None);
                 }
+            }
+        }
+        for (i, settled, ids) in settling {
+            if revoked[i] {
+                self.release_when_settled(settled, ids);
             }
         }
         let mut probed = HashMap::new();

@@ -489,15 +489,12 @@ impl Store {
             Err(error) => {
                 // Revoke carries our own ids, so it can only ever abandon this write's replicas;
                 // if the End did land, the master refuses the revoke and the object stays.
-                let deferred = self.defer_revoke(kind, key, &ids);
-                if !deferred {
-                    self.send_revoke(kind, key, ids).await;
-                }
+                let revoked = self.revoke(kind, key, ids).await;
                 tracing::debug!(%key, %error, "write failed and was revoked");
-                // Placed again only when the key is free again (the revoke went out now) and a
+                // Placed again only when the key is free again (the revoke went through) and a
                 // node of this placement does not answer.
                 let mut retry = None;
-                if write_failed && !deferred {
+                if write_failed && revoked {
                     let down = self
                         .unreachable_endpoints(&replicas, &error, &mut Default::default())
                         .await;
@@ -508,43 +505,63 @@ impl Store {
         }
     }
 
-    async fn revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {
-        if !self.defer_revoke(kind, key, &replica_ids) {
-            self.send_revoke(kind, key, replica_ids).await;
-        }
-    }
-
-    /// When a transfer into these replicas timed out, the node may still apply its bytes; the
-    /// revoke (which lets the master hand the space out again) is then sent in the background
-    /// once the abandoned connections are settled. Until then the write stays in flight and
-    /// unreadable; if they never settle, the master's stalled-write sweep reclaims it. Returns
-    /// whether the revoke was deferred.
-    pub(crate) fn defer_revoke(&self, kind: WriteKind, key: &str, ids: &[ReplicaId]) -> bool {
-        let Some(settled) = self.transfer.unsettled(ids) else {
-            return false;
-        };
-        let (store, key, ids) = (self.clone(), key.to_string(), ids.to_vec());
-        self.transfer.spawn_background(async move {
-            if settled.await {
-                store.send_revoke(kind, &key, ids).await;
-            } else {
-                tracing::warn!(%key, "a timed-out write never settled; the master reclaims its space after put_start_release_timeout");
-            }
-        });
-        true
-    }
-
-    async fn send_revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {
+    /// Revokes this write's replicas at once, so the key is free again as the error returns.
+    /// When a transfer into them timed out or was cancelled, a node may still apply its bytes:
+    /// the revoke then says so (`unsettled`), the master parks their space instead of reusing
+    /// it, and the space is released ([`Store::release_when_settled`]) once the abandoned
+    /// connections are settled. Returns whether the master accepted the revoke.
+    async fn revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) -> bool {
+        let settled = self.transfer.unsettled(&replica_ids);
         let revoke = RevokeRequest {
             client_id: self.master.client_id(),
             tenant: self.tenant.clone(),
             key: key.to_string(),
             replica_type: ReplicaType::All,
-            replica_ids,
+            replica_ids: replica_ids.clone(),
+            unsettled: settled.is_some(),
         };
-        if let Err(e) = self.master.call::<()>(kind.revoke(revoke)).await {
-            tracing::warn!(%key, error = %e, "revoke after a failed write did not go through; the master reclaims the space later");
+        let revoked = match self.master.call::<()>(kind.revoke(revoke)).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "revoke after a failed write did not go through; the master reclaims the space later");
+                false
+            }
+        };
+        if let (true, Some(settled)) = (revoked, settled) {
+            self.release_when_settled(settled, replica_ids);
         }
+        revoked
+    }
+
+    /// Once `settled` says no node can still write into `replica_ids` (their connections
+    /// answered or closed), tells the master to free their parked space now rather than at
+    /// `put_start_release_timeout`.
+    pub(crate) fn release_when_settled(
+        &self,
+        settled: impl std::future::Future<Output = bool> + Send + 'static,
+        replica_ids: Vec<ReplicaId>,
+    ) {
+        let store = self.clone();
+        self.transfer.spawn_background(async move {
+            if !settled.await {
+                tracing::warn!(
+                    replicas = replica_ids.len(),
+                    "a timed-out write never settled; the master frees its parked space after put_start_release_timeout"
+                );
+                return;
+            }
+            let release = moonkv_proto::msg::ReleaseParkedRequest {
+                client_id: store.master.client_id(),
+                replica_ids,
+            };
+            if let Err(e) = store
+                .master
+                .call::<u32>(Request::ReleaseParked(release))
+                .await
+            {
+                tracing::debug!(error = %e, "ReleaseParked did not go through; the master frees the space at its timeout");
+            }
+        });
     }
 
     /// Writes every replica in parallel; the first failure is reported.

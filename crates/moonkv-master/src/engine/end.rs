@@ -38,6 +38,16 @@ struct EndArgs<'a> {
     checksum: Option<u64>,
 }
 
+/// What a revoke names: the writer, the key, which replicas, and whether the writer knows no
+/// node still writes into them.
+struct RevokeArgs<'a> {
+    client: ClientId,
+    key: &'a str,
+    rtype: ReplicaType,
+    ids: &'a [ReplicaId],
+    unsettled: bool,
+}
+
 impl Engine {
     /// PutEnd: marks the writer's PROCESSING replicas COMPLETE (idempotent once complete).
     pub fn put_end(&self, req: &EndRequest) -> Result<()> {
@@ -64,14 +74,14 @@ impl Engine {
         let tenant = read_tenant(&req.tenant)?;
         check_key(&req.key)?;
         let mut shard = self.lock_shard(self.shard_index(tenant, &req.key));
-        self.revoke_locked(
-            &mut shard,
-            tenant,
-            req.client_id,
-            &req.key,
-            req.replica_type,
-            &req.replica_ids,
-        )
+        let args = RevokeArgs {
+            client: req.client_id,
+            key: &req.key,
+            rtype: req.replica_type,
+            ids: &req.replica_ids,
+            unsettled: req.unsettled,
+        };
+        self.revoke_locked(&mut shard, tenant, &args)
     }
 
     /// UpsertRevoke: same as PutRevoke.
@@ -116,14 +126,14 @@ impl Engine {
             |i| check_key(&items[i].key),
             |shard, tenant, i| {
                 let item = &items[i];
-                self.revoke_locked(
-                    shard,
-                    tenant,
-                    req.client_id,
-                    &item.key,
-                    req.replica_type,
-                    &item.replica_ids,
-                )
+                let args = RevokeArgs {
+                    client: req.client_id,
+                    key: &item.key,
+                    rtype: req.replica_type,
+                    ids: &item.replica_ids,
+                    unsettled: item.unsettled,
+                };
+                self.revoke_locked(shard, tenant, &args)
             },
         ))
     }
@@ -204,15 +214,14 @@ impl Engine {
         result.unwrap_or_else(|| Err(not_found()))
     }
 
-    fn revoke_locked(
-        &self,
-        shard: &mut Shard,
-        tenant: &str,
-        client: ClientId,
-        key: &str,
-        rtype: ReplicaType,
-        ids: &[ReplicaId],
-    ) -> Result<()> {
+    fn revoke_locked(&self, shard: &mut Shard, tenant: &str, args: &RevokeArgs<'_>) -> Result<()> {
+        let RevokeArgs {
+            client,
+            key,
+            rtype,
+            ids,
+            unsettled,
+        } = *args;
         // A revoked write is never acknowledged: nothing of it waits for the value it replaced.
         drop(self.catalog.take_replaced(ids));
         let result = self.with_object(shard, tenant, key, |tenant_id, obj| {
@@ -243,9 +252,20 @@ impl Engine {
                 );
             }
             let before = obj.media();
-            // Revoked buffers are freed at once: the writer itself says it stopped writing.
-            obj.replicas
-                .retain(|r| !(r.matches(rtype) && r.is_processing()));
+            if unsettled {
+                // The writer cannot tell whether a node still writes into them: the key is free
+                // now, the space only at the release timeout or the writer's ReleaseParked.
+                let release_at = self
+                    .now()
+                    .saturating_add(self.config.put_start_release_timeout_ms);
+                self.park_revoked(obj, release_at, client, |r| {
+                    r.matches(rtype) && r.is_processing()
+                });
+            } else {
+                // Freed at once: the writer itself says it stopped writing.
+                obj.replicas
+                    .retain(|r| !(r.matches(rtype) && r.is_processing()));
+            }
             obj.set_pin_intent(PinIntent::Preserve);
             obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
             self.placement_changed(tenant_id, key, obj, before);

@@ -65,7 +65,7 @@ pub use pressure::{found_no_memory, TierStats};
 pub use promote::PromotionStats;
 pub use sink::{AvailabilitySink, Medium, NoopSink};
 
-use moonkv_proto::{ClientId, OffloadTask};
+use moonkv_proto::{ClientId, OffloadTask, ReplicaId};
 use object::ReplicaIdGen;
 use parking_lot::{Mutex, RwLock};
 use segments::{MemBuffer, Registry, SpaceUsage};
@@ -80,6 +80,9 @@ use std::sync::Arc;
 struct ParkedBuffer {
     release_at_ms: u64,
     buffer: MemBuffer,
+    /// Set for the replica of a revoked write whose writer may release it early
+    /// (`ReleaseParked`) once it knows no node still writes into it.
+    revoked: Option<(ClientId, ReplicaId)>,
 }
 
 /// Monotonic counters exported as metrics.

@@ -8,7 +8,7 @@ use super::sink::emit_diff;
 use super::sink::MediaSet;
 use super::validate::read_tenant;
 use super::{Engine, ParkedBuffer};
-use moonkv_proto::{ErrorCode, ItemResult, Result, TenantId};
+use moonkv_proto::{ClientId, ErrorCode, ItemResult, Result, TenantId};
 use parking_lot::MutexGuard;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -197,22 +197,35 @@ impl Engine {
     /// Moves the object's PROCESSING replicas to the parked list until `release_at_ms`, so a
     /// slow writer still writing into them cannot corrupt a reallocated range.
     pub(crate) fn park_processing(&self, obj: &mut ObjectMeta, release_at_ms: u64) {
-        self.park_where(obj, release_at_ms, Replica::is_processing);
+        self.park_where(obj, release_at_ms, None, Replica::is_processing);
         obj.in_flight = false;
     }
 
     /// Moves every replica of the object to the parked list (disk replicas are dropped) and
     /// cancels its offload.
     pub(crate) fn park_all(&self, obj: &mut ObjectMeta, release_at_ms: u64) {
-        self.park_where(obj, release_at_ms, |_| true);
+        self.park_where(obj, release_at_ms, None, |_| true);
         obj.in_flight = false;
         obj.take_offload();
+    }
+
+    /// Parks the replicas `pick` chooses of a write `writer` revoked without knowing whether a
+    /// node still writes into them; the writer may release them early (`ReleaseParked`).
+    pub(crate) fn park_revoked(
+        &self,
+        obj: &mut ObjectMeta,
+        release_at_ms: u64,
+        writer: ClientId,
+        pick: impl Fn(&Replica) -> bool,
+    ) {
+        self.park_where(obj, release_at_ms, Some(writer), pick);
     }
 
     fn park_where(
         &self,
         obj: &mut ObjectMeta,
         release_at_ms: u64,
+        revoked_by: Option<ClientId>,
         pick: impl Fn(&Replica) -> bool,
     ) {
         if !obj.replicas.iter().any(&pick) {
@@ -235,6 +248,7 @@ impl Engine {
                     parked.push(ParkedBuffer {
                         release_at_ms,
                         buffer,
+                        revoked: revoked_by.map(|writer| (writer, replica.id)),
                     });
                 }
                 // File ids are never reused, so a late writer cannot hurt anyone: the file is

@@ -64,14 +64,42 @@ impl Engine {
 
     /// Returns parked buffers whose deadline passed to their segments.
     pub(crate) fn release_parked(&self, now: u64) -> usize {
+        self.release_parked_where(|p| p.release_at_ms <= now)
+    }
+
+    /// ReleaseParked: frees at once the parked replicas of writes `req.client_id` revoked as
+    /// unsettled; other ids are ignored. Answers how many buffers were freed.
+    pub fn release_parked_replicas(
+        &self,
+        req: &moonkv_proto::msg::ReleaseParkedRequest,
+    ) -> moonkv_proto::Result<u32> {
+        use moonkv_proto::msg::MAX_RELEASED_REPLICAS;
+        if req.replica_ids.len() > MAX_RELEASED_REPLICAS {
+            return Err(moonkv_proto::Error::new(
+                moonkv_proto::ErrorCode::INVALID_PARAMS,
+                format!(
+                    "ReleaseParked names {} replicas; the limit is {MAX_RELEASED_REPLICAS}",
+                    req.replica_ids.len()
+                ),
+            ));
+        }
+        let ids: std::collections::HashSet<_> = req.replica_ids.iter().collect();
+        let freed = self.release_parked_where(|p| {
+            p.revoked
+                .is_some_and(|(writer, id)| writer == req.client_id && ids.contains(&id))
+        });
+        Ok(freed as u32)
+    }
+
+    fn release_parked_where(&self, due: impl Fn(&ParkedBuffer) -> bool) -> usize {
         let due: Vec<ParkedBuffer> = {
             let mut parked = self.parked.lock();
-            if !parked.iter().any(|p| p.release_at_ms <= now) {
+            if !parked.iter().any(&due) {
                 return 0;
             }
             let (due, keep): (Vec<ParkedBuffer>, Vec<ParkedBuffer>) = std::mem::take(&mut *parked)
                 .into_iter()
-                .partition(|p| p.release_at_ms <= now);
+                .partition(|p| due(p));
             *parked = keep;
             due
         };

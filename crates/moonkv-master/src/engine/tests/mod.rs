@@ -256,6 +256,7 @@ impl Harness {
             key: key.into(),
             replica_type: ReplicaType::All,
             replica_ids,
+            unsettled: false,
         }
     }
 

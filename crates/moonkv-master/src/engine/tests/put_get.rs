@@ -471,3 +471,68 @@ fn no_available_handle_sets_the_eviction_flag() {
     );
     assert!(!h.engine.run_eviction().triggered, "the flag is consumed");
 }
+
+#[test]
+fn an_unsettled_revoke_frees_the_key_at_once_and_parks_the_space_until_released() {
+    let h = Harness::new();
+    let descs = h.put_start("k", 4096).unwrap();
+    let used = h.engine.stats().allocated_bytes;
+    assert!(used >= 4096);
+    let mut revoke = h.revoke_req("", "k", ids(&descs));
+    revoke.unsettled = true;
+    h.engine.put_revoke(&revoke).unwrap();
+    // The key is free at once: a new put of it starts.
+    let again = h.put_start("k", 4096).expect("the key is free again");
+    assert_ne!(ids(&again), ids(&descs), "new replica ids");
+    // The old space is still held (a late write could land there), next to the new put's.
+    assert!(h.engine.stats().allocated_bytes >= used + 4096);
+    // Another client cannot release it; the writer can.
+    let mut release = moonkv_proto::msg::ReleaseParkedRequest {
+        client_id: ClientId::new(1, 1),
+        replica_ids: ids(&descs),
+    };
+    assert_eq!(h.engine.release_parked_replicas(&release).unwrap(), 0);
+    release.client_id = h.client;
+    assert_eq!(h.engine.release_parked_replicas(&release).unwrap(), 1);
+    assert_eq!(
+        h.engine.stats().allocated_bytes,
+        used,
+        "only the new put's space is held"
+    );
+    assert_eq!(
+        h.engine.release_parked_replicas(&release).unwrap(),
+        0,
+        "released once"
+    );
+}
+
+#[test]
+fn unsettled_space_nobody_releases_is_freed_at_the_release_timeout() {
+    // A release timeout well inside the owner's heartbeat TTL, so the segment stays mounted.
+    let h = Harness::bare(EngineConfig {
+        put_start_discard_timeout_ms: 500,
+        put_start_release_timeout_ms: 2_000,
+        ..Harness::config()
+    });
+    h.mount("seg-0", BASE, 16 * MIB);
+    let descs = h.put_start("k", 4096).unwrap();
+    let mut revoke = h.revoke_req("", "k", ids(&descs));
+    revoke.unsettled = true;
+    h.engine.put_revoke(&revoke).unwrap();
+    assert!(h.engine.stats().allocated_bytes >= 4096);
+    h.advance(h.engine.config().put_start_release_timeout_ms - 1);
+    h.engine.tick();
+    assert!(
+        h.engine.stats().allocated_bytes >= 4096,
+        "held until the timeout"
+    );
+    h.advance(1);
+    h.engine.tick();
+    assert_eq!(h.engine.stats().allocated_bytes, 0);
+    // A settled revoke frees at once.
+    let descs = h.put_start("k2", 4096).unwrap();
+    h.engine
+        .put_revoke(&h.revoke_req("", "k2", ids(&descs)))
+        .unwrap();
+    assert_eq!(h.engine.stats().allocated_bytes, 0);
+}

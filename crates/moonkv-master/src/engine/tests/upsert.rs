@@ -187,6 +187,7 @@ fn batch_upsert_revoke_erases_in_place_rewrites() {
         items: vec![RevokeItem {
             key: "k".into(),
             replica_ids: ids(&descs),
+            unsettled: false,
         }],
     };
     assert!(h.engine.batch_upsert_revoke(&req).unwrap()[0].0.is_ok());
