@@ -84,14 +84,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// A multi-threaded tokio runtime (`worker_threads` 0 = one per core).
 pub fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if worker_threads > 0 {
-        builder.worker_threads(worker_threads);
-    }
-    builder
-        .enable_all()
-        .build()
-        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))
+    Ok(moonkv_client::util::runtime(worker_threads)?)
 }
 
 /// A blocking master connection named `name`, proving the shared secret from

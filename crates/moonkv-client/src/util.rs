@@ -60,3 +60,20 @@ mod tests {
         );
     }
 }
+
+/// Why a tokio runtime could not be started.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start the async runtime: {0}")]
+pub struct RuntimeError(#[source] std::io::Error);
+
+/// A multi-threaded tokio runtime with I/O and timers (`worker_threads` 0 = one per core), as
+/// the binary, the benchmarks and blocking callers run the store in.
+pub fn runtime(
+    worker_threads: usize,
+) -> std::result::Result<tokio::runtime::Runtime, RuntimeError> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
+    }
+    builder.enable_all().build().map_err(RuntimeError)
+}

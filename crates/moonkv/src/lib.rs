@@ -94,14 +94,7 @@ pub fn shutdown_signal() -> std::pin::Pin<Box<dyn std::future::Future<Output = (
 }
 
 fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if worker_threads > 0 {
-        builder.worker_threads(worker_threads);
-    }
-    builder
-        .enable_all()
-        .build()
-        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))
+    Ok(moonkv_client::util::runtime(worker_threads)?)
 }
 
 /// For the long-running servers (master, node, `up`): glibc's malloc raises its mmap threshold

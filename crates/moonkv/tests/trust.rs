@@ -396,7 +396,7 @@ fn a_caller_that_stalls_mid_request_loses_its_range_lock_within_the_io_deadline(
 
 #[test]
 fn half_sent_frames_are_dropped_after_the_io_timeout_and_connections_are_capped() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let master = start(&[
         "master",
         "--rpc-port",

@@ -14,6 +14,7 @@ use moonkv_proto::auth::Secret;
 use moonkv_proto::frame::{self, Frame, FrameKind};
 use moonkv_proto::msg::{Hello, HelloAck, Op, Request};
 use moonkv_proto::{Error, ErrorCode};
+use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::cell::RefCell;
@@ -21,7 +22,6 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 fn rpc_fail(message: impl Into<String>) -> Error {
@@ -30,10 +30,6 @@ fn rpc_fail(message: impl Into<String>) -> Error {
 
 fn rpc_io_fail(what: impl Into<String>, cause: std::io::Error) -> Error {
     Error::caused_by(ErrorCode::RPC_FAIL, what.into(), cause)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One response, copied out of the read buffer.
@@ -215,7 +211,8 @@ impl Connection {
             let mut out = out.borrow_mut();
             out.clear();
             encode(&mut out, id)?;
-            lock(&self.writer)
+            self.writer
+                .lock()
                 .write_all(&out)
                 .map_err(|e| rpc_io_fail("write to the master failed", e))
         })?;
@@ -224,7 +221,7 @@ impl Connection {
     }
 
     fn wait_for(&self, id: u64) -> Result<Reply, Error> {
-        let mut inbox = lock(&self.inbox);
+        let mut inbox = self.inbox.lock();
         loop {
             if let Some(reply) = inbox.ready.remove(&id) {
                 return Ok(reply);
@@ -235,7 +232,7 @@ impl Connection {
             if let Some(mut reader) = inbox.reader.take() {
                 drop(inbox);
                 let read = reader.read_replies(self.read_limit);
-                inbox = lock(&self.inbox);
+                inbox = self.inbox.lock();
                 inbox.reader = Some(reader);
                 match read {
                     Ok(replies) => inbox.ready.extend(replies),
@@ -247,7 +244,7 @@ impl Connection {
                 continue;
             }
             inbox.waiting += 1;
-            inbox = self.arrived.wait(inbox).unwrap_or_else(|e| e.into_inner());
+            self.arrived.wait(&mut inbox);
             inbox.waiting -= 1;
         }
     }

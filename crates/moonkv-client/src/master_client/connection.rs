@@ -12,9 +12,10 @@ use moonkv_dataplane::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::frame::{self, FrameKind};
 use moonkv_proto::msg::{Hello, HelloAck};
 use moonkv_proto::{Error, ErrorCode, Result};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -132,10 +133,10 @@ impl Connection {
         frame: Vec<u8>,
     ) -> Result<oneshot::Receiver<Result<RawResponse>>> {
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(request_id, tx);
+        self.pending.lock().insert(request_id, tx);
         if !self.is_alive() || self.outbox.send(frame).is_err() {
             self.alive.store(false, Ordering::Release);
-            lock(&self.pending).remove(&request_id);
+            self.pending.lock().remove(&request_id);
             return Err(Error::new(
                 ErrorCode::RPC_FAIL,
                 "the connection to the master is closed",
@@ -150,7 +151,7 @@ impl Connection {
 
     /// Forgets a request whose caller gave up (deadline passed).
     pub fn forget(&self, request_id: u64) {
-        lock(&self.pending).remove(&request_id);
+        self.pending.lock().remove(&request_id);
     }
 
     /// Marks the connection dead and fails every waiting request.
@@ -169,12 +170,8 @@ impl Drop for Connection {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn fail_all(pending: &Mutex<HashMap<u64, Waiter>>, why: &str) {
-    let waiters: Vec<Waiter> = lock(pending).drain().map(|(_, w)| w).collect();
+    let waiters: Vec<Waiter> = pending.lock().drain().map(|(_, w)| w).collect();
     for waiter in waiters {
         let _ = waiter.send(Err(Error::new(ErrorCode::RPC_FAIL, why.to_string())));
     }
@@ -323,7 +320,7 @@ impl Outbox {
     /// Writes `frame` now if nothing is ahead of it and the socket takes it whole; queues the
     /// rest for the writer task. Never waits.
     fn send(&self, frame: Vec<u8>) -> std::io::Result<()> {
-        let mut queued = lock(&self.state);
+        let mut queued = self.state.lock();
         let mut rest: &[u8] = &frame;
         if !queued.busy {
             if let Some(socket) = &self.direct {
@@ -352,7 +349,7 @@ async fn write_loop(mut writer: Writer, outbox: Arc<Outbox>, alive: Arc<AtomicBo
         loop {
             // What queued up meanwhile goes out in one write: pipelined callers share a syscall.
             let batch = {
-                let mut queued = lock(&outbox.state);
+                let mut queued = outbox.state.lock();
                 if queued.bytes.is_empty() {
                     queued.busy = false;
                     break;
@@ -390,7 +387,7 @@ async fn read_loop(
                         broken = Some(format!("the master sent an unexpected {:?} frame", f.kind));
                         break;
                     }
-                    if let Some(waiter) = lock(&pending).remove(&f.request_id) {
+                    if let Some(waiter) = pending.lock().remove(&f.request_id) {
                         let _ = waiter.send(Ok(RawResponse {
                             code: f.code,
                             body: f.body.to_vec(),

@@ -1,7 +1,7 @@
 //! The 1 s ping loop that keeps a segment owner alive on the master and remounts its segments
 //! when the master has forgotten them.
 
-use super::{lock, Inner, MasterClient};
+use super::{Inner, MasterClient};
 use moonkv_proto::msg::{PingRequest, ReMountSegmentRequest};
 use moonkv_proto::types::ClientStatus;
 use std::sync::Weak;
@@ -40,19 +40,19 @@ async fn beat(client: &MasterClient) -> moonkv_proto::Result<()> {
         .ping_interval
         .max(Duration::from_millis(500))
         * 2;
-    let mounted = lock(&client.inner.segments).len() as u32;
+    let mounted = client.inner.segments.lock().len() as u32;
     let request = moonkv_proto::msg::Request::Ping(PingRequest {
         client_id: client.client_id(),
         mounted_segments: mounted,
     });
     let answer: moonkv_proto::PingResponse = client.call_with_timeout(request, timeout).await?;
     if answer.client_status == ClientStatus::NeedRemount {
-        let segments = lock(&client.inner.segments).clone();
+        let segments = client.inner.segments.lock().clone();
         tracing::info!(
             segments = segments.len(),
             "master asked for a remount; re-registering segments"
         );
-        let hook = lock(&client.inner.remount_hook).clone();
+        let hook = client.inner.remount_hook.lock().clone();
         client
             .remount_segment(ReMountSegmentRequest {
                 segments,
@@ -62,7 +62,7 @@ async fn beat(client: &MasterClient) -> moonkv_proto::Result<()> {
             .await?;
         if let Some(hook) = hook {
             let run = tokio::spawn(hook.remounted(client.clone(), answer.master_epoch));
-            if let Some(previous) = lock(&client.inner.hook_task).replace(run) {
+            if let Some(previous) = client.inner.hook_task.lock().replace(run) {
                 previous.abort();
             }
         }

@@ -32,9 +32,10 @@ use moonkv_proto::ha::{is_not_leader, MasterAddr};
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::{ClientId, Error, ErrorCode, Result, SegmentId};
+use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest response frame accepted from the master (batch and regex answers may exceed its
@@ -109,10 +110,10 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(task) = lock(&self.heartbeat).take() {
+        if let Some(task) = self.heartbeat.lock().take() {
             task.abort();
         }
-        if let Some(task) = lock(&self.hook_task).take() {
+        if let Some(task) = self.hook_task.lock().take() {
             task.abort();
         }
     }
@@ -129,10 +130,6 @@ pub trait RemountHook: Send + Sync {
         master: MasterClient,
         master_epoch: u64,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl MasterClient {
@@ -363,14 +360,14 @@ impl MasterClient {
             client_id: self.client_id(),
         })
         .await?;
-        lock(&self.inner.segments).push(segment);
+        self.inner.segments.lock().push(segment);
         self.start_heartbeat();
         Ok(())
     }
 
     /// Unmounts a segment mounted with [`MasterClient::mount`] and forgets it.
     pub async fn unmount(&self, segment_id: SegmentId) -> Result<()> {
-        lock(&self.inner.segments).retain(|s| s.id != segment_id);
+        self.inner.segments.lock().retain(|s| s.id != segment_id);
         self.unmount_segment(UnmountSegmentRequest {
             segment_id,
             client_id: self.client_id(),
@@ -380,20 +377,20 @@ impl MasterClient {
 
     /// Sets what runs after each heartbeat-driven remount (see [`RemountHook`]).
     pub fn set_remount_hook(&self, hook: Arc<dyn RemountHook>) {
-        *lock(&self.inner.remount_hook) = Some(hook);
+        *self.inner.remount_hook.lock() = Some(hook);
     }
 
     /// Segments this client has mounted and not unmounted.
     pub fn mounted_segments(&self) -> Vec<Segment> {
-        lock(&self.inner.segments).clone()
+        self.inner.segments.lock().clone()
     }
 
     /// Stops the heartbeat and closes the connection.
     pub async fn close(&self) {
-        if let Some(task) = lock(&self.inner.heartbeat).take() {
+        if let Some(task) = self.inner.heartbeat.lock().take() {
             task.abort();
         }
-        if let Some(task) = lock(&self.inner.hook_task).take() {
+        if let Some(task) = self.inner.hook_task.lock().take() {
             task.abort();
         }
         if let Some(conn) = self.inner.conn.lock().await.take() {
@@ -402,7 +399,7 @@ impl MasterClient {
     }
 
     fn start_heartbeat(&self) {
-        let mut slot = lock(&self.inner.heartbeat);
+        let mut slot = self.inner.heartbeat.lock();
         if slot.is_none() {
             let weak = Arc::downgrade(&self.inner);
             *slot = Some(tokio::spawn(heartbeat::run(

@@ -149,7 +149,7 @@ async fn need_remount_triggers_a_remount_of_every_mounted_segment() {
             })
         }
         Request::ReMountSegment(r) => {
-            lock(&seen).push(r.segments.len());
+            seen.lock().push(r.segments.len());
             ok(&())
         }
         _ => Reply::Err(Error::new(ErrorCode::NOT_SUPPORTED, "no")),
@@ -169,12 +169,12 @@ async fn need_remount_triggers_a_remount_of_every_mounted_segment() {
         client.mount(segment).await.unwrap();
     }
     tokio::time::timeout(Duration::from_secs(5), async {
-        while lock(&remounted).is_empty() {
+        while remounted.lock().is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
     .expect("a remount within 5 s");
-    assert_eq!(lock(&remounted)[0], 2);
+    assert_eq!(remounted.lock()[0], 2);
     client.close().await;
 }
