@@ -442,7 +442,24 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
             format_size(disk_used)
         );
     }
-    println!("{} segment(s)", segments.len());
+    let mut hosts: Vec<String> = segments
+        .iter()
+        .filter_map(|s| s.get("host_id").and_then(|h| h.as_str()))
+        .map(str::to_string)
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    // Replicas of one object go to distinct hosts while two hosts have room.
+    println!(
+        "{} segment(s) on {} host(s){}",
+        segments.len(),
+        hosts.len(),
+        if hosts.len() > 1 {
+            ": replicas of an object are placed on distinct hosts while they have room"
+        } else {
+            ""
+        }
+    );
     for s in &segments {
         let field = |k: &str| {
             s.get(k)
@@ -469,9 +486,10 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
             field("status")
         };
         println!(
-            "  {:<28} {:<4} {:<22} {:<10} {:>10} / {:<10}",
+            "  {:<28} {:<4} {:<16} {:<22} {:<10} {:>10} / {:<10}",
             field("segment_name"),
             medium,
+            field("host_id"),
             field("te_endpoint"),
             status,
             format_size(used),

@@ -377,7 +377,8 @@ impl Engine {
     }
 
     /// Picks up to `replica_num` segments with distinct names: preferred names first, then by
-    /// strategy. Fewer than asked is a partial success; none is `NO_AVAILABLE_HANDLE`.
+    /// strategy, on distinct hosts (`host_id`) while hosts with room remain, then on any host.
+    /// Fewer than asked is a partial success; none is `NO_AVAILABLE_HANDLE`.
     fn place(&self, size: u64, replica_num: u32, preferred: &[String]) -> Result<Vec<Replica>> {
         let no_handle = || Error::new(ErrorCode::NO_AVAILABLE_HANDLE, super::pressure::NO_MEMORY);
         let len = aligned_len(size).ok_or_else(no_handle)?;
@@ -392,7 +393,7 @@ impl Engine {
                 break;
             }
             if let Some(&gi) = registry.group_index.get(name.as_str()) {
-                self.try_group(&groups[gi], len, &mut out, &mut rng);
+                self.try_group(&groups[gi], len, &mut out, &mut rng, false);
             }
         }
         if self.config.allocation_strategy == AllocationStrategy::FreeRatioFirst && out.len() < want
@@ -410,16 +411,27 @@ impl Engine {
                 if out.len() >= want {
                     break;
                 }
-                self.try_group(&groups[gi], len, &mut out, &mut rng);
+                self.try_group(&groups[gi], len, &mut out, &mut rng, true);
             }
         }
-        if out.len() < want {
+        // Every name once more: first only hosts that hold no replica of this object yet, then
+        // any host.
+        for spread in [true, false] {
+            if out.len() >= want {
+                break;
+            }
             let start = rng.random_range(0..names);
             for i in 0..names {
                 if out.len() >= want {
                     break;
                 }
-                self.try_group(&groups[(start + i) % names], len, &mut out, &mut rng);
+                self.try_group(
+                    &groups[(start + i) % names],
+                    len,
+                    &mut out,
+                    &mut rng,
+                    spread,
+                );
             }
         }
         // Names with a segment that takes new replicas at all (not frozen for re-adoption, not
@@ -454,10 +466,25 @@ impl Engine {
         Ok(out)
     }
 
-    /// Allocates one replica in `group` unless the object already has one under that name.
-    fn try_group(&self, group: &NameGroup, len: u64, out: &mut Vec<Replica>, rng: &mut impl Rng) {
+    /// Allocates one replica in `group` unless the object already has one under that name
+    /// (or, with `spread`, on that group's host).
+    fn try_group(
+        &self,
+        group: &NameGroup,
+        len: u64,
+        out: &mut Vec<Replica>,
+        rng: &mut impl Rng,
+        spread: bool,
+    ) {
         let taken = out.iter().any(|r| match &r.placement {
-            Placement::Memory(buf) => buf.segment.info.name == group.name,
+            Placement::Memory(buf) => {
+                buf.segment.info.name == group.name
+                    || (spread
+                        && group
+                            .slots
+                            .iter()
+                            .any(|slot| slot.info.host_id == buf.segment.info.host_id))
+            }
             Placement::Disk(_) => false,
         });
         if taken || group.slots.is_empty() {

@@ -344,6 +344,7 @@ async fn get_segments_detail(State(s): State<AdminState>) -> Json<Value> {
                 "size_bytes": seg.segment.size,
                 "size_human": moonkv_proto::units::format_size_with(seg.segment.size, 2),
                 "te_endpoint": seg.segment.endpoint,
+                "host_id": seg.segment.host_id,
                 "protocol": seg.segment.protocol,
                 "status": status_name(seg.status),
                 "allocator_used_bytes": seg.used_bytes,

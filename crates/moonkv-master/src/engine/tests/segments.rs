@@ -434,3 +434,49 @@ fn puts_refused_because_no_segment_takes_replicas_evict_nothing() {
     assert_eq!(h.engine.stats().key_count, 20);
     assert_eq!(h.engine.stats().evictions_total, 0);
 }
+
+/// Mounts `name` on `host`.
+fn mount_on(h: &Harness, name: &str, host: &str, base: u64, size: u64) {
+    let mut segment = h.segment(name, base, size);
+    segment.host_id = host.into();
+    h.engine
+        .mount_segment(&MountSegmentRequest {
+            segment,
+            client_id: h.client,
+        })
+        .unwrap();
+}
+
+#[test]
+fn two_replicas_go_to_two_hosts_while_both_have_room() {
+    let h = Harness::bare(Harness::config());
+    // Three segments on host a, one on host b: a random pick would pair two of a's often.
+    mount_on(&h, "a1", "a", 0x1_0000_0000, 16 * MIB);
+    mount_on(&h, "a2", "a", 0x2_0000_0000, 16 * MIB);
+    mount_on(&h, "a3", "a", 0x3_0000_0000, 16 * MIB);
+    mount_on(&h, "b1", "b", 0x4_0000_0000, 4 * MIB);
+    let config = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    let hosts = |descs: &[ReplicaDescriptor]| -> Vec<String> {
+        let mut names: Vec<String> = descs
+            .iter()
+            .map(|d| d.segment_name[..1].to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    // Host b takes 4 MiB: sixteen 256 KiB objects, each with one replica on a and one on b.
+    for i in 0..16 {
+        let descs = h
+            .put_start_with(&format!("k{i}"), 256 << 10, config.clone())
+            .unwrap();
+        assert_eq!(hosts(&descs), ["a", "b"], "object {i}");
+    }
+    // Once b is full, both replicas go to a (on two of its segments) rather than one.
+    let descs = h.put_start_with("more", 256 << 10, config).unwrap();
+    assert_eq!(descs.len(), 2);
+    assert_eq!(hosts(&descs), ["a", "a"]);
+    assert_ne!(descs[0].segment_name, descs[1].segment_name);
+}
