@@ -30,6 +30,9 @@ pub enum KitError {
         /// Its stderr.
         log: String,
     },
+    /// Hosts in network namespaces could not be built or changed.
+    #[error("{0}")]
+    Host(String),
     /// A signal could not be delivered.
     #[error("kill -s {signal} {pid} failed")]
     Signal {

@@ -14,6 +14,7 @@
 //! - [`etcd`]: a real etcd member for HA tests, killed and restartable on the same ports.
 //! - [`payload`]: self-checking object bytes and a small deterministic generator.
 //! - [`peer`]: runs the independent Python peers of `tests/peer/`.
+//! - [`hosts`]: several hosts on one machine (network namespaces on a bridge), links to cut.
 //!
 //! The `publish_fixture` binary publishes a fixed event sequence for the Python peer of the
 //! event bytes (`tests/python_peers.rs`).
@@ -24,6 +25,7 @@ pub mod error;
 pub mod etcd;
 pub mod events;
 pub mod fake_master;
+pub mod hosts;
 pub mod payload;
 pub mod peer;
 pub mod proc;

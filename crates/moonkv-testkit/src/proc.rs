@@ -28,6 +28,11 @@ impl Moonkv {
         Moonkv { exe }
     }
 
+    /// The binary's path.
+    pub fn path(&self) -> &'static str {
+        self.exe
+    }
+
     /// `moonkv <args>`, not started yet.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(self.exe);

@@ -1,0 +1,179 @@
+//! A cluster spread over hosts in network namespaces (`moonkv_testkit::hosts`): a master host,
+//! two node hosts, and the test process as the client host. Replicas go to distinct hosts, and
+//! a node host whose link is cut costs neither reads nor writes; when the link heals, its node
+//! serves again.
+
+use moonkv_client::store::{Store, StoreConfig};
+use moonkv_proto::ReplicateConfig;
+use moonkv_testkit::cluster::runtime;
+use moonkv_testkit::hosts::{self, Hosts};
+use moonkv_testkit::{Moonkv, Proc};
+use std::time::{Duration, Instant};
+
+const MOONKV: Moonkv = Moonkv::at(env!("CARGO_BIN_EXE_moonkv"));
+
+fn start_in(hosts: &Hosts, host: usize, args: &[&str]) -> Proc {
+    let mut cmd = hosts.command(host, MOONKV.path());
+    cmd.args(args)
+        .env_remove("MOONKV_AUTH_SECRET")
+        .env_remove("MOONKV_AUTH_SECRET_FILE");
+    Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn value(i: u32) -> Vec<u8> {
+    (0..64u32 << 10).map(|b| (b * 7 + i) as u8).collect()
+}
+
+/// The segments the master lists: (host_id, status, suspect).
+fn segments(admin: &str) -> Vec<(String, String, bool)> {
+    let Some(body) = moonkv_testkit::http_get(admin, "/get_segments_detail") else {
+        return Vec::new();
+    };
+    let parsed: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    parsed["segments"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|s| {
+                    (
+                        s["host_id"].as_str().unwrap_or("").to_string(),
+                        s["status"].as_str().unwrap_or("").to_string(),
+                        s["suspect"].as_bool().unwrap_or(false),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_node_host_cut_off_costs_no_read_or_write_and_serves_again_when_its_link_heals() {
+    let Some(hosts) = hosts::for_test(3) else {
+        return;
+    };
+    let (m, a, b) = (hosts.address(0), hosts.address(1), hosts.address(2));
+    let master = start_in(
+        &hosts,
+        0,
+        &[
+            "master",
+            "--rpc-address",
+            &m.to_string(),
+            "--rpc-port",
+            "0",
+            "--metrics-host",
+            &m.to_string(),
+            "--metrics-port",
+            "0",
+            // A cut node is unmounted quickly, and re-mounts once its link heals.
+            "--client-live-ttl-sec",
+            "3",
+        ],
+    );
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let node = |host: usize, id: &str, address: std::net::Ipv4Addr| {
+        start_in(
+            &hosts,
+            host,
+            &[
+                "node",
+                "--master",
+                &rpc,
+                "--segment-size",
+                "32MiB",
+                "--host-id",
+                id,
+                "--data-bind",
+                &format!("{address}:0"),
+            ],
+        )
+    };
+    let _node_a = node(1, "host-a", a);
+    let _node_b = node(2, "host-b", b);
+    moonkv_testkit::wait_for(Duration::from_secs(20), "both node hosts mounted", || {
+        (segments(&admin).len() == 2).then_some(())
+    });
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    runtime().block_on(async {
+        let mut config = StoreConfig::new(rpc.clone());
+        config.connect_timeout = Duration::from_millis(500);
+        config.transfer_timeout = Duration::from_secs(2);
+        let store = Store::connect(config).await.unwrap();
+        for i in 0..20 {
+            store.put(&format!("k{i}"), &value(i), &two).await.unwrap();
+        }
+        // Each object has one replica on each host.
+        for i in 0..20 {
+            let listed = store.list(&format!("^k{i}$")).await.unwrap().remove(0);
+            let mut endpoints: Vec<String> = listed
+                .replicas
+                .iter()
+                .map(|r| r.endpoint.split(':').next().unwrap().to_string())
+                .collect();
+            endpoints.sort();
+            assert_eq!(endpoints, [a.to_string(), b.to_string()], "k{i}");
+        }
+
+        hosts.cut(1).unwrap();
+        let cut_at = Instant::now();
+        // Reads fail over to host b, writes land there.
+        for i in 0..20 {
+            assert_eq!(store.get(&format!("k{i}")).await.unwrap(), value(i), "k{i}");
+        }
+        for i in 20..30 {
+            store
+                .put(&format!("k{i}"), &value(i), &ReplicateConfig::default())
+                .await
+                .unwrap_or_else(|e| panic!("put k{i} during the cut: {e}"));
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(15),
+            "reads and writes during the cut took {:?}",
+            cut_at.elapsed()
+        );
+        // The heartbeat deadline unmounts host a.
+        moonkv_testkit::wait_for(Duration::from_secs(20), "host a unmounted", || {
+            segments(&admin)
+                .iter()
+                .all(|(host, _, _)| host != "host-a")
+                .then_some(())
+        });
+
+        hosts.heal(1).unwrap();
+        // Host a mounts again and takes writes: a two-replica put reaches both hosts.
+        moonkv_testkit::wait_for(Duration::from_secs(30), "host a mounted again", || {
+            segments(&admin)
+                .iter()
+                .any(|(host, status, suspect)| host == "host-a" && status == "OK" && !suspect)
+                .then_some(())
+        });
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut round = 0;
+        loop {
+            round += 1;
+            let key = format!("after-{round}");
+            if store.put(&key, &value(99), &two).await.is_ok() {
+                let listed = store.list(&format!("^{key}$")).await.unwrap();
+                if listed[0]
+                    .replicas
+                    .iter()
+                    .any(|r| r.endpoint.starts_with(&format!("{a}:")))
+                {
+                    break;
+                }
+            }
+            assert!(
+                Instant::now() < until,
+                "no put reached host a after the heal"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Nothing acknowledged was lost.
+        for i in 0..30 {
+            assert_eq!(store.get(&format!("k{i}")).await.unwrap(), value(i), "k{i}");
+        }
+    });
+}
