@@ -177,3 +177,102 @@ fn a_node_host_cut_off_costs_no_read_or_write_and_serves_again_when_its_link_hea
         }
     });
 }
+
+#[test]
+fn a_client_host_cut_mid_put_leaves_nothing_torn_and_its_key_is_reclaimed() {
+    let Some(hosts) = hosts::for_test(3) else {
+        return;
+    };
+    let (m, n) = (hosts.address(0), hosts.address(1));
+    let master = start_in(
+        &hosts,
+        0,
+        &[
+            "master",
+            "--rpc-address",
+            &m.to_string(),
+            "--rpc-port",
+            "0",
+            "--metrics-host",
+            &m.to_string(),
+            "--metrics-port",
+            "0",
+            "--put-start-discard-timeout-sec",
+            "2",
+            "--put-start-release-timeout-sec",
+            "4",
+        ],
+    );
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    // The node holds half of the write's payload for 3 s: the client host is cut meanwhile.
+    let mut cmd = hosts.command(1, MOONKV.path());
+    cmd.args([
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "64MiB",
+        "--data-bind",
+        &format!("{n}:0"),
+        "--data-io-timeout",
+        "2s",
+    ])
+    .env(
+        "FAILPOINTS",
+        format!(
+            "{}=1*sleep(3000)",
+            moonkv_node::failpoints::WRITE_MID_PAYLOAD
+        ),
+    );
+    let _node = Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"));
+    moonkv_testkit::wait_for(Duration::from_secs(20), "the node mounted", || {
+        (segments(&admin).len() == 1).then_some(())
+    });
+    let dir = std::env::temp_dir().join(format!("moonkv-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("value");
+    std::fs::write(&file, vec![0xEEu8; 16 << 20]).unwrap();
+    let mut writer = hosts.command(2, MOONKV.path());
+    writer
+        .args(["put", "torn", file.to_str().unwrap(), "--master", &rpc])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut writer = writer.spawn().unwrap();
+    // Once the write is under way (the key exists, not readable), the client host goes dark.
+    runtime().block_on(async {
+        let store = Store::connect(StoreConfig::new(rpc.clone())).await.unwrap();
+        moonkv_testkit::wait_for(Duration::from_secs(20), "the writer's PutStart", || {
+            let text = moonkv_testkit::http_get(&admin, "/metrics")?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("master_put_start_requests_total "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|n| *n >= 1.0)
+        });
+        hosts.cut(2).unwrap();
+        // Until the write is reclaimed, nothing of it is readable, never torn bytes.
+        let until = Instant::now() + Duration::from_secs(30);
+        let fresh = value(5);
+        loop {
+            if let Ok(bytes) = store.get("torn").await {
+                panic!("a half-written object was readable ({} bytes)", bytes.len());
+            }
+            // The key is taken over after the discard timeout, and the new value reads back.
+            if store
+                .put("torn", &fresh, &ReplicateConfig::default())
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the abandoned write was never reclaimed"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(store.get("torn").await.unwrap(), fresh);
+    });
+    let _ = writer.kill();
+    let _ = writer.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
