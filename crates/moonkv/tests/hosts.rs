@@ -276,3 +276,124 @@ fn a_client_host_cut_mid_put_leaves_nothing_torn_and_its_key_is_reclaimed() {
     let _ = writer.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A subscriber host cut off while objects are stored and removed ends with exactly the
+/// master's state once its link heals. A cut of a second or two is absorbed by TCP
+/// retransmission (the publisher's queue holds the events); losses beyond its queue go through
+/// the snapshot, which `events_stream.rs` covers on one host.
+#[test]
+fn a_subscriber_host_that_loses_its_link_ends_with_the_exact_index() {
+    use std::io::BufRead;
+    let Some(hosts) = hosts::for_test(3) else {
+        return;
+    };
+    let (m, n) = (hosts.address(0), hosts.address(1));
+    let master = start_in(
+        &hosts,
+        0,
+        &[
+            "master",
+            "--rpc-address",
+            &m.to_string(),
+            "--rpc-port",
+            "0",
+            "--metrics-host",
+            &m.to_string(),
+            "--metrics-port",
+            "0",
+            "--enable-kv-events",
+            "true",
+            "--kv-events-bind-endpoint",
+            &format!("tcp://{m}:0"),
+            "--kv-events-backend-id",
+            "hosts-test",
+        ],
+    );
+    let (rpc, admin, events) = (
+        master.field("rpc"),
+        master.field("admin"),
+        master.field("kv_events"),
+    );
+    let _node = start_in(
+        &hosts,
+        1,
+        &[
+            "node",
+            "--master",
+            &rpc,
+            "--segment-size",
+            "64MiB",
+            "--data-bind",
+            &format!("{n}:0"),
+        ],
+    );
+    moonkv_testkit::wait_for(Duration::from_secs(20), "the node mounted", || {
+        (segments(&admin).len() == 1).then_some(())
+    });
+    // The subscriber on its own host prints its index's status every 100 ms.
+    let mut subscriber = hosts
+        .command(2, MOONKV.path())
+        .args([
+            "events",
+            "index",
+            "--endpoint",
+            &events,
+            "--admin",
+            &admin,
+            "--interval",
+            "100ms",
+            "--json",
+            "--timeout",
+            "120s",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, status) = std::sync::mpsc::channel::<serde_json::Value>();
+    let stdout = subscriber.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(value) = serde_json::from_str(&line) {
+                if tx.send(value).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    // Waits for a status line that is live with `objects` objects.
+    let reach = |objects: u64, what: &str| -> serde_json::Value {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let line = status
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("the subscriber never reached {what}"));
+            if line["live"] == true && line["objects"] == objects {
+                return line;
+            }
+        }
+    };
+    runtime().block_on(async {
+        let store = Store::connect(StoreConfig::new(rpc.clone())).await.unwrap();
+        let small = vec![3u8; 1024];
+        let cfg = ReplicateConfig::default();
+        for i in 0..200 {
+            store.put(&format!("e{i}"), &small, &cfg).await.unwrap();
+        }
+        reach(200, "the first 200 objects");
+        hosts.cut(2).unwrap();
+        for i in 200..500 {
+            store.put(&format!("e{i}"), &small, &cfg).await.unwrap();
+        }
+        for i in 0..50 {
+            store.remove(&format!("e{i}"), true).await.unwrap();
+        }
+        hosts.heal(2).unwrap();
+    });
+    let last = reach(450, "the 450 objects left after the cut");
+    assert_eq!(last["cpu"], 450);
+    let _ = subscriber.kill();
+    let _ = subscriber.wait();
+}
