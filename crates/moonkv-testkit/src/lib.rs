@@ -15,6 +15,8 @@
 //! - [`payload`]: self-checking object bytes and a small deterministic generator.
 //! - [`peer`]: runs the independent Python peers of `tests/peer/`.
 //! - [`hosts`]: several hosts on one machine (network namespaces on a bridge), links to cut.
+//! - [`relay`]: a TCP relay that delays a link's bytes (and costs lost segments a
+//!   retransmission), where the kernel has no `netem`.
 //!
 //! The `publish_fixture` binary publishes a fixed event sequence for the Python peer of the
 //! event bytes (`tests/python_peers.rs`).
@@ -29,6 +31,7 @@ pub mod hosts;
 pub mod payload;
 pub mod peer;
 pub mod proc;
+pub mod relay;
 pub mod wire;
 
 pub use admin::{http, http_get, http_with, wait_for};
