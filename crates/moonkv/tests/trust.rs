@@ -828,3 +828,51 @@ fn a_put_that_fails_on_a_stalled_range_leaves_its_key_free_at_once() {
         drop(stalled);
     });
 }
+
+#[test]
+fn a_put_cancelled_mid_transfer_leaves_its_key_free() {
+    let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let rpc = master.field("rpc");
+    // The node stalls for 2 s with half the payload read: the caller gives up meanwhile.
+    let mut cmd = MOONKV.command(&[
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "64MiB",
+        "--no-same-host",
+    ]);
+    cmd.env(
+        "FAILPOINTS",
+        format!(
+            "{}=1*sleep(2000)",
+            moonkv_node::failpoints::WRITE_MID_PAYLOAD
+        ),
+    );
+    let _node = Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"));
+    let cfg = ReplicateConfig::default();
+    runtime().block_on(async {
+        let store = Store::connect(StoreConfig::new(rpc.clone())).await.unwrap();
+        let value = vec![0x77u8; 8 << 20];
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(300), store.put("c", &value, &cfg)).await;
+        assert!(
+            cancelled.is_err(),
+            "the put was cancelled by the caller's timeout"
+        );
+        // The dropped call revokes in the background: the key is free within a second, long
+        // before the master's discard timeout (30 s).
+        let until = std::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            match store.put("c", &[5u8; 4096], &cfg).await {
+                Ok(()) => break,
+                Err(e) => assert!(
+                    std::time::Instant::now() < until,
+                    "the key stayed taken after a cancelled put: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(store.get("c").await.unwrap(), vec![5u8; 4096]);
+    });
+}

@@ -465,6 +465,14 @@ impl Store {
             .into());
         }
         crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
+        // Dropped before the write ends (a caller's timeout, `select!`), the guard revokes it.
+        let mut cancelled = RevokeIfCancelled {
+            store: self.clone(),
+            kind,
+            key: key.to_string(),
+            ids: ids.clone(),
+            armed: true,
+        };
         let written = self.write_replicas(key, &replicas, value).await;
         let write_failed = written.is_err();
         let result = match written {
@@ -484,6 +492,9 @@ impl Store {
             }
             Err(e) => Err(e),
         };
+        // From here the call revokes by itself if it must; a cancellation during that revoke
+        // leaves the write to the master's discard and release timeouts.
+        cancelled.armed = false;
         match result {
             Ok(()) => Ok(in_memory),
             Err(error) => {
@@ -501,6 +512,32 @@ impl Store {
                     retry = (!down.is_empty()).then_some(down);
                 }
                 Err(failover::Failed { error, retry })
+            }
+        }
+    }
+
+    /// Revokes a write whose call was dropped: unsettled, since the abandoned transfer may still
+    /// reach a node; the space is released early only if the transfer layer can tell when it
+    /// settled.
+    async fn revoke_cancelled(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {
+        let settled = self.transfer.unsettled(&replica_ids);
+        let revoke = RevokeRequest {
+            client_id: self.master.client_id(),
+            tenant: self.tenant.clone(),
+            key: key.to_string(),
+            replica_type: ReplicaType::All,
+            replica_ids: replica_ids.clone(),
+            unsettled: true,
+        };
+        match self.master.call::<()>(kind.revoke(revoke)).await {
+            Ok(()) => {
+                tracing::debug!(%key, "a cancelled write was revoked");
+                if let Some(settled) = settled {
+                    self.release_when_settled(settled, replica_ids);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "the revoke of a cancelled write did not go through; the master reclaims it later")
             }
         }
     }
@@ -865,3 +902,26 @@ pub(crate) fn buffer_for<'a>(key: &str, buf: &'a mut [u8], size: usize) -> Resul
 
 #[cfg(test)]
 mod tests;
+
+/// Revokes a write whose call was dropped between its Start and its End (see
+/// [`Store::revoke_cancelled`]), from a background task of the runtime it was dropped in.
+struct RevokeIfCancelled {
+    store: Store,
+    kind: WriteKind,
+    key: String,
+    ids: Vec<ReplicaId>,
+    armed: bool,
+}
+
+impl Drop for RevokeIfCancelled {
+    fn drop(&mut self) {
+        if !self.armed || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let (store, kind) = (self.store.clone(), self.kind);
+        let (key, ids) = (std::mem::take(&mut self.key), std::mem::take(&mut self.ids));
+        self.store.transfer.spawn_background(async move {
+            store.revoke_cancelled(kind, &key, ids).await;
+        });
+    }
+}
