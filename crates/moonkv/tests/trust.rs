@@ -876,3 +876,68 @@ fn a_put_cancelled_mid_transfer_leaves_its_key_free() {
         assert_eq!(store.get("c").await.unwrap(), vec![5u8; 4096]);
     });
 }
+
+#[test]
+fn a_batch_put_cancelled_mid_transfer_leaves_its_keys_free() {
+    let master = start(&["master", "--rpc-port", "0", "--metrics-port", "0"]);
+    let rpc = master.field("rpc");
+    // The node stalls for 2 s with half the payload read: the caller gives up meanwhile.
+    let mut cmd = MOONKV.command(&[
+        "node",
+        "--master",
+        &rpc,
+        "--segment-size",
+        "64MiB",
+        "--no-same-host",
+    ]);
+    cmd.env(
+        "FAILPOINTS",
+        format!(
+            "{}=1*sleep(2000)",
+            moonkv_node::failpoints::WRITE_MID_PAYLOAD
+        ),
+    );
+    let _node = Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"));
+    let cfg = ReplicateConfig::default();
+    runtime().block_on(async {
+        let store = Store::connect(StoreConfig::new(rpc.clone())).await.unwrap();
+        let value = vec![0x77u8; 8 << 20];
+        // Every key the batch started is free again.
+        let keys = ["b0", "b1", "b2", "b3"];
+        let values: Vec<&[u8]> = vec![value.as_slice(); keys.len()];
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(300),
+            store.batch_put_from(&keys, &values, &cfg),
+        )
+        .await;
+        assert!(
+            cancelled.is_err(),
+            "the batch was cancelled by the caller's timeout"
+        );
+        let until = std::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            let small: Vec<&[u8]> = vec![&[6u8; 4096][..]; keys.len()];
+            let results = store.batch_put_from(&keys, &small, &cfg).await;
+            if results.iter().all(Result::is_ok) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "keys stayed taken after a cancelled batch: {results:?}"
+            );
+            // Keys already put again answer OBJECT_ALREADY_EXISTS next round: remove them.
+            for (k, r) in keys.iter().zip(&results) {
+                if r.is_ok() {
+                    store.remove(k, true).await.unwrap();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for k in keys {
+            assert_eq!(store.get(k).await.unwrap(), vec![6u8; 4096], "{k}");
+        }
+        for k in keys {
+            assert_eq!(store.get(k).await.unwrap(), vec![6u8; 4096], "{k}");
+        }
+    });
+}

@@ -219,6 +219,20 @@ impl Store {
             .call::<Vec<ItemResult<Vec<ReplicaDescriptor>>>>(kind.batch_start(request))
             .await;
         let started = merge(checked, answer);
+        // Dropped before it settles its keys (a caller's timeout), the call revokes them.
+        let mut cancelled = super::RevokeIfCancelled {
+            store: self.clone(),
+            kind,
+            writes: started
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    let ids = r.as_ref().ok()?.iter().map(|d| d.id).collect();
+                    Some((keys[i].to_string(), ids))
+                })
+                .collect(),
+            armed: true,
+        };
         crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
 
         // Every allocated key's bytes, all at once.
@@ -312,6 +326,8 @@ impl Store {
                 }
             }
         }
+        // From here the call revokes its failed keys itself.
+        cancelled.armed = false;
         // Every failed key is revoked now, so it is free again as the batch returns; the space
         // of a write whose transfer timed out is parked at the master until it settles.
         let mut settling = Vec::new();

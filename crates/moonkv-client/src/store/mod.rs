@@ -469,8 +469,7 @@ impl Store {
         let mut cancelled = RevokeIfCancelled {
             store: self.clone(),
             kind,
-            key: key.to_string(),
-            ids: ids.clone(),
+            writes: vec![(key.to_string(), ids.clone())],
             armed: true,
         };
         let written = self.write_replicas(key, &replicas, value).await;
@@ -905,23 +904,26 @@ mod tests;
 
 /// Revokes a write whose call was dropped between its Start and its End (see
 /// [`Store::revoke_cancelled`]), from a background task of the runtime it was dropped in.
-struct RevokeIfCancelled {
-    store: Store,
-    kind: WriteKind,
-    key: String,
-    ids: Vec<ReplicaId>,
-    armed: bool,
+pub(crate) struct RevokeIfCancelled {
+    pub(crate) store: Store,
+    pub(crate) kind: WriteKind,
+    /// Each started write: its key and replica ids.
+    pub(crate) writes: Vec<(String, Vec<ReplicaId>)>,
+    /// Cleared once the call handles its own outcome.
+    pub(crate) armed: bool,
 }
 
 impl Drop for RevokeIfCancelled {
     fn drop(&mut self) {
-        if !self.armed || tokio::runtime::Handle::try_current().is_err() {
+        if !self.armed || self.writes.is_empty() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
         let (store, kind) = (self.store.clone(), self.kind);
-        let (key, ids) = (std::mem::take(&mut self.key), std::mem::take(&mut self.ids));
+        let writes = std::mem::take(&mut self.writes);
         self.store.transfer.spawn_background(async move {
-            store.revoke_cancelled(kind, &key, ids).await;
+            for (key, ids) in writes {
+                store.revoke_cancelled(kind, &key, ids).await;
+            }
         });
     }
 }
