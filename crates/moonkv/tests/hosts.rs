@@ -493,3 +493,133 @@ fn puts_and_gets_across_a_slow_and_a_lossy_link_read_back_exactly() {
         );
     });
 }
+
+/// A 1,000-key batch put and a get-heavy reader run while one node host is cut off for longer
+/// than the heartbeat deadline: every batch key is stored (on the host that answers), every
+/// get returns the exact value from the other replica, and the cut host serves again after.
+#[test]
+fn a_node_host_cut_during_batch_puts_and_heavy_gets_loses_and_tears_nothing() {
+    let Some(hosts) = hosts::for_test(3) else {
+        return;
+    };
+    let (m, a, b) = (hosts.address(0), hosts.address(1), hosts.address(2));
+    let master = start_in(
+        &hosts,
+        0,
+        &[
+            "master",
+            "--rpc-address",
+            &m.to_string(),
+            "--rpc-port",
+            "0",
+            "--metrics-host",
+            &m.to_string(),
+            "--metrics-port",
+            "0",
+            "--client-live-ttl-sec",
+            "3",
+        ],
+    );
+    let (rpc, admin) = (master.field("rpc"), master.field("admin"));
+    let node = |host: usize, id: &str, address: std::net::Ipv4Addr| {
+        start_in(
+            &hosts,
+            host,
+            &[
+                "node",
+                "--master",
+                &rpc,
+                "--segment-size",
+                "64MiB",
+                "--host-id",
+                id,
+                "--data-bind",
+                &format!("{address}:0"),
+            ],
+        )
+    };
+    let _node_a = node(1, "host-a", a);
+    let _node_b = node(2, "host-b", b);
+    moonkv_testkit::wait_for(Duration::from_secs(20), "both node hosts mounted", || {
+        (segments(&admin).len() == 2).then_some(())
+    });
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    let small = |i: u32| -> Vec<u8> { (0..4096u32).map(|b| (b * 3 + i) as u8).collect() };
+    runtime().block_on(async {
+        let mut config = StoreConfig::new(rpc.clone());
+        config.connect_timeout = Duration::from_millis(500);
+        config.transfer_timeout = Duration::from_secs(2);
+        let store = Store::connect(config).await.unwrap();
+        // What the reader reads: 100 objects with a replica on each host.
+        for i in 0..100 {
+            store.put(&format!("g{i}"), &small(i), &two).await.unwrap();
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (store, stop) = (store.clone(), stop.clone());
+            tokio::spawn(async move {
+                let keys: Vec<String> = (0..100).map(|i| format!("g{i}")).collect();
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let mut rounds = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, got) in store.batch_get(&refs).await.into_iter().enumerate() {
+                        let got = got.unwrap_or_else(|e| panic!("get g{i} during the cut: {e}"));
+                        assert_eq!(got, small(i as u32), "g{i}");
+                    }
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        hosts.cut(1).unwrap();
+        let cut_at = Instant::now();
+        // 1,000 keys in batches of 100 while host a is dark (and then unmounted).
+        let mut stored = 0;
+        for batch in 0..10u32 {
+            let keys: Vec<String> = (0..100).map(|i| format!("p{batch}-{i}")).collect();
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let values: Vec<Vec<u8>> = (0..100).map(|i| small(batch * 100 + i)).collect();
+            let value_refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+            for (k, r) in keys
+                .iter()
+                .zip(store.batch_put_from(&refs, &value_refs, &two).await)
+            {
+                r.unwrap_or_else(|e| panic!("batch put {k} during the cut: {e}"));
+                stored += 1;
+            }
+        }
+        assert_eq!(stored, 1000);
+        // Hold the cut past the heartbeat deadline.
+        moonkv_testkit::wait_for(Duration::from_secs(20), "host a unmounted", || {
+            segments(&admin)
+                .iter()
+                .all(|(host, _, _)| host != "host-a")
+                .then_some(())
+        });
+        let cut_for = cut_at.elapsed();
+        hosts.heal(1).unwrap();
+        moonkv_testkit::wait_for(Duration::from_secs(30), "host a mounted again", || {
+            segments(&admin)
+                .iter()
+                .any(|(host, status, suspect)| host == "host-a" && status == "OK" && !suspect)
+                .then_some(())
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rounds = reader.await.unwrap();
+        assert!(rounds > 0, "the reader ran during the {cut_for:?} cut");
+        // Every key of the batches reads back exactly.
+        for batch in 0..10u32 {
+            for i in 0..100u32 {
+                let key = format!("p{batch}-{i}");
+                assert_eq!(
+                    store.get(&key).await.unwrap(),
+                    small(batch * 100 + i),
+                    "{key}"
+                );
+            }
+        }
+    });
+}

@@ -334,9 +334,9 @@ impl Store {
         for (i, item) in revoke_items.iter_mut() {
             if let Some(settled) = self.transfer.unsettled(&item.replica_ids) {
                 item.unsettled = true;
+                // Placed again like any failed key when a node of it does not answer: the new
+                // replicas get new space, the old space stays parked until this settles.
                 settling.push((*i, settled, item.replica_ids.clone()));
-                // Its node may still be busy with the old bytes: no second placement there.
-                retry[*i] = None;
             }
         }
         let (sent_index, revoke_items): (Vec<usize>, Vec<RevokeItem>) =
