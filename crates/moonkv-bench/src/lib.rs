@@ -27,6 +27,7 @@ mod loopback;
 pub mod master;
 mod memory;
 mod readopt;
+pub mod relay;
 mod report;
 mod resp;
 mod shape;
@@ -66,6 +67,9 @@ enum BenchCommand {
     /// Cancelled reads against a running cluster: is a buffer ever written after its call was
     /// dropped? Fails if one was.
     Cancel(cancel::CancelProbeArgs),
+    /// A TCP relay that adds round-trip time (and retransmission delays) to a link, for
+    /// cross-host runs where the kernel has no netem.
+    Relay(relay::RelayArgs),
 }
 
 /// Runs the chosen benchmark; results go to stdout, progress to the log (stderr).
@@ -79,6 +83,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Readopt(a) => readopt::run(a),
         BenchCommand::Charts(a) => charts::run(a),
         BenchCommand::Cancel(a) => cancel::run(a),
+        BenchCommand::Relay(a) => relay::run(a),
     }
 }
 

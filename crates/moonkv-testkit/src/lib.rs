@@ -16,7 +16,7 @@
 //! - [`peer`]: runs the independent Python peers of `tests/peer/`.
 //! - [`hosts`]: several hosts on one machine (network namespaces on a bridge), links to cut.
 //! - [`relay`]: a TCP relay that delays a link's bytes (and costs lost segments a
-//!   retransmission), where the kernel has no `netem`.
+//!   retransmission), where the kernel has no `netem` (`moonkv_bench::relay`).
 //!
 //! The `publish_fixture` binary publishes a fixed event sequence for the Python peer of the
 //! event bytes (`tests/python_peers.rs`).
@@ -31,10 +31,10 @@ pub mod hosts;
 pub mod payload;
 pub mod peer;
 pub mod proc;
-pub mod relay;
 pub mod wire;
 
 pub use admin::{http, http_get, http_with, wait_for};
 pub use cluster::Cluster;
 pub use error::KitError;
+pub use moonkv_bench::relay;
 pub use proc::{free_port, free_ports, output_of, signal, Moonkv, Proc};

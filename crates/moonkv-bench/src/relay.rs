@@ -6,6 +6,9 @@
 //!
 //! One thread per direction reads, a second one writes each chunk when its time has come, so
 //! the relay adds latency without capping throughput (chunks are up to 64 KiB).
+//!
+//! `moonkv bench relay` runs one from the command line (the cross-host benchmark script puts
+//! it between a client and a node host); tests use [`Relay`] directly.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -160,6 +163,37 @@ fn pipe(from: &TcpStream, to: &TcpStream, shape: Arc<parking_lot::Mutex<Shape>>)
         }
         let _ = to.shutdown(Shutdown::Write);
     });
+}
+
+/// `moonkv bench relay`.
+#[derive(clap::Args, Debug)]
+pub struct RelayArgs {
+    /// Address to listen on, e.g. `10.1.0.254:7000`.
+    #[arg(long)]
+    listen: String,
+    /// Address to forward to.
+    #[arg(long)]
+    target: SocketAddr,
+    /// Round-trip time the relay adds, e.g. `1ms`, `100us` as `0.1ms`.
+    #[arg(long, default_value = "1ms", value_parser = moonkv_proto::units::duration_flag)]
+    rtt: Duration,
+    /// Fraction of chunks delivered a retransmission (200 ms) late, e.g. `0.005`.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+}
+
+/// Runs a relay until the process is stopped; prints a ready line with its address.
+pub fn run(args: RelayArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((0.0..1.0).contains(&args.loss), "--loss must be in [0, 1)");
+    let relay = Relay::start(
+        &args.listen,
+        args.target,
+        Shape::rtt(args.rtt).with_loss(args.loss),
+    )?;
+    println!("{{\"event\":\"ready\",\"relay\":\"{}\"}}", relay.address());
+    loop {
+        std::thread::park();
+    }
 }
 
 #[cfg(test)]
