@@ -94,6 +94,25 @@ impl RawStream {
         RawStream { stream }
     }
 
+    /// [`RawStream::after_hello`], or `None` when the master closed the connection before
+    /// answering (a flood filled its handshake places) or the connect failed.
+    pub fn try_after_hello(addr: &str) -> Option<RawStream> {
+        let stream = TcpStream::connect(addr).ok()?;
+        stream.set_read_timeout(Some(IO_WITHIN)).ok()?;
+        stream.set_nodelay(true).ok()?;
+        let mut raw = RawStream { stream };
+        let mut handshake = Handshake::new("test", None);
+        let mut out = Vec::new();
+        frame::encode_value(&mut out, FrameKind::Hello, 0, 0, &handshake.first_hello()).ok()?;
+        raw.stream.write_all(&out).ok()?;
+        let answer = raw.read_frame()?;
+        let ack: HelloAck = decode(&answer).ok()?;
+        match handshake.answer(ack, addr) {
+            Ok(Step::Done(_)) => Some(raw),
+            _ => None,
+        }
+    }
+
     /// Connects and completes the hello with an open master, as every client does.
     pub fn after_hello(addr: &str) -> RawStream {
         let mut raw = RawStream::connect(addr);

@@ -5,8 +5,11 @@
 //! - must finish within `handshake_timeout`, or are closed;
 //! - have a cap of their own (`max_handshaking_connections`) and a cap per source address
 //!   (`max_handshaking_per_source`). A new connection over either cap evicts the oldest pending
-//!   connection (of its source when that source is over its cap), so a flood of silent sockets
-//!   can delay an honest client by one round trip at most, never lock it out;
+//!   connection (of its source when that source is over its cap) that has had at least
+//!   [`MIN_AGE`] to say hello, so a flood of silent sockets cannot lock an honest client out,
+//!   and a client that connects and says hello at once is never evicted by the sockets that
+//!   follow it. Only when every candidate is younger than that (a burst faster than the cap
+//!   per [`MIN_AGE`]) is the newcomer closed at once;
 //! - never hold one of the `max_connections` slots: a connection takes its slot only when its
 //!   handshake is accepted ([`Established`]), and is refused with an answer naming the cap if
 //!   none is free.
@@ -51,7 +54,7 @@ impl ConnectionMetrics {
         );
         registry.register(
             "master_rpc_handshake_closed",
-            "RPC connections closed before their handshake finished, by reason: deadline (handshake_timeout passed) or evicted (a newer connection needed the handshake slot)",
+            "RPC connections closed before their handshake finished, by reason: deadline (handshake_timeout passed), evicted (a newer connection needed the handshake place) or refused (every place held by connections too young to evict)",
             m.closed.clone(),
         );
         m
@@ -66,8 +69,13 @@ impl ConnectionMetrics {
     }
 }
 
+/// A pending connection younger than this is not evicted: a client that sends its hello at
+/// once has that long to get it read.
+pub(crate) const MIN_AGE: Duration = Duration::from_millis(200);
+
 struct Entry {
     source: IpAddr,
+    opened: std::time::Instant,
     evict: Arc<Notify>,
 }
 
@@ -133,24 +141,26 @@ impl Connections {
     }
 
     /// Registers a connection from `source` that starts its handshake, evicting the oldest
-    /// pending connection when a cap is reached.
-    pub(crate) fn begin(self: &Arc<Self>, source: IpAddr) -> Pending {
+    /// pending connection old enough to go when a cap is reached; `None` (the newcomer is to be
+    /// closed) when a cap is reached and every candidate is younger than [`MIN_AGE`].
+    pub(crate) fn begin(self: &Arc<Self>, source: IpAddr) -> Option<Pending> {
+        let now = std::time::Instant::now();
         let mut table = self.table.lock();
         let over_source =
             table.per_source.get(&source).copied().unwrap_or(0) >= self.limits.max_per_source;
-        let victim = if over_source {
-            table
+        let over_all = table.entries.len() >= self.limits.max;
+        if over_source || over_all {
+            // Ids grow with age, so the first old-enough match is the oldest.
+            let victim = table
                 .entries
                 .iter()
-                .find(|(_, e)| e.source == source)
-                .map(|(id, _)| *id)
-        } else if table.entries.len() >= self.limits.max {
-            table.entries.keys().next().copied()
-        } else {
-            None
-        };
-        if let Some(id) = victim.and_then(|id| table.remove(id)) {
-            id.evict.notify_one();
+                .find(|(_, e)| (!over_source || e.source == source) && now - e.opened >= MIN_AGE)
+                .map(|(id, _)| *id);
+            let Some(entry) = victim.and_then(|id| table.remove(id)) else {
+                self.metrics.closed("refused");
+                return None;
+            };
+            entry.evict.notify_one();
             self.handshaking.dec();
             self.metrics.closed("evicted");
         }
@@ -161,16 +171,17 @@ impl Connections {
             id,
             Entry {
                 source,
+                opened: now,
                 evict: evict.clone(),
             },
         );
         *table.per_source.entry(source).or_insert(0) += 1;
         self.handshaking.inc();
-        Pending {
+        Some(Pending {
             connections: self.clone(),
             id,
             evict,
-        }
+        })
     }
 
     /// A slot among `max_connections` for a connection whose handshake was accepted, if one is
@@ -246,13 +257,35 @@ mod tests {
         IpAddr::from([10, 0, 0, last])
     }
 
+    impl Connections {
+        /// `begin`, as if every pending connection were already old enough to evict.
+        fn begin_aged(self: &Arc<Self>, source: IpAddr) -> Pending {
+            for entry in self.table.lock().entries.values_mut() {
+                entry.opened -= MIN_AGE;
+            }
+            self.begin(source).expect("a place")
+        }
+    }
+
+    #[test]
+    fn a_young_pending_connection_is_not_evicted_and_the_newcomer_is_refused() {
+        let c = connections(100, 2, 10);
+        let _first = c.begin(ip(1)).expect("a place");
+        let _second = c.begin(ip(1)).expect("a place");
+        // Both are younger than MIN_AGE: the third from that source is refused, not them.
+        assert!(c.begin(ip(1)).is_none());
+        assert_eq!(c.handshaking(), 2);
+        // Another source is unaffected.
+        assert!(c.begin(ip(2)).is_some());
+    }
+
     #[tokio::test]
     async fn a_source_over_its_cap_evicts_its_own_oldest_connection() {
         let c = connections(100, 2, 10);
-        let first = c.begin(ip(1));
-        let other = c.begin(ip(2));
-        let second = c.begin(ip(1));
-        let third = c.begin(ip(1));
+        let first = c.begin_aged(ip(1));
+        let other = c.begin_aged(ip(2));
+        let second = c.begin_aged(ip(1));
+        let third = c.begin_aged(ip(1));
         // The oldest of source 1 went, not source 2's older connection.
         tokio::time::timeout(Duration::from_secs(1), first.eviction().notified())
             .await
@@ -265,8 +298,8 @@ mod tests {
     #[tokio::test]
     async fn the_global_cap_evicts_the_oldest_pending_connection() {
         let c = connections(3, 3, 10);
-        let held: Vec<Pending> = (1..=3).map(|i| c.begin(ip(i))).collect();
-        let newest = c.begin(ip(9));
+        let held: Vec<Pending> = (1..=3).map(|i| c.begin_aged(ip(i))).collect();
+        let newest = c.begin_aged(ip(9));
         tokio::time::timeout(Duration::from_secs(1), held[0].eviction().notified())
             .await
             .expect("the oldest overall is evicted");

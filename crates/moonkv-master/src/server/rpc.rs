@@ -256,7 +256,11 @@ pub(crate) async fn serve(
                 Ok((stream, peer)) => {
                     // The handshake's place: a deadline, and caps that evict the oldest
                     // pending connection rather than refuse the newest (`pending.rs`).
-                    let pending = shared.connections.begin(peer.ip());
+                    let Some(pending) = shared.connections.begin(peer.ip()) else {
+                        tracing::debug!(%peer, "connection closed at accept: every handshake place is held by a connection too young to evict");
+                        drop(stream);
+                        continue;
+                    };
                     let deadline = tokio::time::Instant::now() + shared.connections.deadline();
                     let shared = shared.clone();
                     let shutdown = shutdown.clone();
