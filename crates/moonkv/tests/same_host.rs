@@ -202,7 +202,14 @@ async fn a_caller_cannot_make_a_node_process_copy_into_any_process_but_itself() 
             );
         }
         assert!(sink.iter().all(|b| *b == 0), "nothing was copied anywhere");
-        // This process, which holds the connection: attached, and the bytes arrive.
+        // One ATTACH per connection: after the refusals, even the truth is refused here.
+        assert_eq!(
+            attach(&mut stream, std::process::id(), 29),
+            DataStatus::LocalRefused
+        );
+        // This process, on a connection of its own: attached, and the bytes arrive.
+        let mut stream = TcpStream::connect(&data).unwrap();
+        stream.set_read_timeout(Some(LIMIT)).unwrap();
         assert_eq!(attach(&mut stream, std::process::id(), 30), DataStatus::Ok);
         assert_eq!(
             read_local(&mut stream, 31, (segment.id, address), &mut sink),
