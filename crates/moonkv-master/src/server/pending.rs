@@ -6,7 +6,8 @@
 //! - have a cap of their own (`max_handshaking_connections`) and a cap per source address
 //!   (`max_handshaking_per_source`). A new connection over either cap evicts the oldest pending
 //!   connection (of its source when that source is over its cap) that has had at least
-//!   [`MIN_AGE`] to say hello, so a flood of silent sockets cannot lock an honest client out,
+//!   [`MIN_AGE`] to say hello — a connection silent for [`SILENT_AGE`] goes first — so a flood
+//!   of silent sockets cannot lock an honest client out,
 //!   and a client that connects and says hello at once is never evicted by the sockets that
 //!   follow it. Only when every candidate is younger than that (a burst faster than the cap
 //!   per [`MIN_AGE`]) is the newcomer closed at once;
@@ -73,9 +74,15 @@ impl ConnectionMetrics {
 /// once has that long to get it read.
 pub(crate) const MIN_AGE: Duration = Duration::from_millis(200);
 
+/// A pending connection that has not sent a byte this long after accept goes first: an honest
+/// client sends its hello at once.
+pub(crate) const SILENT_AGE: Duration = Duration::from_millis(20);
+
 struct Entry {
     source: IpAddr,
     opened: std::time::Instant,
+    /// Set once the connection sent its first byte.
+    spoke: Arc<std::sync::atomic::AtomicBool>,
     evict: Arc<Notify>,
 }
 
@@ -150,11 +157,22 @@ impl Connections {
             table.per_source.get(&source).copied().unwrap_or(0) >= self.limits.max_per_source;
         let over_all = table.entries.len() >= self.limits.max;
         if over_source || over_all {
-            // Ids grow with age, so the first old-enough match is the oldest.
+            // Ids grow with age, so the first match is the oldest: first a connection that has
+            // stayed silent since accept, then any old enough to have said hello.
+            let candidate = |e: &&Entry| !over_source || e.source == source;
+            let silent = |e: &&Entry| {
+                !e.spoke.load(std::sync::atomic::Ordering::Acquire) && now - e.opened >= SILENT_AGE
+            };
             let victim = table
                 .entries
                 .iter()
-                .find(|(_, e)| (!over_source || e.source == source) && now - e.opened >= MIN_AGE)
+                .find(|(_, e)| candidate(e) && silent(e))
+                .or_else(|| {
+                    table
+                        .entries
+                        .iter()
+                        .find(|(_, e)| candidate(e) && now - e.opened >= MIN_AGE)
+                })
                 .map(|(id, _)| *id);
             let Some(entry) = victim.and_then(|id| table.remove(id)) else {
                 self.metrics.closed("refused");
@@ -167,11 +185,13 @@ impl Connections {
         let id = table.next_id;
         table.next_id += 1;
         let evict = Arc::new(Notify::new());
+        let spoke = Arc::new(std::sync::atomic::AtomicBool::new(false));
         table.entries.insert(
             id,
             Entry {
                 source,
                 opened: now,
+                spoke: spoke.clone(),
                 evict: evict.clone(),
             },
         );
@@ -181,6 +201,7 @@ impl Connections {
             connections: self.clone(),
             id,
             evict,
+            spoke,
         })
     }
 
@@ -208,12 +229,18 @@ pub(crate) struct Pending {
     connections: Arc<Connections>,
     id: u64,
     evict: Arc<Notify>,
+    spoke: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Pending {
     /// Fires once when a newer connection evicted this one.
     pub(crate) fn eviction(&self) -> Arc<Notify> {
         self.evict.clone()
+    }
+
+    /// Records that the connection sent its first byte (it is no longer evicted as silent).
+    pub(crate) fn spoke(&self) {
+        self.spoke.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -275,6 +275,7 @@ pub(crate) async fn serve(
                                 if !matches!(peeked, Ok(n) if n > 0) {
                                     return;
                                 }
+                                pending.spoke();
                             }
                             _ = tokio::time::sleep_until(deadline) => {
                                 shared.connections.metrics().closed("deadline");
