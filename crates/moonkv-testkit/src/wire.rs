@@ -63,6 +63,37 @@ pub fn fake_segment(n: u64) -> Segment {
     }
 }
 
+/// The bytes of a first hello (no credential) with `request_id`, as a client named `name` sends
+/// it.
+pub fn hello_frame(request_id: u64, name: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    frame::encode_value(
+        &mut out,
+        FrameKind::Hello,
+        request_id,
+        0,
+        &Handshake::new(name, None).first_hello(),
+    )
+    .expect("encode a hello");
+    out
+}
+
+/// Whether the peer closed `stream`: a read gives the end of the stream or an error, after
+/// whatever answer came first. Does not wait; reads only what already arrived.
+pub fn closed_by_peer(stream: &mut TcpStream) -> bool {
+    let _ = stream.set_nonblocking(true);
+    let mut scratch = [0u8; 4096];
+    loop {
+        match stream.read(&mut scratch) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return true,
+        }
+    }
+}
+
 /// One frame as it came off the wire.
 #[derive(Debug)]
 pub struct RawFrame {

@@ -12,8 +12,9 @@ use moonkv_client::store::{Store, StoreConfig};
 use moonkv_dataplane::header::{DataOp, RequestHeader};
 use moonkv_proto::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 use moonkv_testkit::cluster::runtime;
+use moonkv_testkit::wire::closed_by_peer;
 use moonkv_testkit::{Moonkv, Proc};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,22 +35,6 @@ fn start(args: &[&str]) -> Proc {
         .env_remove("MOONKV_GRANT_SECRET")
         .env_remove("MOONKV_GRANT_SECRET_FILE");
     Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Whether the peer closed `stream` (end of stream or an error after any answer); does not
-/// wait, and reads only what already arrived.
-fn closed_by_peer(stream: &mut TcpStream) -> bool {
-    let _ = stream.set_nonblocking(true);
-    let mut scratch = [0u8; 4096];
-    loop {
-        match stream.read(&mut scratch) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return true,
-        }
-    }
 }
 
 /// What the attack threads share: when to stop, and what went wrong.

@@ -20,6 +20,24 @@ fn start_in(hosts: &Hosts, host: usize, args: &[&str]) -> Proc {
     Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A master on host 0's address with ephemeral ports, plus `extra` flags.
+fn start_master(hosts: &Hosts, extra: &[&str]) -> Proc {
+    let m = hosts.address(0).to_string();
+    let mut args = vec![
+        "master",
+        "--rpc-address",
+        &m,
+        "--rpc-port",
+        "0",
+        "--metrics-host",
+        &m,
+        "--metrics-port",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    start_in(hosts, 0, &args)
+}
+
 fn value(i: u32) -> Vec<u8> {
     (0..64u32 << 10).map(|b| (b * 7 + i) as u8).collect()
 }
@@ -51,20 +69,10 @@ fn a_node_host_cut_off_costs_no_read_or_write_and_serves_again_when_its_link_hea
     let Some(hosts) = hosts::for_test(3) else {
         return;
     };
-    let (m, a, b) = (hosts.address(0), hosts.address(1), hosts.address(2));
-    let master = start_in(
+    let (a, b) = (hosts.address(1), hosts.address(2));
+    let master = start_master(
         &hosts,
-        0,
         &[
-            "master",
-            "--rpc-address",
-            &m.to_string(),
-            "--rpc-port",
-            "0",
-            "--metrics-host",
-            &m.to_string(),
-            "--metrics-port",
-            "0",
             // A cut node is unmounted quickly, and re-mounts once its link heals.
             "--client-live-ttl-sec",
             "3",
@@ -183,20 +191,10 @@ fn a_client_host_cut_mid_put_leaves_nothing_torn_and_its_key_is_reclaimed() {
     let Some(hosts) = hosts::for_test(3) else {
         return;
     };
-    let (m, n) = (hosts.address(0), hosts.address(1));
-    let master = start_in(
+    let n = hosts.address(1);
+    let master = start_master(
         &hosts,
-        0,
         &[
-            "master",
-            "--rpc-address",
-            &m.to_string(),
-            "--rpc-port",
-            "0",
-            "--metrics-host",
-            &m.to_string(),
-            "--metrics-port",
-            "0",
             "--put-start-discard-timeout-sec",
             "2",
             "--put-start-release-timeout-sec",
@@ -287,24 +285,14 @@ fn a_subscriber_host_that_loses_its_link_ends_with_the_exact_index() {
     let Some(hosts) = hosts::for_test(3) else {
         return;
     };
-    let (m, n) = (hosts.address(0), hosts.address(1));
-    let master = start_in(
+    let n = hosts.address(1);
+    let master = start_master(
         &hosts,
-        0,
         &[
-            "master",
-            "--rpc-address",
-            &m.to_string(),
-            "--rpc-port",
-            "0",
-            "--metrics-host",
-            &m.to_string(),
-            "--metrics-port",
-            "0",
             "--enable-kv-events",
             "true",
             "--kv-events-bind-endpoint",
-            &format!("tcp://{m}:0"),
+            &format!("tcp://{}:0", hosts.address(0)),
             "--kv-events-backend-id",
             "hosts-test",
         ],
@@ -407,22 +395,8 @@ fn puts_and_gets_across_a_slow_and_a_lossy_link_read_back_exactly() {
     let Some(hosts) = hosts::for_test(2) else {
         return;
     };
-    let (m, n) = (hosts.address(0), hosts.address(1));
-    let master = start_in(
-        &hosts,
-        0,
-        &[
-            "master",
-            "--rpc-address",
-            &m.to_string(),
-            "--rpc-port",
-            "0",
-            "--metrics-host",
-            &m.to_string(),
-            "--metrics-port",
-            "0",
-        ],
-    );
+    let n = hosts.address(1);
+    let master = start_master(&hosts, &[]);
     let (rpc, admin) = (master.field("rpc"), master.field("admin"));
     // The node listens on its host at `port`; clients reach it through a relay on the test's
     // own address, same port, which shapes the link.
@@ -502,24 +476,8 @@ fn a_node_host_cut_during_batch_puts_and_heavy_gets_loses_and_tears_nothing() {
     let Some(hosts) = hosts::for_test(3) else {
         return;
     };
-    let (m, a, b) = (hosts.address(0), hosts.address(1), hosts.address(2));
-    let master = start_in(
-        &hosts,
-        0,
-        &[
-            "master",
-            "--rpc-address",
-            &m.to_string(),
-            "--rpc-port",
-            "0",
-            "--metrics-host",
-            &m.to_string(),
-            "--metrics-port",
-            "0",
-            "--client-live-ttl-sec",
-            "3",
-        ],
-    );
+    let (a, b) = (hosts.address(1), hosts.address(2));
+    let master = start_master(&hosts, &["--client-live-ttl-sec", "3"]);
     let (rpc, admin) = (master.field("rpc"), master.field("admin"));
     let node = |host: usize, id: &str, address: std::net::Ipv4Addr| {
         start_in(

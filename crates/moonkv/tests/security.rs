@@ -9,6 +9,7 @@ use moonkv_proto::auth::Secret;
 use moonkv_proto::grant::{unix_now_ms, Grant, READ};
 use moonkv_proto::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
 use moonkv_testkit::cluster::runtime;
+use moonkv_testkit::wire::closed_by_peer;
 use moonkv_testkit::{http_get, output_of, Moonkv, Proc};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -376,36 +377,12 @@ fn up_with_a_secret_shares_it_with_its_node() {
     );
 }
 
-/// Whether the peer closed `stream`: end of stream or an error, read without waiting.
-fn closed_by_peer(stream: &mut std::net::TcpStream) -> bool {
-    let _ = stream.set_nonblocking(true);
-    let mut scratch = [0u8; 4096];
-    loop {
-        match stream.read(&mut scratch) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return true,
-        }
-    }
-}
-
 /// A connection that sends the first hello and never the proof the challenge asks for.
 fn hello_without_proof(rpc: &str) -> std::net::TcpStream {
-    use moonkv_client::master_client::handshake::Handshake;
-    use moonkv_proto::frame::{self, FrameKind};
     let mut stream = std::net::TcpStream::connect(rpc).unwrap();
-    let mut out = Vec::new();
-    frame::encode_value(
-        &mut out,
-        FrameKind::Hello,
-        0,
-        0,
-        &Handshake::new("half", None).first_hello(),
-    )
-    .unwrap();
-    stream.write_all(&out).unwrap();
+    stream
+        .write_all(&moonkv_testkit::wire::hello_frame(0, "half"))
+        .unwrap();
     stream
 }
 
@@ -539,16 +516,7 @@ fn with_every_client_slot_taken_a_hello_is_refused_with_an_answer_naming_the_cap
     let _a = moonkv_testkit::wire::RawStream::after_hello(&rpc);
     let _b = moonkv_testkit::wire::RawStream::after_hello(&rpc);
     let mut third = moonkv_testkit::wire::RawStream::connect(&rpc);
-    let mut out = Vec::new();
-    moonkv_proto::frame::encode_value(
-        &mut out,
-        moonkv_proto::frame::FrameKind::Hello,
-        5,
-        0,
-        &moonkv_client::master_client::handshake::Handshake::new("third", None).first_hello(),
-    )
-    .unwrap();
-    third.write(&out);
+    third.write(&moonkv_testkit::wire::hello_frame(5, "third"));
     let answer = third.read_frame().expect("the hello is answered");
     assert_eq!(answer.request_id, 5);
     assert_eq!(answer.code, ErrorCode::RPC_FAIL.as_i32());

@@ -14,6 +14,7 @@ use moonkv_proto::msg::{EndRequest, MountSegmentRequest, PutStartRequest, Unmoun
 use moonkv_proto::{ClientId, ErrorCode, ReplicaDescriptor, ReplicaType, ReplicateConfig};
 use moonkv_proto::{SegmentId, Uuid};
 use moonkv_testkit::cluster::runtime;
+use moonkv_testkit::wire::closed_by_peer;
 use moonkv_testkit::{http_with, Moonkv, Proc};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -455,16 +456,7 @@ fn half_sent_frames_are_dropped_after_the_io_timeout_and_connections_are_capped(
         .map(|_| moonkv_testkit::wire::RawStream::after_hello(&rpc))
         .collect();
     let mut extra = moonkv_testkit::wire::RawStream::connect(&rpc);
-    let mut hello = Vec::new();
-    moonkv_proto::frame::encode_value(
-        &mut hello,
-        moonkv_proto::frame::FrameKind::Hello,
-        0,
-        0,
-        &moonkv_client::master_client::handshake::Handshake::new("extra", None).first_hello(),
-    )
-    .unwrap();
-    extra.write(&hello);
+    extra.write(&moonkv_testkit::wire::hello_frame(0, "extra"));
     let answer = extra.read_frame().expect("the hello is answered");
     assert_eq!(answer.code, ErrorCode::RPC_FAIL.as_i32());
     assert!(
@@ -571,23 +563,6 @@ fn a_node_whose_segment_is_unmounted_behind_its_back_mounts_it_again() {
             && now["segments"][0]["segment_id"] == victim["segment_id"])
             .then_some(())
     });
-}
-
-/// Whether the server closed `stream`: a read gives the end of the stream or an error, after
-/// whatever answer came first (a 408, say). Does not wait.
-fn closed_by_peer(stream: &mut std::net::TcpStream) -> bool {
-    use std::io::Read;
-    stream.set_nonblocking(true).unwrap();
-    let mut scratch = [0u8; 4096];
-    loop {
-        match stream.read(&mut scratch) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return true,
-        }
-    }
 }
 
 #[test]

@@ -515,38 +515,24 @@ impl Store {
         }
     }
 
-    /// Revokes a write whose call was dropped: unsettled, since the abandoned transfer may still
-    /// reach a node; the space is released early only if the transfer layer can tell when it
-    /// settled.
-    async fn revoke_cancelled(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) {
-        let settled = self.transfer.unsettled(&replica_ids);
-        let revoke = RevokeRequest {
-            client_id: self.master.client_id(),
-            tenant: self.tenant.clone(),
-            key: key.to_string(),
-            replica_type: ReplicaType::All,
-            replica_ids: replica_ids.clone(),
-            unsettled: true,
-        };
-        match self.master.call::<()>(kind.revoke(revoke)).await {
-            Ok(()) => {
-                tracing::debug!(%key, "a cancelled write was revoked");
-                if let Some(settled) = settled {
-                    self.release_when_settled(settled, replica_ids);
-                }
-            }
-            Err(e) => {
-                tracing::debug!(%key, error = %e, "the revoke of a cancelled write did not go through; the master reclaims it later")
-            }
-        }
-    }
-
     /// Revokes this write's replicas at once, so the key is free again as the error returns.
     /// When a transfer into them timed out or was cancelled, a node may still apply its bytes:
     /// the revoke then says so (`unsettled`), the master parks their space instead of reusing
     /// it, and the space is released ([`Store::release_when_settled`]) once the abandoned
     /// connections are settled. Returns whether the master accepted the revoke.
     async fn revoke(&self, kind: WriteKind, key: &str, replica_ids: Vec<ReplicaId>) -> bool {
+        self.revoke_marked(kind, key, replica_ids, false).await
+    }
+
+    /// [`Store::revoke`], marked unsettled whatever the transfer layer knows when `cancelled`
+    /// (a dropped call cannot tell whether its abandoned transfer still reaches a node).
+    async fn revoke_marked(
+        &self,
+        kind: WriteKind,
+        key: &str,
+        replica_ids: Vec<ReplicaId>,
+        cancelled: bool,
+    ) -> bool {
         let settled = self.transfer.unsettled(&replica_ids);
         let revoke = RevokeRequest {
             client_id: self.master.client_id(),
@@ -554,7 +540,7 @@ impl Store {
             key: key.to_string(),
             replica_type: ReplicaType::All,
             replica_ids: replica_ids.clone(),
-            unsettled: settled.is_some(),
+            unsettled: cancelled || settled.is_some(),
         };
         let revoked = match self.master.call::<()>(kind.revoke(revoke)).await {
             Ok(()) => true,
@@ -902,8 +888,8 @@ pub(crate) fn buffer_for<'a>(key: &str, buf: &'a mut [u8], size: usize) -> Resul
 #[cfg(test)]
 mod tests;
 
-/// Revokes a write whose call was dropped between its Start and its End (see
-/// [`Store::revoke_cancelled`]), from a background task of the runtime it was dropped in.
+/// Revokes a write whose call was dropped between its Start and its End (unsettled, see
+/// [`Store::revoke`]), from a background task of the runtime it was dropped in.
 pub(crate) struct RevokeIfCancelled {
     pub(crate) store: Store,
     pub(crate) kind: WriteKind,
@@ -922,7 +908,7 @@ impl Drop for RevokeIfCancelled {
         let writes = std::mem::take(&mut self.writes);
         self.store.transfer.spawn_background(async move {
             for (key, ids) in writes {
-                store.revoke_cancelled(kind, &key, ids).await;
+                store.revoke_marked(kind, &key, ids, true).await;
             }
         });
     }
