@@ -1,0 +1,318 @@
+//! The prefix index: per partition, a hashed chain `block hash → holders`, where a holder is a
+//! source slot and the tiers that source has the block in.
+//!
+//! A block hash names the whole prefix up to that block (every profile chains its parent), so a
+//! lookup per block, stopping at the first block nobody holds, finds every worker's longest
+//! prefix without storing parent links. Sources only ever set or clear their own bits, and
+//! dropping a source clears exactly its bits, so removals, clears, unregistering and a source's
+//! lost history all leave the index as if the source had never reported the dropped blocks.
+//!
+//! - `mod.rs`: [`Partition`] (the map and its holder lists) and [`PrefixIndex`] (partitions by
+//!   [`PartitionKey`], each behind its own lock).
+//! - `query.rs`: the walk that turns a chain of hashes into per-worker, per-tier matches.
+
+mod query;
+
+pub use query::{walk, WorkerRun, WALK_CHUNK};
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::hash::HashProfile;
+use crate::ids::{BlockHash, PartitionKey, SourceSlot, Tier, TierMask};
+
+/// Block hashes are already uniformly distributed digests; hashing them again is wasted work.
+#[derive(Default, Clone, Copy)]
+pub struct PassThroughHasher(u64);
+
+impl Hasher for PassThroughHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used by `u64` keys; fold anything else in so it stays correct.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<PassThroughHasher>>;
+
+/// One source's hold on a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    /// The source.
+    pub source: SourceSlot,
+    /// The tiers it has the block in (never empty inside the index).
+    pub tiers: TierMask,
+}
+
+/// The holders of one block: almost always one, so that case takes no allocation.
+#[derive(Debug, Clone)]
+enum Holders {
+    One(Holder),
+    Many(Box<Vec<Holder>>),
+}
+
+impl Holders {
+    fn as_slice(&self) -> &[Holder] {
+        match self {
+            Holders::One(h) => std::slice::from_ref(h),
+            Holders::Many(v) => v,
+        }
+    }
+
+    /// Applies `change` to `source`'s tiers; returns whether anything changed and whether the
+    /// block is now held by nobody.
+    fn update(&mut self, source: SourceSlot, change: impl Fn(TierMask) -> TierMask) -> (bool, bool) {
+        match self {
+            Holders::One(h) if h.source == source => {
+                let new = change(h.tiers);
+                let changed = new != h.tiers;
+                h.tiers = new;
+                (changed, new.is_empty())
+            }
+            Holders::One(h) => {
+                let new = change(TierMask::EMPTY);
+                if new.is_empty() {
+                    return (false, false);
+                }
+                *self = Holders::Many(Box::new(vec![*h, Holder { source, tiers: new }]));
+                (true, false)
+            }
+            Holders::Many(v) => {
+                let changed = match v.iter().position(|h| h.source == source) {
+                    Some(i) => {
+                        let new = change(v[i].tiers);
+                        let changed = new != v[i].tiers;
+                        if new.is_empty() {
+                            v.swap_remove(i);
+                        } else {
+                            v[i].tiers = new;
+                        }
+                        changed
+                    }
+                    None => {
+                        let new = change(TierMask::EMPTY);
+                        if !new.is_empty() {
+                            v.push(Holder { source, tiers: new });
+                        }
+                        !new.is_empty()
+                    }
+                };
+                let empty = v.is_empty();
+                if v.len() == 1 {
+                    let only = v[0];
+                    *self = Holders::One(only);
+                }
+                (changed, empty)
+            }
+        }
+    }
+}
+
+/// The blocks of one partition and the profile its queries hash with.
+#[derive(Debug)]
+pub struct Partition {
+    profile: HashProfile,
+    blocks: BlockMap<Holders>,
+}
+
+impl Partition {
+    /// An empty partition hashed with `profile`.
+    pub fn new(profile: HashProfile) -> Partition {
+        Partition {
+            profile,
+            blocks: BlockMap::default(),
+        }
+    }
+
+    /// The profile queries of this partition hash with.
+    pub fn profile(&self) -> &HashProfile {
+        &self.profile
+    }
+
+    /// Marks `hash` as held by `source` in `tier`; true if that is new.
+    pub fn store(&mut self, hash: BlockHash, source: SourceSlot, tier: Tier) -> bool {
+        match self.blocks.get_mut(&hash.0) {
+            Some(holders) => holders.update(source, |m| m.with(tier)).0,
+            None => {
+                let tiers = TierMask::EMPTY.with(tier);
+                self.blocks
+                    .insert(hash.0, Holders::One(Holder { source, tiers }));
+                true
+            }
+        }
+    }
+
+    /// Clears `source`'s `tier` for `hash`; true if it was set.
+    pub fn remove(&mut self, hash: BlockHash, source: SourceSlot, tier: Tier) -> bool {
+        self.set_tiers(hash, source, |m| m.without(tier))
+    }
+
+    /// Clears every tier `source` holds `hash` in; true if any was set.
+    pub fn remove_all_tiers(&mut self, hash: BlockHash, source: SourceSlot) -> bool {
+        self.set_tiers(hash, source, |_| TierMask::EMPTY)
+    }
+
+    fn set_tiers(
+        &mut self,
+        hash: BlockHash,
+        source: SourceSlot,
+        change: impl Fn(TierMask) -> TierMask,
+    ) -> bool {
+        let Some(holders) = self.blocks.get_mut(&hash.0) else {
+            return false;
+        };
+        let (changed, empty) = holders.update(source, change);
+        if empty {
+            self.blocks.remove(&hash.0);
+        }
+        changed
+    }
+
+    /// Drops every block hold of `source`; returns how many blocks it held.
+    pub fn remove_source(&mut self, source: SourceSlot) -> usize {
+        let mut dropped = 0;
+        self.blocks.retain(|_, holders| {
+            let (changed, empty) = holders.update(source, |_| TierMask::EMPTY);
+            dropped += usize::from(changed);
+            !empty
+        });
+        dropped
+    }
+
+    /// The holders of `hash`, if anyone holds it.
+    pub fn holders(&self, hash: BlockHash) -> Option<&[Holder]> {
+        self.blocks.get(&hash.0).map(Holders::as_slice)
+    }
+
+    /// Blocks held by anyone.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// True when no block is held.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// An estimate of the heap bytes the partition uses (table slots plus spilled holder lists).
+    pub fn heap_bytes(&self) -> usize {
+        let slot = std::mem::size_of::<(u64, Holders)>() + 1;
+        let spilled: usize = self
+            .blocks
+            .values()
+            .map(|h| match h {
+                Holders::One(_) => 0,
+                Holders::Many(v) => {
+                    std::mem::size_of::<Vec<Holder>>()
+                        + v.capacity() * std::mem::size_of::<Holder>()
+                }
+            })
+            .sum();
+        self.blocks.capacity() * slot + spilled
+    }
+
+    /// Reserves room for `additional` more blocks.
+    pub fn reserve(&mut self, additional: usize) {
+        self.blocks.reserve(additional);
+    }
+}
+
+/// Every partition, each behind its own lock so queries of one model never wait for the
+/// writers of another.
+#[derive(Debug, Default)]
+pub struct PrefixIndex {
+    partitions: RwLock<HashMap<PartitionKey, Arc<RwLock<Partition>>>>,
+}
+
+/// Why a partition could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileMismatch {
+    /// The profile the partition already has.
+    pub existing: HashProfile,
+}
+
+impl PrefixIndex {
+    /// An empty index.
+    pub fn new() -> PrefixIndex {
+        PrefixIndex::default()
+    }
+
+    /// The partition for `key`, if it exists.
+    pub fn partition(&self, key: &PartitionKey) -> Option<Arc<RwLock<Partition>>> {
+        self.partitions.read().get(key).cloned()
+    }
+
+    /// The partition for `key`, created with `profile` if missing. An existing partition with
+    /// another profile is refused: its hashes could never match the new source's.
+    pub fn partition_or_create(
+        &self,
+        key: &PartitionKey,
+        profile: &HashProfile,
+    ) -> Result<Arc<RwLock<Partition>>, ProfileMismatch> {
+        if let Some(p) = self.partition(key) {
+            return check_profile(p, profile);
+        }
+        let mut map = self.partitions.write();
+        let p = map
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(RwLock::new(Partition::new(profile.clone()))))
+            .clone();
+        drop(map);
+        check_profile(p, profile)
+    }
+
+    /// Drops every hold of `source` in every partition; returns the blocks it held. Empty
+    /// partitions stay (their profile was agreed by registration).
+    pub fn remove_source(&self, source: SourceSlot) -> usize {
+        let parts: Vec<_> = self.partitions.read().values().cloned().collect();
+        parts.iter().map(|p| p.write().remove_source(source)).sum()
+    }
+
+    /// Blocks held, over all partitions.
+    pub fn blocks(&self) -> usize {
+        self.partitions.read().values().map(|p| p.read().len()).sum()
+    }
+
+    /// Estimated heap bytes, over all partitions.
+    pub fn heap_bytes(&self) -> usize {
+        self.partitions
+            .read()
+            .values()
+            .map(|p| p.read().heap_bytes())
+            .sum()
+    }
+
+    /// The partition keys, sorted.
+    pub fn keys(&self) -> Vec<PartitionKey> {
+        let mut keys: Vec<_> = self.partitions.read().keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+}
+
+fn check_profile(
+    p: Arc<RwLock<Partition>>,
+    profile: &HashProfile,
+) -> Result<Arc<RwLock<Partition>>, ProfileMismatch> {
+    let existing = p.read().profile().clone();
+    if &existing == profile {
+        Ok(p)
+    } else {
+        Err(ProfileMismatch { existing })
+    }
+}
+
+#[cfg(test)]
+mod tests;
