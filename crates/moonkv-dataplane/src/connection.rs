@@ -54,14 +54,17 @@ impl DataConnection {
         tls: Option<&TlsConnector>,
     ) -> Result<DataConnection> {
         let opened = async {
-            let mut stream = crate::stream::connect(endpoint, tls, "node")
-                .await
-                .map_err(|e| match e {
-                    ConnectFailure::Tcp(e) => transfer_io_fail(endpoint, "connect failed", e),
-                    ConnectFailure::Tls(why) => {
-                        Error::new(ErrorCode::ILLEGAL_CLIENT, why.to_string())
-                    }
-                })?;
+            let mut stream = crate::stream::connect(
+                endpoint,
+                tls,
+                "node",
+                Some(crate::stream::unacked_bound(timeout)),
+            )
+            .await
+            .map_err(|e| match e {
+                ConnectFailure::Tcp(e) => transfer_io_fail(endpoint, "connect failed", e),
+                ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why.to_string()),
+            })?;
             if let Some(secret) = secret {
                 authenticate(&mut stream, endpoint, secret).await?;
             }

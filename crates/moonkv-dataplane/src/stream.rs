@@ -199,17 +199,42 @@ pub enum ConnectFailure {
     Tls(TlsError),
 }
 
+/// The shortest bound [`unacked_bound`] gives: TCP's minimum retransmission timeout is 200 ms,
+/// so a bound near it would close healthy connections on a lossy link.
+pub const MIN_UNACKED: Duration = Duration::from_secs(1);
+
+/// How long sent bytes may stay unacknowledged by the peer's kernel before a connection counts
+/// as dead, for a caller whose connect timeout is `connect_timeout`: the same, at least
+/// [`MIN_UNACKED`].
+pub fn unacked_bound(connect_timeout: Duration) -> Duration {
+    connect_timeout.max(MIN_UNACKED)
+}
+
 /// Opens a TCP connection to `addr` with `TCP_NODELAY` and, with `tls`, performs the TLS
 /// handshake, verifying the `peer` ("master" or "node") against the configured CA.
+///
+/// `unacked` sets `TCP_USER_TIMEOUT`: bytes sent that the peer's kernel has not acknowledged
+/// within it close the connection with `ETIMEDOUT`. A peer process that is merely slow still
+/// acknowledges at the TCP level, so only a host that is gone or cut off trips it; without
+/// it a request on a pooled connection to such a host would wait out the whole transfer
+/// timeout (the kernel's own bound is about 15 minutes).
 pub async fn connect(
     addr: &str,
     tls: Option<&TlsConnector>,
     peer: &str,
+    unacked: Option<Duration>,
 ) -> Result<Stream, ConnectFailure> {
     let stream = TcpStream::connect(addr)
         .await
         .map_err(ConnectFailure::Tcp)?;
     stream.set_nodelay(true).map_err(ConnectFailure::Tcp)?;
+    if let Some(unacked) = unacked {
+        let ms = u32::try_from(unacked.as_millis())
+            .unwrap_or(u32::MAX)
+            .max(1);
+        rustix::net::sockopt::set_tcp_user_timeout(&stream, ms)
+            .map_err(|e| ConnectFailure::Tcp(e.into()))?;
+    }
     let Some(tls) = tls else {
         return Ok(Stream::Plain(stream));
     };
@@ -243,4 +268,33 @@ pub fn explain(e: &io::Error, peer: &str, addr: &str) -> String {
     }
     let _ = (peer, addr);
     e.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_bounds_how_long_its_bytes_may_stay_unacknowledged() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let bound = unacked_bound(Duration::from_millis(2500));
+        // Irrefutable without the `tls` feature.
+        #[allow(irrefutable_let_patterns)]
+        let Stream::Plain(tcp) = connect(&addr, None, "node", Some(bound)).await.unwrap() else {
+            panic!("a plain connection");
+        };
+        assert_eq!(
+            rustix::net::sockopt::tcp_user_timeout(&tcp).unwrap(),
+            2500,
+            "TCP_USER_TIMEOUT follows the connect timeout"
+        );
+        // Below TCP's retransmission floor the bound stays at one second.
+        assert_eq!(unacked_bound(Duration::from_millis(100)), MIN_UNACKED);
+        #[allow(irrefutable_let_patterns)]
+        let Stream::Plain(tcp) = connect(&addr, None, "node", None).await.unwrap() else {
+            panic!("a plain connection");
+        };
+        assert_eq!(rustix::net::sockopt::tcp_user_timeout(&tcp).unwrap(), 0);
+    }
 }

@@ -271,6 +271,12 @@ impl Engine {
         let store = self.store.clone();
         let finished = self.block_on(async move {
             tokio::time::timeout(SHUTDOWN_DEADLINE, async move {
+                // Writes still running (another thread's put, or one whose thread ends with
+                // the process) are revoked first, so their keys are free as the store closes.
+                let abandoned = store.abandon_writes().await;
+                if abandoned > 0 {
+                    tracing::debug!(abandoned, "revoked writes in flight at close");
+                }
                 if let Some(node) = node {
                     node.shutdown().await;
                 }

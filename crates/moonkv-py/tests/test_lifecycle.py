@@ -163,6 +163,43 @@ def test_a_process_that_exits_without_close_unmounts_at_once(cluster):
     eventually("an exited process's segment unmounted", lambda: hostname not in endpoints(m), timeout=2)
 
 
+def key_state(master: Master, key: str) -> str:
+    """What the master's `/query_key` says of `key`: "readable", or the name of its error code
+    (`REPLICA_IS_NOT_READY` while a put is between its Start and its End, `OBJECT_NOT_FOUND`)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{master.admin}/query_key?key={key}", timeout=10) as r:
+            json.loads(r.read())
+            return "readable"
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read())["error_message"].split(":")[0]
+
+
+def test_a_process_that_exits_with_a_put_in_flight_frees_its_key_at_once(cluster, key):
+    m, node = cluster
+    # The node stops answering, so the child's put stays between its Start and its End.
+    node.proc.send_signal(signal.SIGSTOP)
+    try:
+        child = python_child("worker.py", "exit-mid-put", m.addr, key, "65536")
+        assert child.stdout.readline().strip() == "putting"
+        eventually("the child's put started", lambda: key_state(m, key) == "REPLICA_IS_NOT_READY")
+        child.stdin.write("quit\n")
+        child.stdin.flush()
+        assert child.wait(timeout=30) == 0, child.stderr.read()
+        # Well before the master's 30 s discard timeout: the exiting store revoked it.
+        eventually("the abandoned put revoked", lambda: key_state(m, key) == "OBJECT_NOT_FOUND", timeout=1)
+    finally:
+        node.proc.send_signal(signal.SIGCONT)
+    s = setup_store(m.addr, segment=0)
+    value = pattern(key + "-again", 65536)
+    assert s.put(key, value) == OK
+    assert s.get(key) == value
+    s.close()
+
+
 def test_a_sigkilled_process_holding_a_segment_costs_no_failed_put(cluster, key):
     m, node = cluster
     child = python_child("worker.py", "serve", m.addr)

@@ -1,6 +1,9 @@
 """A second Python process with an embedded node, driven by the tests over stdin/stdout.
 
     worker.py serve <master>                 answers commands: put KEY SIZE, check KEY SIZE, quit
+    worker.py exit-mid-put <master> <key> <size>
+                                             no segment of its own; a daemon thread puts KEY,
+                                             and on "quit" the process exits without close()
     worker.py flood <master> <prefix> <size> <preferred segment>
                                              puts PREFIX-0, PREFIX-1, ... forever, announcing
                                              "start I" before and "done I RC" after each put
@@ -43,6 +46,22 @@ def serve(master: str) -> None:
     store.close()
 
 
+def exit_mid_put(master: str, key: str, size: int) -> None:
+    import threading
+
+    store = moonkv.MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master)
+    if rc != 0:
+        print(f"setup failed {rc}", flush=True)
+        sys.exit(1)
+    value = pattern(key, size)
+    threading.Thread(target=lambda: store.put(key, value), daemon=True).start()
+    print("putting", flush=True)
+    sys.stdin.readline()
+    # The interpreter exits with the put still running in its daemon thread.
+    sys.exit(0)
+
+
 def flood(master: str, prefix: str, size: int, preferred: str) -> None:
     store = open_store(master)
     config = moonkv.ReplicateConfig(preferred_segments=[preferred])
@@ -59,5 +78,7 @@ if __name__ == "__main__":
     mode, master = sys.argv[1], sys.argv[2]
     if mode == "serve":
         serve(master)
+    elif mode == "exit-mid-put":
+        exit_mid_put(master, sys.argv[3], int(sys.argv[4]))
     else:
         flood(master, sys.argv[3], int(sys.argv[4]), sys.argv[5])

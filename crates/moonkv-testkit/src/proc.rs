@@ -180,6 +180,12 @@ impl Proc {
             .ok()
             .filter(|ready| ready["event"] == "ready");
         let Some(ready) = ready else {
+            // A process that printed something else is usually exiting and still writing why:
+            // it gets a moment to finish before it is killed.
+            let exit_by = Instant::now() + Duration::from_secs(2);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < exit_by {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             let _ = child.kill();
             let _ = child.wait();
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();

@@ -56,7 +56,12 @@ impl Connection {
         };
         let stream = tokio::time::timeout(
             connect_timeout,
-            moonkv_dataplane::stream::connect(addr, tls, "master"),
+            moonkv_dataplane::stream::connect(
+                addr,
+                tls,
+                "master",
+                Some(moonkv_dataplane::stream::unacked_bound(connect_timeout)),
+            ),
         )
         .await
         .map_err(|_| {

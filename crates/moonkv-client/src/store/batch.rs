@@ -220,19 +220,14 @@ impl Store {
             .await;
         let started = merge(checked, answer);
         // Dropped before it settles its keys (a caller's timeout), the call revokes them.
-        let mut cancelled = super::RevokeIfCancelled {
-            store: self.clone(),
+        let mut cancelled = super::RevokeIfCancelled::new(
+            self,
             kind,
-            writes: started
-                .iter()
-                .enumerate()
-                .filter_map(|(i, r)| {
-                    let ids = r.as_ref().ok()?.iter().map(|d| d.id).collect();
-                    Some((keys[i].to_string(), ids))
-                })
-                .collect(),
-            armed: true,
-        };
+            started.iter().enumerate().filter_map(|(i, r)| {
+                let ids = r.as_ref().ok()?.iter().map(|d| d.id).collect();
+                Some((keys[i].to_string(), ids))
+            }),
+        );
         crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
 
         // Every allocated key's bytes, all at once.
@@ -327,7 +322,7 @@ impl Store {
             }
         }
         // From here the call revokes its failed keys itself.
-        cancelled.armed = false;
+        cancelled.disarm();
         // Every failed key is revoked now, so it is free again as the batch returns; the space
         // of a write whose transfer timed out is parked at the master until it settles.
         let mut settling = Vec::new();

@@ -12,10 +12,13 @@
 mod batch;
 mod caller;
 mod failover;
+mod in_flight;
 mod lanes;
 mod parts;
 mod standalone;
 pub(crate) mod transfer;
+
+pub(crate) use in_flight::{InFlight, RevokeIfCancelled};
 
 use crate::master_client::{MasterClient, MasterClientConfig};
 use crate::util::check_key;
@@ -146,6 +149,12 @@ impl Store {
 
     /// Builds a store that connects to the master on its first call.
     fn lazy(config: StoreConfig) -> Result<Store> {
+        Self::lazy_sharing(config, Arc::default())
+    }
+
+    /// [`Store::lazy`], listing its started writes in `in_flight` (shared with the stores it
+    /// is a sibling of, so closing any of them revokes them all).
+    fn lazy_sharing(config: StoreConfig, in_flight: Arc<InFlight>) -> Result<Store> {
         let tenant = checked_tenant(&config.tenant)?;
         moonkv_dataplane::same_host::enabled_by_env()
             .map_err(|why| Error::new(ErrorCode::INVALID_PARAMS, why.to_string()))?;
@@ -170,6 +179,7 @@ impl Store {
             progress: config.progress.clone(),
             secret: config.auth_secret.clone(),
             same_host: config.same_host,
+            in_flight,
         })
         .with_tls(tls);
         Ok(Store {
@@ -185,7 +195,7 @@ impl Store {
     pub fn sibling(&self) -> Result<Store> {
         let mut config = (*self.config).clone();
         config.client_id = Some(self.master.client_id());
-        let mut store = Store::lazy(config)?;
+        let mut store = Store::lazy_sharing(config, self.transfer.in_flight.clone())?;
         store.tenant = self.tenant.clone();
         Ok(store)
     }
@@ -466,12 +476,7 @@ impl Store {
         }
         crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
         // Dropped before the write ends (a caller's timeout, `select!`), the guard revokes it.
-        let mut cancelled = RevokeIfCancelled {
-            store: self.clone(),
-            kind,
-            writes: vec![(key.to_string(), ids.clone())],
-            armed: true,
-        };
+        let mut cancelled = RevokeIfCancelled::new(self, kind, [(key.to_string(), ids.clone())]);
         let written = self.write_replicas(key, &replicas, value).await;
         let write_failed = written.is_err();
         let result = match written {
@@ -493,7 +498,7 @@ impl Store {
         };
         // From here the call revokes by itself if it must; a cancellation during that revoke
         // leaves the write to the master's discard and release timeouts.
-        cancelled.armed = false;
+        cancelled.disarm();
         match result {
             Ok(()) => Ok(in_memory),
             Err(error) => {
@@ -887,29 +892,3 @@ pub(crate) fn buffer_for<'a>(key: &str, buf: &'a mut [u8], size: usize) -> Resul
 
 #[cfg(test)]
 mod tests;
-
-/// Revokes a write whose call was dropped between its Start and its End (unsettled, see
-/// [`Store::revoke`]), from a background task of the runtime it was dropped in.
-pub(crate) struct RevokeIfCancelled {
-    pub(crate) store: Store,
-    pub(crate) kind: WriteKind,
-    /// Each started write: its key and replica ids.
-    pub(crate) writes: Vec<(String, Vec<ReplicaId>)>,
-    /// Cleared once the call handles its own outcome.
-    pub(crate) armed: bool,
-}
-
-impl Drop for RevokeIfCancelled {
-    fn drop(&mut self) {
-        if !self.armed || self.writes.is_empty() || tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        let (store, kind) = (self.store.clone(), self.kind);
-        let writes = std::mem::take(&mut self.writes);
-        self.store.transfer.spawn_background(async move {
-            for (key, ids) in writes {
-                store.revoke_marked(kind, &key, ids, true).await;
-            }
-        });
-    }
-}

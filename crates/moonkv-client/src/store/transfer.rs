@@ -59,6 +59,8 @@ pub(crate) struct Transfer {
     fences: Mutex<HashMap<ReplicaId, Vec<Fence>>>,
     /// Tasks started by [`Transfer::spawn_background`] that have not finished.
     background: Arc<AtomicUsize>,
+    /// Writes of the store (and its clones) between their Start and their End.
+    pub(crate) in_flight: Arc<super::InFlight>,
 }
 
 /// How a store moves bytes (from `StoreConfig`).
@@ -72,6 +74,8 @@ pub(crate) struct TransferConfig {
     pub progress: Option<Arc<AtomicU64>>,
     pub secret: Option<Secret>,
     pub same_host: bool,
+    /// Where started writes are listed (shared by sibling stores).
+    pub in_flight: Arc<super::InFlight>,
 }
 
 impl Transfer {
@@ -90,6 +94,7 @@ impl Transfer {
             progress: config.progress,
             fences: Mutex::default(),
             background: Arc::default(),
+            in_flight: config.in_flight,
         }
     }
 
