@@ -6,9 +6,11 @@
 //! - `node`: memory segments and the data plane (`node_cmd`).
 //! - `put`, `get`, `rm`, `ls`, `stat`: the client commands (`client_cmd`).
 //! - `events tail`, `events index`: follow the KV event stream (`events_cmd`).
+//! - `indexer`: the prefix index routers query, and `indexer hash` (`indexer_cmd`).
 
 mod client_cmd;
 mod events_cmd;
+mod indexer_cmd;
 mod master_cmd;
 mod node_cmd;
 mod progress;
@@ -36,6 +38,8 @@ enum Command {
     Client(client_cmd::ClientCommand),
     /// Follow the KV event stream: tail it or keep a placement index.
     Events(events_cmd::EventsArgs),
+    /// Serve the prefix index KV-aware routers query (RFC #1403 HTTP API), fed by event streams.
+    Indexer(indexer_cmd::IndexerArgs),
     /// Measure moonkv: master metadata rate, data plane, event stream rate.
     #[cfg(feature = "bench")]
     Bench(moonkv_bench::BenchArgs),
@@ -126,6 +130,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => runtime(0)?.block_on(node_cmd::run(args)),
         Command::Client(command) => runtime(2)?.block_on(client_cmd::run(command)),
         Command::Events(args) => events_cmd::run(args),
+        Command::Indexer(args) => indexer_cmd::run(args),
         #[cfg(feature = "bench")]
         Command::Bench(args) => moonkv_bench::run(args),
         #[cfg(not(feature = "bench"))]
