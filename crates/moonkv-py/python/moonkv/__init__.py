@@ -150,6 +150,7 @@ NOT_IMPLEMENTED = {
 # The tensor helpers (moonkv/tensor.py) are mixed into the class below; the tensor methods they
 # lack join the list.
 from . import tensor as _tensor  # noqa: E402
+from .indexer import Indexer, IndexerError  # noqa: E402,F401
 
 NOT_IMPLEMENTED.update(_tensor.NOT_IMPLEMENTED)
 
