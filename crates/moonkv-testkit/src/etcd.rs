@@ -20,6 +20,10 @@ pub fn etcd_binary() -> String {
 /// A running (or stopped, between [`Etcd::kill`] and [`Etcd::restart`]) etcd member.
 pub struct Etcd {
     child: Option<Child>,
+    /// The address it listens on (`127.0.0.1`, or a host's address of [`crate::hosts`]).
+    address: std::net::Ipv4Addr,
+    /// `ip netns exec NAMESPACE`, when it runs inside a host of [`crate::hosts`].
+    namespace: Option<String>,
     client_port: u16,
     peer_port: u16,
     dir: PathBuf,
@@ -28,6 +32,16 @@ pub struct Etcd {
 impl Etcd {
     /// Starts etcd and waits until it reports healthy; panics with its log otherwise.
     pub fn start() -> Etcd {
+        Self::start_at(std::net::Ipv4Addr::LOCALHOST, None)
+    }
+
+    /// Starts etcd inside host `host` of `hosts`, on that host's address, and waits until it
+    /// reports healthy (the test process reaches it over the bridge).
+    pub fn start_in(hosts: &crate::hosts::Hosts, host: usize) -> Etcd {
+        Self::start_at(hosts.address(host), Some(hosts.namespace(host).to_string()))
+    }
+
+    fn start_at(address: std::net::Ipv4Addr, namespace: Option<String>) -> Etcd {
         let [client_port, peer_port] = crate::free_ports::<2>();
         let dir = std::env::temp_dir().join(format!(
             "moonkv-etcd-{}-{}",
@@ -37,6 +51,8 @@ impl Etcd {
         std::fs::create_dir_all(&dir).expect("create the etcd directory");
         let mut etcd = Etcd {
             child: None,
+            address,
+            namespace,
             client_port,
             peer_port,
             dir,
@@ -45,9 +61,9 @@ impl Etcd {
         etcd
     }
 
-    /// `127.0.0.1:PORT` of the client endpoint.
+    /// `ADDRESS:PORT` of the client endpoint (`127.0.0.1:PORT` unless started in a host).
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.address, self.client_port)
     }
 
     /// The master address clients and nodes give to follow the leader of `cluster_id`.
@@ -66,10 +82,18 @@ impl Etcd {
     /// Starts etcd again on the same ports and data directory and waits until it is healthy.
     pub fn restart(&mut self) {
         self.kill();
-        let client = format!("http://127.0.0.1:{}", self.client_port);
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let client = format!("http://{}:{}", self.address, self.client_port);
+        let peer = format!("http://{}:{}", self.address, self.peer_port);
         let log = std::fs::File::create(self.dir.join("etcd.log")).expect("create the etcd log");
-        let child = Command::new(etcd_binary())
+        let mut command = match &self.namespace {
+            Some(namespace) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", namespace, &etcd_binary()]);
+                c
+            }
+            None => Command::new(etcd_binary()),
+        };
+        let child = command
             .args(["--name", "moonkv-test"])
             .arg("--data-dir")
             .arg(self.dir.join("data"))

@@ -134,6 +134,11 @@ impl Hosts {
         Ipv4Addr::new(10, self.subnet, 0, 254)
     }
 
+    /// The network namespace of host `i`.
+    pub fn namespace(&self, i: usize) -> &str {
+        &self.hosts[i].namespace
+    }
+
     /// `program args…` to run inside host `i`.
     pub fn command(&self, i: usize, program: &str) -> Command {
         let mut cmd = Command::new("ip");
@@ -149,6 +154,34 @@ impl Hosts {
     /// Puts host `i` back on the bridge.
     pub fn heal(&self, i: usize) -> Result<(), KitError> {
         ip(&["link", "set", &self.hosts[i].link, "up"])
+    }
+
+    /// Partitions hosts `i` and `j` from each other only: each drops what it would send to the
+    /// other (a blackhole route), so no packet passes between them either way, while both keep
+    /// every other link. New connections between them fail and established ones go silent.
+    pub fn cut_between(&self, i: usize, j: usize) -> Result<(), KitError> {
+        self.route_between(i, j, "add")
+    }
+
+    /// Ends [`Hosts::cut_between`] for `i` and `j`.
+    pub fn heal_between(&self, i: usize, j: usize) -> Result<(), KitError> {
+        self.route_between(i, j, "del")
+    }
+
+    fn route_between(&self, i: usize, j: usize, verb: &str) -> Result<(), KitError> {
+        assert_ne!(i, j, "a host is never cut from itself");
+        for (from, to) in [(i, j), (j, i)] {
+            let to = format!("{}/32", self.hosts[to].address);
+            ip(&[
+                "-n",
+                &self.hosts[from].namespace,
+                "route",
+                verb,
+                "blackhole",
+                &to,
+            ])?;
+        }
+        Ok(())
     }
 }
 

@@ -502,3 +502,177 @@ fn nodes_and_clients_given_etcd_follow_the_leader() {
     }
     drop(node);
 }
+
+/// A master started inside host `host` of `hosts`, on that host's address, in HA mode.
+fn master_in(
+    hosts: &moonkv_testkit::hosts::Hosts,
+    host: usize,
+    etcd: &Etcd,
+    cluster: &str,
+) -> Proc {
+    let address = hosts.address(host).to_string();
+    let mut cmd = hosts.command(host, MOONKV.path());
+    cmd.args([
+        "master",
+        "--rpc-address",
+        &address,
+        "--rpc-port",
+        "0",
+        "--metrics-host",
+        &address,
+        "--metrics-port",
+        "0",
+        "--enable-ha",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--cluster-id",
+        cluster,
+    ])
+    .env_remove("MOONKV_AUTH_SECRET")
+    .env_remove("MOONKV_AUTH_SECRET_FILE");
+    Proc::start(cmd).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Hosts: 0 etcd, 1 and 2 a master each, 3 a node; the test process is the client. Only the
+/// leader's link to etcd is cut: clients and the node still reach it.
+#[test]
+fn a_leader_cut_from_etcd_stops_acknowledging_within_its_lease_and_the_standby_takes_over() {
+    use moonkv_client::store::{Store, StoreConfig};
+    let Some(hosts) = moonkv_testkit::hosts::for_test(4) else {
+        return;
+    };
+    let etcd = Etcd::start_in(&hosts, 0);
+    let m = vec![
+        master_in(&hosts, 1, &etcd, "cut"),
+        master_in(&hosts, 2, &etcd, "cut"),
+    ];
+    let leader = leader_among(&m, &[0, 1], ELECTION_WITHIN);
+    let standby = 1 - leader;
+    let addr = etcd.master_addr("cut");
+    let node_address = hosts.address(3).to_string();
+    let mut node_cmd = hosts.command(3, MOONKV.path());
+    node_cmd
+        .args([
+            "node",
+            "--master",
+            &addr,
+            "--segment-size",
+            "32MiB",
+            "--host-id",
+            "host-3",
+            "--data-bind",
+            &format!("{node_address}:0"),
+        ])
+        .env_remove("MOONKV_AUTH_SECRET")
+        .env_remove("MOONKV_AUTH_SECRET_FILE");
+    let _node = Proc::start(node_cmd).unwrap_or_else(|e| panic!("{e}"));
+    let mounted_on = |i: usize| {
+        http_get(&m[i].field("admin"), "/get_segments_detail").is_some_and(|body| {
+            json(&body)["segments"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty())
+        })
+    };
+    wait_for(ELECTION_WITHIN, "the node mounted on the leader", || {
+        mounted_on(leader).then_some(())
+    });
+    let value = |i: u32| -> Vec<u8> { (0..16u32 << 10).map(|b| (b * 5 + i) as u8).collect() };
+    let rt = moonkv_testkit::cluster::runtime();
+    let mut config = StoreConfig::new(addr.clone());
+    config.rpc_timeout = Duration::from_secs(2);
+    config.connect_timeout = Duration::from_secs(1);
+    let store = rt.block_on(Store::connect(config)).unwrap();
+    for i in 0..20 {
+        rt.block_on(store.put(
+            &format!("before-{i}"),
+            &value(i),
+            &ReplicateConfig::default(),
+        ))
+        .unwrap();
+    }
+
+    // A writer on a direct connection to the leader records when each write was acknowledged.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let refused = Arc::new(Mutex::new(None::<Error>));
+    let direct = {
+        let (stop, acked, refused) = (stop.clone(), acked.clone(), refused.clone());
+        let c = wire::connect(&m[leader].field("rpc"));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match write_on(&c, "direct") {
+                    Ok(()) => acked.lock().unwrap().push(Instant::now()),
+                    Err(e) => {
+                        *refused.lock().unwrap() = Some(e);
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            }
+        })
+    };
+    wait_for(
+        Duration::from_secs(10),
+        "direct writes acknowledged",
+        || (!acked.lock().unwrap().is_empty()).then_some(()),
+    );
+    hosts.cut_between(0, leader + 1).unwrap();
+    let cut_at = Instant::now();
+    let new = leader_among(&m, &[standby], ELECTION_WITHIN);
+    let took_over = cut_at.elapsed();
+    // The old leader keeps refusing for a while after the standby leads.
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    direct.join().unwrap();
+    let last_ack = acked.lock().unwrap().last().copied().unwrap();
+    let refusal = refused.lock().unwrap().take();
+    eprintln!(
+        "cut from etcd: the standby led after {took_over:?}; the old leader's last acknowledgement came {:?} after the cut",
+        last_ack.saturating_duration_since(cut_at)
+    );
+    // Its lease was last renewed before the cut, so it ends within TTL of it: nothing may be
+    // acknowledged later, and certainly nothing once the standby leads.
+    assert!(
+        last_ack <= cut_at + TTL,
+        "the cut-off leader acknowledged a write {:?} after the cut",
+        last_ack - cut_at
+    );
+    assert!(last_ack < cut_at + took_over);
+    let refusal = refusal.expect("the cut-off leader refused the writes after its deadline");
+    assert!(is_not_leader(&refusal), "{refusal}");
+    assert_ne!(role(&m[leader]).as_deref(), Some("leader"));
+
+    // Clients and the node follow through etcd: the node mounts on the new leader with what it
+    // holds, and the store reads the old objects and writes new ones there.
+    assert_eq!(new, standby);
+    wait_for(
+        ELECTION_WITHIN,
+        "the node mounted on the new leader",
+        || mounted_on(new).then_some(()),
+    );
+    wait_for(
+        ELECTION_WITHIN,
+        "the store writes through the new leader",
+        || {
+            rt.block_on(store.put("after-cut", &value(99), &ReplicateConfig::default()))
+                .ok()
+        },
+    );
+    for i in 0..20 {
+        let key = format!("before-{i}");
+        let got = wait_for(ELECTION_WITHIN, "an object written before the cut", || {
+            rt.block_on(store.get(&key)).ok()
+        });
+        assert_eq!(got, value(i), "{key}");
+    }
+    assert_eq!(rt.block_on(store.get("after-cut")).unwrap(), value(99));
+
+    // Healed, the old leader stays a standby and names the new one.
+    hosts.heal_between(0, leader + 1).unwrap();
+    wait_for(ELECTION_WITHIN, "the old leader to see the new one", || {
+        try_write(&m[leader].field("rpc"), "healed")
+            .err()
+            .filter(is_not_leader)
+    });
+    assert_eq!(role(&m[leader]).as_deref(), Some("standby"));
+    assert_eq!(role(&m[new]).as_deref(), Some("leader"));
+}
