@@ -22,6 +22,7 @@ pub mod charts;
 mod echo;
 pub mod events;
 mod histogram;
+mod indexer;
 mod load;
 mod loopback;
 pub mod master;
@@ -56,6 +57,8 @@ enum BenchCommand {
     Memory(memory::MemoryBenchArgs),
     /// Event stream rate end to end, and the master's rate with events on vs off.
     Events(events::EventsBenchArgs),
+    /// The prefix index: memory per block, ingest on one core, long-query latency, queries/s.
+    Indexer(indexer::IndexerBenchArgs),
     /// Loopback round-trip floor: the bench client against a server that does no work.
     Echo(echo::EchoBenchArgs),
     /// Data plane: put and get GB/s and latency by object size, next to Redis and raw TCP.
@@ -78,6 +81,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Master(a) => master::run(a),
         BenchCommand::Memory(a) => memory::run(a),
         BenchCommand::Events(a) => events::run(a),
+        BenchCommand::Indexer(a) => indexer::run(a),
         BenchCommand::Echo(a) => echo::run(a),
         BenchCommand::Store(a) => store::run(a),
         BenchCommand::Readopt(a) => readopt::run(a),

@@ -124,6 +124,7 @@ impl EngineBlocks {
             },
         };
         let extras = st.extra_keys.as_ref().filter(|e| e.len() == n);
+        let mut scratch = Vec::with_capacity(64 + 5 * bs as usize);
         let lora_key = lora.filter(|_| self.profile.hashes_extras());
         for (i, engine_hash) in st.block_hashes.iter().enumerate() {
             let tokens = &st.token_ids[i * bs as usize..(i + 1) * bs as usize];
@@ -134,7 +135,9 @@ impl EngineBlocks {
                     cache_salt: None,
                 },
             };
-            let digest = self.profile.block(parent.as_ref(), tokens, extra);
+            let digest = self
+                .profile
+                .block_with(&mut scratch, parent.as_ref(), tokens, extra);
             let hash = BlockHash::from_digest(&digest);
             partition.store(hash, self.slot, tier);
             let entry = self.blocks.entry(engine_hash.0).or_insert(EngineBlock {
