@@ -181,9 +181,19 @@ pub fn run(args: IndexerBenchArgs) -> anyhow::Result<()> {
         for h in hashes.iter_mut().take(n) {
             *h = rng.next();
         }
-        encode(&mut payload, &hashes[..n], parent, &tokens[..n * bs as usize], bs);
+        encode(
+            &mut payload,
+            &hashes[..n],
+            parent,
+            &tokens[..n * bs as usize],
+            bs,
+        );
         // chains of 16 events (1,024 blocks), then a new root
-        parent = if rng.next() % 16 == 0 { None } else { Some(hashes[n - 1]) };
+        parent = if rng.next().is_multiple_of(16) {
+            None
+        } else {
+            Some(hashes[n - 1])
+        };
         let which = (loaded / args.blocks_per_event as u64) as usize % engines.len();
         let engine = &mut engines[which];
         let started = Instant::now();
@@ -218,7 +228,9 @@ pub fn run(args: IndexerBenchArgs) -> anyhow::Result<()> {
         for h in hashes.iter_mut() {
             *h = rng.next();
         }
-        let toks: Vec<u32> = (0..n as u32 * bs).map(|_| (rng.next() % 150_000) as u32).collect();
+        let toks: Vec<u32> = (0..n as u32 * bs)
+            .map(|_| (rng.next() % 150_000) as u32)
+            .collect();
         encode(&mut payload, &hashes[..n], rparent, &toks, bs);
         rparent = Some(hashes[n - 1]);
         let started = Instant::now();
@@ -252,7 +264,9 @@ pub fn run(args: IndexerBenchArgs) -> anyhow::Result<()> {
     }
 
     // 4. Throughput: `threads` threads querying prefixes of the loaded chain.
-    let short = Arc::new(request(query_tokens[..args.query_tokens.min(query_tokens.len())].to_vec()));
+    let short = Arc::new(request(
+        query_tokens[..args.query_tokens.min(query_tokens.len())].to_vec(),
+    ));
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -324,7 +338,11 @@ fn print_table(r: &Report) {
     );
     println!(
         "{}-token query          p50 {:.0} us, p99 {:.0} us, max {:.0} us (matched {} tokens)",
-        r.long_query_tokens, r.long_query_p50_us, r.long_query_p99_us, r.long_query_max_us, r.long_query_matched_tokens
+        r.long_query_tokens,
+        r.long_query_p50_us,
+        r.long_query_p99_us,
+        r.long_query_max_us,
+        r.long_query_matched_tokens
     );
     println!(
         "{}-token queries        {:.0}/s on {} threads",

@@ -176,7 +176,7 @@ impl<'de> Deserialize<'de> for TokenIds {
             }
 
             fn visit_bytes<E: de::Error>(self, b: &[u8]) -> Result<TokenIds, E> {
-                if b.len() % 4 != 0 {
+                if !b.len().is_multiple_of(4) {
                     return Err(E::custom(format!(
                         "token_ids bin of {} bytes is not whole int32 values",
                         b.len()

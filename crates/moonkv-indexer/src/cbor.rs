@@ -145,7 +145,16 @@ mod tests {
     #[test]
     fn known_heads() {
         let mut v = Vec::new();
-        for x in [0u64, 23, 24, 255, 256, 65_535, 65_536, u64::from(u32::MAX) + 1] {
+        for x in [
+            0u64,
+            23,
+            24,
+            255,
+            256,
+            65_535,
+            65_536,
+            u64::from(u32::MAX) + 1,
+        ] {
             uint(&mut v, x);
         }
         assert_eq!(

@@ -38,7 +38,8 @@ mod tests {
 
     #[test]
     fn the_documented_example_parses_and_bad_files_say_why() {
-        let dir = std::env::temp_dir().join(format!("moonkv-indexer-config-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("moonkv-indexer-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let good = dir.join("good.json");
         let example = include_str!("config.rs")

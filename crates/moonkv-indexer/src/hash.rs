@@ -287,7 +287,11 @@ impl<'a> Chain<'a> {
         let block = &self.tokens[start..start + self.block_size];
         let extra = Extra::Request {
             lora_name: self.lora_name,
-            cache_salt: if self.next == 0 { self.cache_salt } else { None },
+            cache_salt: if self.next == 0 {
+                self.cache_salt
+            } else {
+                None
+            },
         };
         let digest = self
             .profile
@@ -400,17 +404,15 @@ mod tests {
                 cache_salt: Some("x"),
             },
         );
-        assert_eq!(first, {
-            let d = p.block(
-                Some(&root),
-                &tokens[..16],
-                Extra::Request {
-                    lora_name: None,
-                    cache_salt: Some("x"),
-                },
-            );
-            d
-        });
+        let from_root = p.block(
+            Some(&root),
+            &tokens[..16],
+            Extra::Request {
+                lora_name: None,
+                cache_salt: Some("x"),
+            },
+        );
+        assert_eq!(first, from_root);
         let second = p.block(Some(&first), &tokens[16..32], Extra::Reported(None));
         assert_eq!(salted[1], BlockHash::from_digest(&second));
     }

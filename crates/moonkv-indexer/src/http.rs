@@ -51,7 +51,12 @@ fn request_format(headers: &HeaderMap) -> Result<Format, IndexerError> {
     let ct = ct
         .to_str()
         .map_err(|_| IndexerError::UnsupportedContentType("<not ASCII>".into()))?;
-    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let mime = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     match mime.as_str() {
         "" | "application/json" | "text/json" => Ok(Format::Json),
         "application/msgpack" | "application/x-msgpack" | "application/vnd.msgpack" => {
@@ -84,14 +89,22 @@ fn parse<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, IndexerE
 
 fn reply<T: Serialize>(format: Format, status: StatusCode, value: &T) -> Response {
     let (bytes, ct) = match format {
-        Format::Json => (serde_json::to_vec(value).map_err(|e| e.to_string()), "application/json"),
+        Format::Json => (
+            serde_json::to_vec(value).map_err(|e| e.to_string()),
+            "application/json",
+        ),
         Format::Msgpack => (
             rmp_serde::to_vec_named(value).map_err(|e| e.to_string()),
             MSGPACK,
         ),
     };
     match bytes {
-        Ok(b) => (status, [(header::CONTENT_TYPE, HeaderValue::from_static(ct))], b).into_response(),
+        Ok(b) => (
+            status,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(ct))],
+            b,
+        )
+            .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
     }
 }

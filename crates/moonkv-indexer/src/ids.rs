@@ -141,7 +141,10 @@ mod tests {
         let mut digest = [0u8; 32];
         digest[24..].copy_from_slice(&0x0123_4567_89ab_cdefu64.to_be_bytes());
         digest[0] = 0xff;
-        assert_eq!(BlockHash::from_digest(&digest), BlockHash(0x0123_4567_89ab_cdef));
+        assert_eq!(
+            BlockHash::from_digest(&digest),
+            BlockHash(0x0123_4567_89ab_cdef)
+        );
         assert_eq!(BlockHash::from_digest(&[1, 2]), BlockHash(0x0102));
         assert_eq!(BlockHash::from_digest(&[]), BlockHash(0));
     }

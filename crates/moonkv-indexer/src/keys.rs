@@ -104,7 +104,8 @@ fn connector_digest(s: &str) -> Option<BlockHash> {
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
-    if hex.len() < 16 || hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if hex.len() < 16 || !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit())
+    {
         return None;
     }
     u64::from_str_radix(&hex[hex.len() - 16..], 16)
@@ -149,7 +150,10 @@ fn sglang(key: &str) -> Option<ConnectorKey<'_>> {
         return None;
     }
     let (digest, suffix) = key.split_at(64);
-    if !digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+    if !digest
+        .bytes()
+        .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return None;
     }
     let suffix = suffix.strip_prefix('_')?;

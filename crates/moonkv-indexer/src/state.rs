@@ -86,7 +86,9 @@ pub fn partition_of(spec: &SourceSpec, tenant: &str, lora: Option<&str>) -> Part
 
 /// The tenant a request names, `default` when it names none.
 pub fn tenant_or_default(t: &Option<String>) -> &str {
-    t.as_deref().filter(|s| !s.is_empty()).unwrap_or(DEFAULT_TENANT)
+    t.as_deref()
+        .filter(|s| !s.is_empty())
+        .unwrap_or(DEFAULT_TENANT)
 }
 
 impl Indexer {
@@ -131,15 +133,13 @@ impl Indexer {
     pub fn add(&self, spec: SourceSpec, profile: &HashProfile) -> Result<SourceSlot, IndexerError> {
         let tenant = tenant_or_default(&spec.tenant_id).to_owned();
         let key = partition_of(&spec, &tenant, spec.lora_name.as_deref());
-        self.index
-            .partition_or_create(&key, profile)
-            .map_err(|m| {
-                IndexerError::Conflict(format!(
-                    "partition {key:?} hashes with {:?}, not {:?}",
-                    m.existing.spec(),
-                    profile.spec()
-                ))
-            })?;
+        self.index.partition_or_create(&key, profile).map_err(|m| {
+            IndexerError::Conflict(format!(
+                "partition {key:?} hashes with {:?}, not {:?}",
+                m.existing.spec(),
+                profile.spec()
+            ))
+        })?;
         let mut reg = self.registry.write();
         let duplicate = reg.sources.values().any(|r| {
             r.spec.endpoint == spec.endpoint
@@ -290,7 +290,10 @@ impl Indexer {
         };
         let answer = self.answer(&key, req.instance_id.as_deref(), |profile, out, part, w| {
             let lora = req.lora_name.as_deref().filter(|_| profile.hashes_extras());
-            let salt = req.cache_salt.as_deref().filter(|_| profile.hashes_extras());
+            let salt = req
+                .cache_salt
+                .as_deref()
+                .filter(|_| profile.hashes_extras());
             let chain = Chain::new(
                 profile,
                 &req.token_ids.0,
@@ -330,7 +333,12 @@ impl Indexer {
         &self,
         key: &PartitionKey,
         instance: Option<&str>,
-        run: impl FnOnce(&HashProfile, &mut Vec<(u32, WorkerRun)>, &crate::index::Partition, &[Option<u32>]),
+        run: impl FnOnce(
+            &HashProfile,
+            &mut Vec<(u32, WorkerRun)>,
+            &crate::index::Partition,
+            &[Option<u32>],
+        ),
     ) -> QueryAnswer {
         let mut answer = QueryAnswer::new();
         let tenant_answer = answer.entry(key.tenant_id.clone()).or_default();
@@ -360,9 +368,8 @@ impl Indexer {
             let Some(worker) = workers.get(w as usize) else {
                 continue;
             };
-            let m: &mut InstanceMatch = tenant_answer
-                .entry(worker.instance_id.clone())
-                .or_default();
+            let m: &mut InstanceMatch =
+                tenant_answer.entry(worker.instance_id.clone()).or_default();
             m.gpu = m.gpu.max(u64::from(r.gpu) * bs);
             m.cpu = m.cpu.max(u64::from(r.cpu) * bs);
             m.disk = m.disk.max(u64::from(r.disk) * bs);
@@ -375,7 +382,9 @@ impl Indexer {
 
 fn check_block_size(bs: u32) -> Result<(), IndexerError> {
     if bs == 0 {
-        return Err(IndexerError::BadRequest("block_size must be positive".into()));
+        return Err(IndexerError::BadRequest(
+            "block_size must be positive".into(),
+        ));
     }
     Ok(())
 }

@@ -167,7 +167,11 @@ impl<'a> Cur<'a> {
                 Val::Float
             }
             Marker::FixStr(n) => Val::Str(self.take(usize::from(n))?),
-            Marker::Str8 | Marker::Bin8 | Marker::Str16 | Marker::Bin16 | Marker::Str32
+            Marker::Str8
+            | Marker::Bin8
+            | Marker::Str16
+            | Marker::Bin16
+            | Marker::Str32
             | Marker::Bin32 => {
                 let (width, is_str) = match Marker::from_u8(byte) {
                     Marker::Str8 => (1, true),
@@ -504,7 +508,12 @@ fn extra_items(c: &mut Cur<'_>, n: u32, depth: u32) -> Result<Vec<ExtraKey>, Wir
             ),
             Val::Bin(b) => ExtraKey::Bytes(b.to_vec()),
             Val::Array(k) => ExtraKey::Array(extra_items(c, k, depth + 1)?),
-            _ => return Err(unexpected("extra_keys", "strings, integers, bytes or tuples")),
+            _ => {
+                return Err(unexpected(
+                    "extra_keys",
+                    "strings, integers, bytes or tuples",
+                ))
+            }
         });
     }
     Ok(out)

@@ -66,7 +66,15 @@ fn stored_map(hashes: &[u64], parent: Option<u64>, tokens: &[u32], lora: Option<
 
 #[test]
 fn map_events_decode_by_name() {
-    let payload = batch(&[stored_map(&[7, u64::MAX], Some(3), &[1, 2, 3, 4], Some("a"))], Some(Some(1)));
+    let payload = batch(
+        &[stored_map(
+            &[7, u64::MAX],
+            Some(3),
+            &[1, 2, 3, 4],
+            Some("a"),
+        )],
+        Some(Some(1)),
+    );
     let b = decode_batch(&payload).unwrap();
     assert_eq!(b.dp_rank, Some(1));
     assert!(b.rejected.is_empty());
@@ -110,12 +118,26 @@ fn sglang_short_arrays_signed_and_bin_hashes_and_two_item_batches() {
     s(&mut cleared, "AllBlocksCleared");
     let b = decode_batch(&batch(&[stored, removed, cleared], None)).unwrap();
     assert_eq!(b.dp_rank, None);
-    let EngineEvent::Stored(st) = &b.events[0] else { panic!("{b:?}") };
-    assert_eq!(st.block_hashes, vec![BlockHash((-256i64) as u64), BlockHash(0xaaaa_aaaa_aaaa_aaaa)]);
-    assert_eq!((st.parent, st.block_size, &st.token_ids[..]), (None, Some(1), &[70_000, 0][..]));
+    let EngineEvent::Stored(st) = &b.events[0] else {
+        panic!("{b:?}")
+    };
+    assert_eq!(
+        st.block_hashes,
+        vec![
+            BlockHash((-256i64) as u64),
+            BlockHash(0xaaaa_aaaa_aaaa_aaaa)
+        ]
+    );
+    assert_eq!(
+        (st.parent, st.block_size, &st.token_ids[..]),
+        (None, Some(1), &[70_000, 0][..])
+    );
     assert_eq!(
         b.events[1],
-        EngineEvent::Removed { block_hashes: vec![BlockHash(9)], medium: Some("CPU_PINNED".into()) }
+        EngineEvent::Removed {
+            block_hashes: vec![BlockHash(9)],
+            medium: Some("CPU_PINNED".into())
+        }
     );
     assert_eq!(b.events[2], EngineEvent::Cleared);
 }
@@ -145,7 +167,9 @@ fn extra_keys_are_read_per_block() {
     s(&mut e, "salt");
     w::write_nil(&mut e).unwrap();
     let b = decode_batch(&batch(&[e], Some(None))).unwrap();
-    let EngineEvent::Stored(st) = &b.events[0] else { panic!("{b:?}") };
+    let EngineEvent::Stored(st) = &b.events[0] else {
+        panic!("{b:?}")
+    };
     assert_eq!(
         st.extra_keys,
         Some(vec![

@@ -140,7 +140,12 @@ fn serve(host: std::net::IpAddr, port: u16, config: Option<String>) -> anyhow::R
     if let Some(path) = &config {
         let sources = moonkv_indexer::config::load(path)?;
         for spec in sources.sources {
-            let what = format!("{} source {} for {}", spec.source_type.as_str(), spec.endpoint, spec.instance_id);
+            let what = format!(
+                "{} source {} for {}",
+                spec.source_type.as_str(),
+                spec.endpoint,
+                spec.instance_id
+            );
             indexer
                 .register(spec)
                 .with_context(|| format!("{path}: {what}"))?;

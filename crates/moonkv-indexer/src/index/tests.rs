@@ -22,10 +22,25 @@ const WORKER_OF: [Option<u32>; 4] = [Some(0), Some(0), Some(1), Some(2)];
 
 #[derive(Debug, Clone)]
 enum Op {
-    Store { slot: u32, chain: usize, depth: usize, tier: Tier },
-    Remove { slot: u32, chain: usize, depth: usize, tier: Tier },
-    DropSource { slot: u32 },
-    Query { chain: usize, len: usize },
+    Store {
+        slot: u32,
+        chain: usize,
+        depth: usize,
+        tier: Tier,
+    },
+    Remove {
+        slot: u32,
+        chain: usize,
+        depth: usize,
+        tier: Tier,
+    },
+    DropSource {
+        slot: u32,
+    },
+    Query {
+        chain: usize,
+        len: usize,
+    },
 }
 
 fn tier() -> impl Strategy<Value = Tier> {
@@ -92,12 +107,22 @@ fn run_ops(ops: &[Op], contiguous_model: bool) -> Result<(), TestCaseError> {
     let mut model = Model::default();
     for op in ops {
         match *op {
-            Op::Store { slot, chain, depth, tier } => {
+            Op::Store {
+                slot,
+                chain,
+                depth,
+                tier,
+            } => {
                 let h = CHAINS[chain][depth];
                 let new = model.held.insert((slot, h, tier));
                 prop_assert_eq!(part.store(BlockHash(h), SourceSlot(slot), tier), new);
             }
-            Op::Remove { slot, chain, depth, tier } => {
+            Op::Remove {
+                slot,
+                chain,
+                depth,
+                tier,
+            } => {
                 let h = CHAINS[chain][depth];
                 let had = model.held.remove(&(slot, h, tier));
                 prop_assert_eq!(part.remove(BlockHash(h), SourceSlot(slot), tier), had);
@@ -160,14 +185,33 @@ fn tiers_are_cumulative_and_stop_at_the_first_miss() {
     let mut part = Partition::new(HashProfile::vllm("0"));
     let c = CHAINS[0];
     // worker 0: gpu 2 blocks (slot 0), then cpu and disk from the pool (slot 1)
-    for (depth, tier) in [(0, Tier::Gpu), (1, Tier::Gpu), (2, Tier::Cpu), (3, Tier::Disk)] {
-        part.store(BlockHash(c[depth]), SourceSlot(if tier == Tier::Gpu { 0 } else { 1 }), tier);
+    for (depth, tier) in [
+        (0, Tier::Gpu),
+        (1, Tier::Gpu),
+        (2, Tier::Cpu),
+        (3, Tier::Disk),
+    ] {
+        part.store(
+            BlockHash(c[depth]),
+            SourceSlot(if tier == Tier::Gpu { 0 } else { 1 }),
+            tier,
+        );
     }
     // block 4 missing, block 5 present: not counted
     part.store(BlockHash(c[5]), SourceSlot(0), Tier::Gpu);
     let mut out = Vec::new();
     walk(&part, c.iter().map(|&h| BlockHash(h)), &WORKER_OF, &mut out);
-    assert_eq!(out, vec![(0, WorkerRun { gpu: 2, cpu: 3, disk: 4 })]);
+    assert_eq!(
+        out,
+        vec![(
+            0,
+            WorkerRun {
+                gpu: 2,
+                cpu: 3,
+                disk: 4
+            }
+        )]
+    );
     // leaving the pool's slot out leaves only the engine's gpu run
     let mut out = Vec::new();
     walk(
@@ -176,7 +220,17 @@ fn tiers_are_cumulative_and_stop_at_the_first_miss() {
         &[Some(0), None],
         &mut out,
     );
-    assert_eq!(out, vec![(0, WorkerRun { gpu: 2, cpu: 2, disk: 2 })]);
+    assert_eq!(
+        out,
+        vec![(
+            0,
+            WorkerRun {
+                gpu: 2,
+                cpu: 2,
+                disk: 2
+            }
+        )]
+    );
 }
 
 #[test]
@@ -211,13 +265,15 @@ fn a_partition_keeps_its_profile() {
     index.partition_or_create(&key, &a).unwrap();
     assert_eq!(
         index.partition_or_create(&key, &b).unwrap_err(),
-        ProfileMismatch { existing: a.clone() }
+        ProfileMismatch {
+            existing: a.clone()
+        }
     );
-    index
-        .partition_or_create(&key, &a)
-        .unwrap()
-        .write()
-        .store(BlockHash(5), SourceSlot(9), Tier::Gpu);
+    index.partition_or_create(&key, &a).unwrap().write().store(
+        BlockHash(5),
+        SourceSlot(9),
+        Tier::Gpu,
+    );
     assert_eq!(index.blocks(), 1);
     assert_eq!(index.remove_source(SourceSlot(9)), 1);
     assert_eq!(index.blocks(), 0);

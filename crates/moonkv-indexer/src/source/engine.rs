@@ -240,7 +240,8 @@ impl EngineSubscriber {
         let sub = zmq.socket(zmq::SUB).map_err(socket_err("socket", ep))?;
         sub.set_rcvtimeo(POLL.as_millis() as i32)
             .map_err(socket_err("set RCVTIMEO", ep))?;
-        sub.set_rcvhwm(100_000).map_err(socket_err("set RCVHWM", ep))?;
+        sub.set_rcvhwm(100_000)
+            .map_err(socket_err("set RCVHWM", ep))?;
         sub.set_maxmsgsize(64 << 20)
             .map_err(socket_err("set MAXMSGSIZE", ep))?;
         sub.set_linger(0).map_err(socket_err("set LINGER", ep))?;
@@ -248,7 +249,8 @@ impl EngineSubscriber {
             .map_err(socket_err("set RECONNECT_IVL", ep))?;
         sub.set_reconnect_ivl_max(5_000)
             .map_err(socket_err("set RECONNECT_IVL_MAX", ep))?;
-        sub.set_subscribe(b"").map_err(socket_err("subscribe", ep))?;
+        sub.set_subscribe(b"")
+            .map_err(socket_err("subscribe", ep))?;
         sub.connect(ep).map_err(socket_err("connect", ep))?;
         Ok(EngineSubscriber { sub, zmq })
     }
@@ -296,7 +298,10 @@ impl EngineStream {
                 return;
             }
         };
-        if self.replayed.is_some_and(|(from, to)| (from..=to).contains(&seq)) {
+        if self
+            .replayed
+            .is_some_and(|(from, to)| (from..=to).contains(&seq))
+        {
             return; // already applied from the replay
         }
         self.replayed = None;
@@ -358,7 +363,11 @@ impl EngineStream {
             }
             Err(e) => {
                 result(if e == "timeout" { "timeout" } else { "failed" });
-                tracing::warn!(endpoint, error = e, "replay failed; dropping the source's blocks");
+                tracing::warn!(
+                    endpoint,
+                    error = e,
+                    "replay failed; dropping the source's blocks"
+                );
                 self.reset(ctx);
             }
         }
@@ -429,7 +438,11 @@ impl EngineStream {
 
 /// Asks the engine's ROUTER for every batch from `from` on. Accepts vLLM's 4-frame replies
 /// (`["", topic, seq, payload]`) and the older 3-frame ones (`["", seq, payload]`).
-fn replay(zmq: &zmq::Context, endpoint: &str, from: u64) -> Result<Vec<(u64, Vec<u8>)>, &'static str> {
+fn replay(
+    zmq: &zmq::Context,
+    endpoint: &str,
+    from: u64,
+) -> Result<Vec<(u64, Vec<u8>)>, &'static str> {
     let dealer = zmq.socket(zmq::DEALER).map_err(|_| "socket")?;
     dealer.set_linger(0).map_err(|_| "socket")?;
     dealer

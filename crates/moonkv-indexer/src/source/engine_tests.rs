@@ -48,7 +48,12 @@ fn query(ix: &Indexer, tokens: &[u32]) -> Vec<(String, u64, u64, u64)> {
         .collect()
 }
 
-fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], medium: Option<&str>) -> EngineEvent {
+fn stored(
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    medium: Option<&str>,
+) -> EngineEvent {
     EngineEvent::Stored(StoredBlocks {
         block_hashes: hashes.iter().map(|&h| BlockHash(h)).collect(),
         parent: parent.map(BlockHash),
@@ -76,10 +81,15 @@ fn recomputed_hashes_follow_parents_tiers_and_removals() {
     let mut blocks = EngineBlocks::new(slot, s, profile);
     let index = ix.index();
     let tokens: Vec<u32> = (100..116).collect(); // 4 blocks
-    // engine hashes are arbitrary: the index recomputes its own
-    blocks.apply(index, &stored(&[901, 902], None, &tokens[..8], None)).unwrap();
+                                                 // engine hashes are arbitrary: the index recomputes its own
     blocks
-        .apply(index, &stored(&[903], Some(902), &tokens[8..12], Some("CPU")))
+        .apply(index, &stored(&[901, 902], None, &tokens[..8], None))
+        .unwrap();
+    blocks
+        .apply(
+            index,
+            &stored(&[903], Some(902), &tokens[8..12], Some("CPU")),
+        )
         .unwrap();
     assert_eq!(query(&ix, &tokens), vec![("e0".into(), 8, 12, 12)]);
     // a partial tail block never counts
@@ -125,7 +135,11 @@ fn recomputed_hashes_equal_the_query_chain_with_lora() {
     }
     blocks.apply(ix.index(), &ev).unwrap();
     let expected: Vec<BlockHash> = Chain::new(&profile, &tokens, 4, Some("sql"), None).collect();
-    let key = crate::state::partition_of(&spec("e0", "x", EngineHashes::Recompute), "default", Some("sql"));
+    let key = crate::state::partition_of(
+        &spec("e0", "x", EngineHashes::Recompute),
+        "default",
+        Some("sql"),
+    );
     let part = ix.index().partition(&key).unwrap();
     for h in expected {
         assert!(part.read().holders(h).is_some());
@@ -140,10 +154,16 @@ fn trusted_hashes_are_indexed_as_sent() {
     let slot = ix.add(s.clone(), &profile).unwrap();
     let mut blocks = EngineBlocks::new(slot, s, profile.clone());
     let tokens: Vec<u32> = (0..8).collect();
-    let chain: Vec<u64> = Chain::new(&profile, &tokens, 4, None, None).map(|h| h.0).collect();
-    blocks.apply(ix.index(), &stored(&chain, None, &[], None)).unwrap();
+    let chain: Vec<u64> = Chain::new(&profile, &tokens, 4, None, None)
+        .map(|h| h.0)
+        .collect();
+    blocks
+        .apply(ix.index(), &stored(&chain, None, &[], None))
+        .unwrap();
     assert_eq!(query(&ix, &tokens), vec![("e1".into(), 8, 8, 8)]);
-    blocks.apply(ix.index(), &removed(&chain[1..], None)).unwrap();
+    blocks
+        .apply(ix.index(), &removed(&chain[1..], None))
+        .unwrap();
     assert_eq!(query(&ix, &tokens), vec![("e1".into(), 4, 4, 4)]);
 }
 
@@ -182,10 +202,8 @@ fn payload(events: &[Vec<u8>]) -> Vec<u8> {
 fn stored_bytes(h: u64, p: Option<u64>, tokens: &[u32]) -> Vec<u8> {
     let mut e = Vec::new();
     w::write_map_len(&mut e, 5).unwrap();
-    for (k, v) in [("type", "BlockStored")] {
-        w::write_str(&mut e, k).unwrap();
-        w::write_str(&mut e, v).unwrap();
-    }
+    w::write_str(&mut e, "type").unwrap();
+    w::write_str(&mut e, "BlockStored").unwrap();
     w::write_str(&mut e, "block_hashes").unwrap();
     w::write_array_len(&mut e, 1).unwrap();
     w::write_uint(&mut e, h).unwrap();
@@ -278,7 +296,11 @@ fn gaps_are_replayed_and_restarts_drop_the_source() {
     // batch 1 is lost on the wire; batch 2 reveals the gap and replay fills it
     p.publish(1, &[stored_bytes(2, Some(1), block(1))], true);
     p.publish(2, &[stored_bytes(3, Some(2), block(2))], false);
-    wait("the replayed gap", || status(&ix).last_sequence == Some(2), || p.serve_replay());
+    wait(
+        "the replayed gap",
+        || status(&ix).last_sequence == Some(2),
+        || p.serve_replay(),
+    );
     assert_eq!(query(&ix, &tokens), vec![("e0".into(), 12, 12, 12)]);
     let st = status(&ix);
     assert_eq!((st.gaps, st.repaired_gaps, st.resets), (1, 1, 0), "{st:?}");
@@ -290,8 +312,16 @@ fn gaps_are_replayed_and_restarts_drop_the_source() {
     // a gap the ring cannot close (it starts later) drops the source's blocks
     p.ring.clear();
     p.publish(5, &[stored_bytes(51, None, block(0))], false);
-    wait("the lost history", || status(&ix).resets == 2, || p.serve_replay());
-    wait("the batch after the loss", || status(&ix).last_sequence == Some(5), || p.serve_replay());
+    wait(
+        "the lost history",
+        || status(&ix).resets == 2,
+        || p.serve_replay(),
+    );
+    wait(
+        "the batch after the loss",
+        || status(&ix).last_sequence == Some(5),
+        || p.serve_replay(),
+    );
     assert_eq!(query(&ix, &tokens), vec![("e0".into(), 4, 4, 4)]);
     // unregistering removes the instance
     let removed = ix

@@ -236,7 +236,11 @@ impl PoolSubscriber {
                 Metrics::by_type(&metrics.restarts, kind);
             }
             let sync_now = recovery_state(&self.sub);
-            let placement = self.sub.sync().filter(|s| s.is_live()).map(IndexSync::index);
+            let placement = self
+                .sub
+                .sync()
+                .filter(|s| s.is_live())
+                .map(IndexSync::index);
             if sync_now != seen_sync {
                 if placement.is_none() || sync_now.2 > seen_sync.2 {
                     Metrics::by_type(&metrics.source_resets, kind);
@@ -375,7 +379,10 @@ mod tests {
             Err(Skipped::OtherModel)
         );
         // removing a key never seen is not a skip
-        assert_eq!(pool.set_key(&index, "t", "user-object", MediaSet::EMPTY), Ok(()));
+        assert_eq!(
+            pool.set_key(&index, "t", "user-object", MediaSet::EMPTY),
+            Ok(())
+        );
         assert_eq!(index.blocks(), 0);
     }
 }
