@@ -24,7 +24,20 @@ pub struct MemoryBenchArgs {
     /// Print JSON instead of the table.
     #[arg(long)]
     json: bool,
+    /// Fail (exit status 1, after the report) when a checkpoint from 1 M objects on exceeds
+    /// this many bytes per object. The default is the recorded worst checkpoint (216 B,
+    /// docs/benchmarks.md, "Metadata memory") plus 20%; 0 turns the check off.
+    #[arg(long, default_value_t = RECORDED_WORST_BYTES_PER_OBJECT * 1.2)]
+    limit: f64,
 }
+
+/// The highest RSS growth per object recorded at a checkpoint of 1 M objects or more (4 KiB
+/// values, 29-byte keys).
+pub const RECORDED_WORST_BYTES_PER_OBJECT: f64 = 216.0;
+
+/// Checkpoints below this many objects are not held to `--limit`: the process's fixed costs
+/// still weigh on each object there.
+const LIMIT_FROM_OBJECTS: u64 = 1_000_000;
 
 /// One point of the run.
 #[derive(Clone, Debug, Serialize)]
@@ -128,7 +141,7 @@ pub fn run(args: MemoryBenchArgs) -> anyhow::Result<()> {
             "checkpoints": points,
         });
         println!("{out}");
-        return Ok(());
+        return over_limit(&points, args.limit);
     }
     println!(
         "Metadata memory: {} objects (keys of {key_len} bytes, one {}-byte replica each), \
@@ -149,5 +162,59 @@ pub fn run(args: MemoryBenchArgs) -> anyhow::Result<()> {
             grouped(p.puts_per_s)
         );
     }
+    over_limit(&points, args.limit)
+}
+
+/// An error naming every checkpoint (from [`LIMIT_FROM_OBJECTS`] on) above `limit` bytes per
+/// object.
+fn over_limit(points: &[Checkpoint], limit: f64) -> anyhow::Result<()> {
+    if limit <= 0.0 {
+        return Ok(());
+    }
+    let over: Vec<String> = points
+        .iter()
+        .filter(|p| p.objects >= LIMIT_FROM_OBJECTS && p.bytes_per_object > limit)
+        .map(|p| {
+            format!(
+                "{:.0} B/object at {} objects",
+                p.bytes_per_object, p.objects
+            )
+        })
+        .collect();
+    anyhow::ensure!(
+        over.is_empty(),
+        "metadata memory regressed: {} (limit {limit:.0} B/object: the recorded {RECORDED_WORST_BYTES_PER_OBJECT} B plus 20%)",
+        over.join(", ")
+    );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(objects: u64, bytes_per_object: f64) -> Checkpoint {
+        Checkpoint {
+            objects,
+            rss_bytes: 0,
+            bytes_per_object,
+            puts_per_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_over_the_limit_fails_the_run_and_is_named() {
+        let limit = RECORDED_WORST_BYTES_PER_OBJECT * 1.2;
+        // Below a million objects fixed costs dominate: not held to the limit.
+        assert!(over_limit(&[point(100_000, 400.0), point(1_000_000, 213.0)], limit).is_ok());
+        let e = over_limit(&[point(1_000_000, 421.0), point(2_000_000, 320.0)], limit)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("421 B/object at 1000000 objects"), "{e}");
+        assert!(e.contains("320 B/object at 2000000"), "{e}");
+        assert!(
+            over_limit(&[point(1_000_000, 421.0)], 0.0).is_ok(),
+            "0 turns it off"
+        );
+    }
 }

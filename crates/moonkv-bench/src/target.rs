@@ -81,6 +81,7 @@ pub fn mount_all(target: &dyn MetaTarget, owner: ClientId, segments: &[Segment])
         target.mount_segment(&MountSegmentRequest {
             segment: segment.clone(),
             client_id: owner,
+            keeps_catalog: false,
         })?;
     }
     Ok(())

@@ -41,6 +41,7 @@ fn engine() -> Engine {
             .mount_segment(&MountSegmentRequest {
                 segment,
                 client_id: WRITER,
+                keeps_catalog: false,
             })
             .unwrap();
     }

@@ -215,6 +215,11 @@ pub struct MountSegmentRequest {
     pub segment: Segment,
     /// Owner.
     pub client_id: ClientId,
+    /// The owner keeps a catalog of its committed replicas (it polls `SyncCatalog`): the
+    /// master queues commit and drop notices for it from this mount on. Absent (false) from
+    /// older clients and from owners that keep none, for which the master queues nothing.
+    #[serde(default)]
+    pub keeps_catalog: bool,
 }
 
 /// ReMountSegment: re-register all of a client's segments after `NEED_REMOUNT`.

@@ -152,6 +152,7 @@ impl EventsMaster {
             .request::<()>(&Request::MountSegment(MountSegmentRequest {
                 segment: fake_segment(1),
                 client_id: me,
+                keeps_catalog: false,
             }))
             .expect("mount");
         EventsMaster {

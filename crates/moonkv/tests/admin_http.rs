@@ -17,6 +17,7 @@ fn admin_endpoints_report_the_master_state() {
     c.request::<()>(&Request::MountSegment(MountSegmentRequest {
         segment: fake_segment(1),
         client_id: me,
+        keeps_catalog: false,
     }))
     .unwrap();
     put_meta(&c, me, "", "alpha", 1000);

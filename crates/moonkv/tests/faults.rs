@@ -496,6 +496,7 @@ async fn in_flight_writes_die_with_their_expired_client_or_node() {
         .request::<()>(&Request::MountSegment(MountSegmentRequest {
             segment,
             client_id: me,
+            keeps_catalog: false,
         }))
         .unwrap();
     raw_put_start(&owner, me, "owner-in-flight", 4096);

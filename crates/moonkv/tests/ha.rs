@@ -83,6 +83,7 @@ fn write_on(c: &Connection, key: &str) -> Result<(), Error> {
     c.request::<()>(&Request::MountSegment(MountSegmentRequest {
         segment: wire::fake_segment(n),
         client_id: me,
+        keeps_catalog: false,
     }))?;
     let replicas: Vec<ReplicaDescriptor> = c.request(&Request::PutStart(PutStartRequest {
         client_id: me,

@@ -18,6 +18,7 @@ fn master_serves_mount_put_get_remove_and_leases_over_tcp() {
     c.request::<()>(&Request::MountSegment(MountSegmentRequest {
         segment: fake_segment(1),
         client_id: me,
+        keeps_catalog: false,
     }))
     .unwrap();
     let ping: PingResponse = c

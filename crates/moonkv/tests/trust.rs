@@ -254,6 +254,7 @@ fn a_client_credential_can_neither_pose_as_a_node_nor_unmount_one() {
             .mount_segment(MountSegmentRequest {
                 segment: fake,
                 client_id: master_client.client_id(),
+                keeps_catalog: false,
             })
             .await
             .expect_err("a client may not mount a segment");

@@ -355,9 +355,12 @@ impl MasterClient {
     /// Mounts a segment owned by this client and remembers it for automatic remounts; starts the
     /// heartbeat on first use.
     pub async fn mount(&self, segment: Segment) -> Result<()> {
+        // An owner with a remount hook announces its catalog (see `RemountHook`): it keeps one.
+        let keeps_catalog = self.inner.remount_hook.lock().is_some();
         self.mount_segment(MountSegmentRequest {
             segment: segment.clone(),
             client_id: self.client_id(),
+            keeps_catalog,
         })
         .await?;
         self.inner.segments.lock().push(segment);

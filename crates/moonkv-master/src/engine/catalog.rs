@@ -199,12 +199,21 @@ impl CatalogBook {
         *self.waker.write() = Some(waker);
     }
 
-    /// Queues a notice for `node`.
+    /// Opens `node`'s mailbox (if it has none): from now on notices for it are queued. Called
+    /// for owners that keep a catalog, at their mount (or remount for adoption) and poll.
+    pub(crate) fn open(&self, node: ClientId) {
+        self.mailboxes.lock().entry(node).or_default();
+    }
+
+    /// Queues a notice for `node`; nothing when it keeps no catalog (it never opened a
+    /// mailbox), so owners that never poll cost no memory per object.
     pub(crate) fn push(&self, node: ClientId, notice: CatalogNotice) {
         let is_drop = matches!(notice, CatalogNotice::Drop { .. });
         let seq = {
             let mut boxes = self.mailboxes.lock();
-            let mb = boxes.entry(node).or_default();
+            let Some(mb) = boxes.get_mut(&node) else {
+                return;
+            };
             if mb.notices.len() >= MAX_PENDING_NOTICES {
                 // The node is not keeping up (or not connected): rather than grow without
                 // bound, its catalog starts over.
@@ -275,7 +284,9 @@ impl CatalogBook {
     pub(crate) fn reset(&self, nodes: &[ClientId]) {
         let mut boxes = self.mailboxes.lock();
         for node in nodes {
-            let mb = boxes.entry(*node).or_default();
+            let Some(mb) = boxes.get_mut(node) else {
+                continue;
+            };
             mb.acked = mb.tail();
             mb.notices.clear();
             mb.reset_until = Some(mb.acked + 1);

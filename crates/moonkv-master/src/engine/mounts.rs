@@ -123,6 +123,9 @@ impl Engine {
                 let _ = self.add_slot(&mut registry, req.segment.clone(), req.client_id);
             }
         }
+        if req.keeps_catalog {
+            self.catalog.open(req.client_id);
+        }
         self.mark_client_alive(req.client_id);
         self.recompute_quotas();
         Ok(())
@@ -163,6 +166,10 @@ impl Engine {
                     }
                 }
             }
+        }
+        if req.adopt {
+            // An owner that announces its catalog keeps one.
+            self.catalog.open(req.client_id);
         }
         self.mark_client_alive(req.client_id);
         self.recompute_quotas();

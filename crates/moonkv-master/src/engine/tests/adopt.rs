@@ -418,3 +418,32 @@ fn an_expired_node_is_told_to_forget_its_catalog() {
     assert!(next.reset && !next.notices.is_empty());
     assert!(!sync(&h, next.epoch, next.last).reset);
 }
+
+#[test]
+fn an_owner_that_keeps_no_catalog_is_sent_no_notices() {
+    // A segment whose owner never polls (an older node, a client's fake segment, a bench):
+    // nothing is queued for it, however many objects it holds.
+    let h = Harness::bare(Harness::config());
+    h.engine
+        .mount_segment(&MountSegmentRequest {
+            segment: h.segment("plain", BASE, 16 * MIB),
+            client_id: NODE,
+            keeps_catalog: false,
+        })
+        .unwrap();
+    for i in 0..100 {
+        h.put(&format!("k{i}"), 1000);
+    }
+    h.remove("k0", false).unwrap();
+    assert_eq!(h.engine.catalog.pending_total(), 0);
+    // Its first poll says it keeps one after all: from then on its commits are queued.
+    assert!(sync(&h, 0, 0).notices.is_empty());
+    h.put("later", 1000);
+    assert_eq!(
+        commits(&sync(&h, 0, 0))
+            .iter()
+            .map(|e| e.key.as_str())
+            .collect::<Vec<_>>(),
+        ["later"]
+    );
+}

@@ -181,6 +181,7 @@ impl Harness {
             .mount_segment(&MountSegmentRequest {
                 segment,
                 client_id: client,
+                keeps_catalog: true,
             })
             .unwrap();
         id

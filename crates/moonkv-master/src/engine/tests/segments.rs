@@ -6,6 +6,7 @@ fn mount_req(h: &Harness, segment: Segment) -> MountSegmentRequest {
     MountSegmentRequest {
         segment,
         client_id: h.client,
+        keeps_catalog: true,
     }
 }
 
@@ -443,6 +444,7 @@ fn mount_on(h: &Harness, name: &str, host: &str, base: u64, size: u64) {
         .mount_segment(&MountSegmentRequest {
             segment,
             client_id: h.client,
+            keeps_catalog: true,
         })
         .unwrap();
 }
