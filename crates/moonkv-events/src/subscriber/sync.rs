@@ -69,6 +69,10 @@ pub struct IndexSync {
     retry_interval: Duration,
     max_buffered: usize,
     last_epoch: Option<u64>,
+    /// The watermark of the snapshot just applied, until an event past it arrives: events
+    /// queued while the snapshot was fetched carry ids up to it, and are skipped as covered.
+    /// Any other id at or below the last one means a restarted publisher.
+    covered_through: Option<u64>,
     counters: SyncCounters,
 }
 
@@ -104,6 +108,7 @@ impl IndexSync {
             retry_interval: DEFAULT_RETRY_INTERVAL,
             max_buffered: DEFAULT_MAX_BUFFERED_EVENTS,
             last_epoch: None,
+            covered_through: None,
             counters: SyncCounters::default(),
         }
     }
@@ -166,7 +171,7 @@ impl IndexSync {
         ) = (&self.state, ev.event_id)
         {
             let last = *last;
-            if id <= last {
+            if id <= last && self.covered_through.is_some_and(|w| id <= w) {
                 // Messages queued in the socket while the snapshot was fetched carry events the
                 // snapshot already reflects. The transport sequence was in order (a restart or
                 // a gap would have sent us to recovery before this event), so skip them instead
@@ -174,7 +179,18 @@ impl IndexSync {
                 self.counters.covered_by_snapshot += 1;
                 return;
             }
-            if id != last.wrapping_add(1) {
+            if id <= last {
+                // Ids moving backwards with no snapshot to explain them: a restarted publisher
+                // whose transport sequence happened to continue where the old one stopped. Its
+                // events are new; reconcile against it rather than dropping them.
+                self.counters.event_id_discontinuities += 1;
+                tracing::info!(
+                    last,
+                    id,
+                    "event ids moved backwards; the publisher restarted"
+                );
+                self.lose(true);
+            } else if id != last.wrapping_add(1) {
                 self.counters.event_id_discontinuities += 1;
                 tracing::info!(last, id, "event id discontinuity; reconciling placement");
                 // Whatever came before this event (old stream or lost events) is moot.
@@ -199,6 +215,11 @@ impl IndexSync {
             }
             State::Live { last_event_id } => {
                 *last_event_id = ev.event_id.or(*last_event_id);
+                if let (Some(w), Some(id)) = (self.covered_through, ev.event_id) {
+                    if id > w {
+                        self.covered_through = None;
+                    }
+                }
                 self.apply(ev);
             }
         }
@@ -207,6 +228,7 @@ impl IndexSync {
     /// Reacts to lost or superseded events: with a source, (re)enter recovery, dropping
     /// buffered events if they belong to a superseded stream; without, wipe the scope.
     fn lose(&mut self, superseded: bool) {
+        self.covered_through = None;
         if self.source.is_none() {
             match &self.tenant {
                 Some(t) => {
@@ -319,6 +341,7 @@ impl IndexSync {
             }
         }
         self.counters.recoveries += 1;
+        self.covered_through = Some(snapshot.watermark_event_id);
         self.retry_at = None;
         self.state = State::Live {
             last_event_id: Some(last),

@@ -434,3 +434,28 @@ fn events_queued_during_the_snapshot_fetch_are_skipped_without_refetching() {
     sync.on_message(SequenceVerdict::InOrder, &[stored(9, "e")]);
     assert!(!sync.is_live());
 }
+
+#[test]
+fn a_restarted_publisher_whose_transport_sequence_continues_is_reconciled_not_skipped() {
+    let src = FakeSource::default();
+    let mut sync = IndexSync::new(Some(Box::new(src.clone())), None);
+    src.answer(Ok(snap(10, &[("t", "old")])));
+    assert_eq!(sync.recover(Instant::now()).ok(), Some(true));
+    sync.on_message(
+        SequenceVerdict::InOrder,
+        &[stored(11, "a"), stored(12, "b")],
+    );
+    // The publisher restarts; its first message's transport sequence happens to be the next
+    // one, so only the ids (back at 1) tell. Its events are new: nothing may be dropped.
+    sync.on_message(
+        SequenceVerdict::InOrder,
+        &[stored(1, "n1"), stored(2, "n2")],
+    );
+    assert!(sync.needs_recovery(), "ids moving backwards mean a restart");
+    assert_eq!(sync.counters().event_id_discontinuities, 1);
+    assert_eq!(sync.counters().covered_by_snapshot, 0);
+    // The new master's snapshot holds what it re-adopted plus n1; n2 comes from the buffer.
+    src.answer(Ok(snap(1, &[("t", "a"), ("t", "n1")])));
+    assert_eq!(sync.recover(Instant::now()).ok(), Some(true));
+    assert_eq!(keys(&sync), ["t/a", "t/n1", "t/n2"]);
+}
