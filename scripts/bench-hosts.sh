@@ -10,9 +10,10 @@
 # a 2 GiB segment, TCP) in the same node host and runs the shared Python driver (`mc_bench.py`,
 # UPSTREAM_TOOLS) against both systems through the same link and relay, interleaved per RTT:
 # upstream's own client, and moonkv's drop-in over its socket path (MOONKV_SAME_HOST=0). The
-# storage process advertises 10.250.0.2, an address both namespaces hold, so the client host
-# reaches its data and RPC ports only through relays on 10.250.0.2 (as moonkv's node is reached
-# through the relay on 10.250.0.254). Needs the upstream venv (`cluster.sh venv`) with moonkv's
+# storage process advertises 10.250.0.2 for its data port (MC_TCP_BIND_ADDRESS sets the
+# `tcp_data_host` of its segment descriptor), an address both namespaces hold, so the client
+# host reaches the data port only through a relay on 10.250.0.2 (as moonkv's node is reached
+# through the relay on 10.250.0.254). Its data listener is on every address of the node host. Needs the upstream venv (`cluster.sh venv`) with moonkv's
 # package installed (`pip install ./crates/moonkv-py`).
 set -euo pipefail
 BIN=${MOONKV_BIN:-target/release/moonkv}
@@ -100,14 +101,17 @@ sleep 1
 ip netns exec "$NS" "$VENV/bin/mooncake_master" --rpc_address=10.250.0.1 --rpc_port=21051 \
     --metrics_host=10.250.0.1 --metrics_port=21003 > "$OUT/up-master.log" 2>&1 &
 sleep 2
-MC_TCP_BIND_ADDRESS=10.250.0.1 ip netns exec "$NS" "$VENV/bin/mooncake_client" --host=10.250.0.2 \
+MC_TCP_BIND_ADDRESS=10.250.0.2 ip netns exec "$NS" "$VENV/bin/mooncake_client" --host=10.250.0.2 \
     --global_segment_size=2147483648 --master_server_address=10.250.0.1:21051 \
     --metadata_server=http://10.250.0.1:21080/metadata --port=21052 --protocol=tcp \
     > "$OUT/up-storage.log" 2>&1 &
 for _ in $(seq 100); do grep -q "Starting real client service" "$OUT/up-storage.log" && break; sleep 0.1; done
 UP_DATA=$(grep -o "listen on port [0-9]*" "$OUT/up-storage.log" | awk '{print $4}')
-UP_RPC=$(grep -o "listening on [0-9.]*:[0-9]*" "$OUT/up-storage.log" | sed 's/.*://')
-[[ -n $UP_DATA && -n $UP_RPC ]] || { echo "upstream's storage process did not start: $(tail -3 "$OUT/up-storage.log")" >&2; exit 1; }
+[[ -n $UP_DATA ]] || { echo "upstream's storage process did not start: $(tail -3 "$OUT/up-storage.log")" >&2; exit 1; }
+# Its segment must name the relayed address, or the bytes would bypass the relay.
+SEGMENT=$(grep -o "name 10.250.0.2:[0-9]*" "$OUT/up-storage.log" | head -1 | sed 's/name //')
+curl -s "http://10.250.0.1:21080/metadata?key=mooncake%2Fram%2F${SEGMENT/:/%3A}" | grep -q '"tcp_data_host":"10.250.0.2"' \
+    || { echo "upstream's segment does not advertise 10.250.0.2 for its data port" >&2; exit 1; }
 mc() { # system cell args...
     local sys=$1; shift
     if [[ $sys == upstream ]]; then
@@ -123,11 +127,10 @@ for RTT in $RTTS; do
     RELAYS=()
     "$BIN" bench relay --listen "10.250.0.254:$PORT" --target "10.250.0.1:$PORT" --rtt "$RTT" > "$OUT/relay.out" 2>> "$OUT/relay.log" &
     RELAYS+=($!)
-    for p in "$UP_DATA" "$UP_RPC"; do
-        "$BIN" bench relay --listen "10.250.0.2:$p" --target "10.250.0.1:$p" --rtt "$RTT" > "$OUT/relay-$p.out" 2>> "$OUT/relay.log" &
-        RELAYS+=($!)
-    done
-    for f in "$OUT/relay.out" "$OUT/relay-$UP_DATA.out" "$OUT/relay-$UP_RPC.out"; do ready "$f" relay > /dev/null; done
+    "$BIN" bench relay --listen "10.250.0.2:$UP_DATA" --target "10.250.0.1:$UP_DATA" --rtt "$RTT" \
+        > "$OUT/relay-up.out" 2>> "$OUT/relay.log" &
+    RELAYS+=($!)
+    for f in "$OUT/relay.out" "$OUT/relay-up.out"; do ready "$f" relay > /dev/null; done
     for sys in upstream moonkv; do
         for cell in "dataplane --sizes 1048576,4194304,16777216,67108864 --clients 1 --duration ${DURATION%s}" \
             "batch --batch 128 --size 4096 --calls 100" "batch --batch 32 --size 131072 --calls 100"; do
@@ -165,4 +168,25 @@ for (rtt, mode, cell, op), s in by.items():
         share = f"{mk['p50_us'] / 1000 / rtt_ms(rtt):.1f} RTT (p50 {mk['p50_us'] / 1000:.2f} ms)"
         fmt = lambda r: f"{r['keys_per_s'] / 1000:.1f}k keys/s"
     print(f"| {rtt} | {cell} | {op} | {fmt(up)} | {fmt(mk)} | {ratio:.2f}× | {share} | {up['errors']} / {mk['errors']} |")
+# What the round trip itself costs a batch call: the growth of its p50 between the shortest and
+# the longest RTT, in units of the RTT's growth (transmission, master calls and CPU cancel out).
+rtts = sorted({r["rtt"] for r in rows}, key=rtt_ms)
+if len(rtts) >= 2:
+    lo, hi = rtts[0], rtts[-1]
+    span = rtt_ms(hi) - rtt_ms(lo)
+    print(f"\n### Round trips a batch call pays for its RTT ((p50 at {hi} - p50 at {lo}) / {span:.2f} ms)\n")
+    print("| cell | op | upstream p50 ms | upstream RTTs | moonkv p50 ms | moonkv RTTs |")
+    print("|---|---|--:|--:|--:|--:|")
+    for (rtt, mode, cell, op), s in by.items():
+        if rtt != hi or mode != "batch" or op == "batch_exists":
+            continue
+        base = by.get((lo, mode, cell, op), {})
+        cols = []
+        for sys_ in ("upstream", "moonkv"):
+            a, b = base.get(sys_), s.get(sys_)
+            if not a or not b:
+                cols += ["–", "–"]
+                continue
+            cols += [f"{a['p50_us'] / 1000:.2f} → {b['p50_us'] / 1000:.2f}", f"{(b['p50_us'] - a['p50_us']) / 1000 / span:.1f}"]
+        print(f"| {cell} | {op} | {' | '.join(cols)} |")
 PYEOF
