@@ -169,6 +169,14 @@ pub enum Extra<'a> {
 }
 
 impl Extra<'_> {
+    /// Appends the CBOR of these extra keys, exactly as `profile`'s block hash reads them
+    /// (nothing for a profile that ignores extras).
+    pub fn encode_for(&self, profile: &HashProfile, out: &mut Vec<u8>) {
+        if profile.hashes_extras() {
+            self.write(out);
+        }
+    }
+
     fn write(&self, h: &mut impl cbor::Sink) {
         match *self {
             Extra::Request {

@@ -219,6 +219,9 @@ async fn metrics(State(ix): State<Arc<Indexer>>) -> Response {
     let m = ix.metrics();
     m.blocks.set(ix.index().blocks() as i64);
     m.index_bytes.set(ix.index().heap_bytes() as i64);
+    let chains = ix.index().chains();
+    m.chain_cache_blocks.set(chains.len() as i64);
+    m.chain_cache_bytes.set(chains.heap_bytes() as i64);
     (
         [(
             header::CONTENT_TYPE,

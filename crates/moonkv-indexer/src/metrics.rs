@@ -36,6 +36,10 @@ pub struct Metrics {
     pub query_seconds: Histogram,
     /// Queries by body format (`json`, `msgpack`).
     pub queries: Family<Labels, Counter>,
+    /// Blocks held by the chain cache (set when scraped).
+    pub chain_cache_blocks: Gauge,
+    /// Estimated heap bytes of the chain cache (set when scraped).
+    pub chain_cache_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -62,6 +66,8 @@ impl Metrics {
             index_bytes: Gauge::default(),
             query_seconds: Histogram::new(exponential_buckets(5e-6, 2.0, 18)),
             queries: Family::default(),
+            chain_cache_blocks: Gauge::default(),
+            chain_cache_bytes: Gauge::default(),
         };
         registry.register("sources", "Registered sources", m.sources.clone());
         registry.register("events", "Events applied", m.events.clone());
@@ -91,7 +97,37 @@ impl Metrics {
             m.query_seconds.clone(),
         );
         registry.register("queries", "Queries by body format", m.queries.clone());
+        registry.register(
+            "chain_cache_blocks",
+            "Blocks whose digest the chain cache holds",
+            m.chain_cache_blocks.clone(),
+        );
+        registry.register(
+            "chain_cache_bytes",
+            "Estimated heap bytes of the chain cache",
+            m.chain_cache_bytes.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Exports the chain cache's counters: `chain_cache_hits` and `chain_cache_misses` (query
+    /// blocks whose digest was found, or hashed) and `trusted_hash_mismatches`.
+    pub fn register_chain_stats(&mut self, stats: &crate::index::chains::ChainStats) {
+        self.registry.register(
+            "chain_cache_hits",
+            "Query blocks whose digest came from the chain cache",
+            stats.hits.clone(),
+        );
+        self.registry.register(
+            "chain_cache_misses",
+            "Query blocks hashed with SHA-256",
+            stats.misses.clone(),
+        );
+        self.registry.register(
+            "trusted_hash_mismatches",
+            "Blocks of trust-mode sources whose hash differs from the one recomputed from their tokens",
+            stats.trusted_mismatches.clone(),
+        );
     }
 
     /// The text exposition.

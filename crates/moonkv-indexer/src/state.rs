@@ -13,9 +13,10 @@ use crate::api::{
     UnregisterRequest,
 };
 use crate::error::IndexerError;
-use crate::hash::{Chain, HashProfile};
+use crate::hash::HashProfile;
 use crate::ids::{BlockHash, PartitionKey, SourceSlot, Worker, DEFAULT_TENANT};
-use crate::index::{walk, PrefixIndex, WorkerRun};
+use crate::index::chains::ChainCache;
+use crate::index::{walk, CachedChain, PrefixIndex, WorkerRun};
 use crate::metrics::Metrics;
 use crate::source::{SourceHandle, SourceStatus};
 
@@ -92,12 +93,28 @@ pub fn tenant_or_default(t: &Option<String>) -> &str {
 }
 
 impl Indexer {
-    /// An indexer with no sources.
+    /// An indexer with no sources, its chain cache sized by
+    /// `MOONKV_INDEXER_CHAIN_CACHE_BLOCKS` (default
+    /// [`crate::index::chains::DEFAULT_CHAIN_CACHE_BLOCKS`]; an unreadable value is logged and
+    /// the default used).
     pub fn new() -> Indexer {
+        let blocks = ChainCache::blocks_from_env().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "using the default chain cache size");
+            crate::index::chains::DEFAULT_CHAIN_CACHE_BLOCKS
+        });
+        Indexer::with_chain_cache(blocks)
+    }
+
+    /// An indexer with no sources whose chain cache holds at most `blocks` blocks (`0`: no
+    /// cache, every query block is hashed with SHA-256).
+    pub fn with_chain_cache(blocks: usize) -> Indexer {
+        let index = PrefixIndex::with_chain_cache(blocks);
+        let mut metrics = Metrics::new();
+        metrics.register_chain_stats(index.chains().stats());
         Indexer {
-            index: PrefixIndex::new(),
+            index,
             registry: RwLock::new(Registry::default()),
-            metrics: Metrics::new(),
+            metrics,
         }
     }
 
@@ -288,20 +305,24 @@ impl Indexer {
             block_size: req.block_size,
             additional_salt: req.additional_salt.clone().unwrap_or_default(),
         };
+        let chains = self.index.chains();
         let answer = self.answer(&key, req.instance_id.as_deref(), |profile, out, part, w| {
             let lora = req.lora_name.as_deref().filter(|_| profile.hashes_extras());
             let salt = req
                 .cache_salt
                 .as_deref()
                 .filter(|_| profile.hashes_extras());
-            let chain = Chain::new(
+            let mut chain = CachedChain::new(
+                chains,
+                part.chain_root(),
                 profile,
                 &req.token_ids.0,
                 req.block_size as usize,
                 lora,
                 salt,
             );
-            walk(part, chain, w, out);
+            walk(part, &mut chain, w, out);
+            chain.finish();
         });
         self.metrics
             .query_seconds

@@ -10,9 +10,13 @@
 //! - `mod.rs`: [`Partition`] (the map and its holder lists) and [`PrefixIndex`] (partitions by
 //!   [`PartitionKey`], each behind its own lock).
 //! - `query.rs`: the walk that turns a chain of hashes into per-worker, per-tier matches.
+//! - `chains.rs`: the [`ChainCache`] that gives queries the digests of blocks already hashed
+//!   without computing SHA-256 again.
 
+pub mod chains;
 mod query;
 
+pub use chains::{CachedChain, ChainCache, ChainEntry};
 pub use query::{walk, WorkerRun, WALK_CHUNK};
 
 use std::collections::HashMap;
@@ -130,14 +134,17 @@ impl Holders {
 #[derive(Debug)]
 pub struct Partition {
     profile: HashProfile,
+    chain_root: u64,
     blocks: BlockMap<Holders>,
 }
 
 impl Partition {
-    /// An empty partition hashed with `profile`.
-    pub fn new(profile: HashProfile) -> Partition {
+    /// An empty partition hashed with `profile`, whose chains start from the fast key
+    /// `chain_root` in the [`ChainCache`].
+    pub fn new(profile: HashProfile, chain_root: u64) -> Partition {
         Partition {
             profile,
+            chain_root,
             blocks: BlockMap::default(),
         }
     }
@@ -145,6 +152,11 @@ impl Partition {
     /// The profile queries of this partition hash with.
     pub fn profile(&self) -> &HashProfile {
         &self.profile
+    }
+
+    /// The fast key before the partition's first block ([`ChainCache::root`]).
+    pub fn chain_root(&self) -> u64 {
+        self.chain_root
     }
 
     /// Marks `hash` as held by `source` in `tier`; true if that is new.
@@ -240,6 +252,7 @@ impl Partition {
 #[derive(Debug, Default)]
 pub struct PrefixIndex {
     partitions: RwLock<HashMap<PartitionKey, Arc<RwLock<Partition>>>>,
+    chains: ChainCache,
 }
 
 /// Why a partition could not be used.
@@ -250,9 +263,22 @@ pub struct ProfileMismatch {
 }
 
 impl PrefixIndex {
-    /// An empty index.
+    /// An empty index with a chain cache of the default size.
     pub fn new() -> PrefixIndex {
         PrefixIndex::default()
+    }
+
+    /// An empty index whose chain cache holds at most `chain_cache_blocks` blocks (`0`: none).
+    pub fn with_chain_cache(chain_cache_blocks: usize) -> PrefixIndex {
+        PrefixIndex {
+            partitions: RwLock::default(),
+            chains: ChainCache::new(chain_cache_blocks),
+        }
+    }
+
+    /// The chain cache.
+    pub fn chains(&self) -> &ChainCache {
+        &self.chains
     }
 
     /// The partition for `key`, if it exists.
@@ -273,7 +299,10 @@ impl PrefixIndex {
         let mut map = self.partitions.write();
         let p = map
             .entry(key.clone())
-            .or_insert_with(|| Arc::new(RwLock::new(Partition::new(profile.clone()))))
+            .or_insert_with(|| {
+                let root = self.chains.root(key, profile);
+                Arc::new(RwLock::new(Partition::new(profile.clone(), root)))
+            })
             .clone();
         drop(map);
         check_profile(p, profile)

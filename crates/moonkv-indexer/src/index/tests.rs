@@ -103,7 +103,7 @@ impl Model {
 }
 
 fn run_ops(ops: &[Op], contiguous_model: bool) -> Result<(), TestCaseError> {
-    let mut part = Partition::new(HashProfile::vllm("0"));
+    let mut part = Partition::new(HashProfile::vllm("0"), 0);
     let mut model = Model::default();
     for op in ops {
         match *op {
@@ -182,7 +182,7 @@ fn harness_catches_a_planted_bug() {
 
 #[test]
 fn tiers_are_cumulative_and_stop_at_the_first_miss() {
-    let mut part = Partition::new(HashProfile::vllm("0"));
+    let mut part = Partition::new(HashProfile::vllm("0"), 0);
     let c = CHAINS[0];
     // worker 0: gpu 2 blocks (slot 0), then cpu and disk from the pool (slot 1)
     for (depth, tier) in [
@@ -235,7 +235,7 @@ fn tiers_are_cumulative_and_stop_at_the_first_miss() {
 
 #[test]
 fn many_holders_shrink_back_and_size_is_estimated() {
-    let mut part = Partition::new(HashProfile::vllm("0"));
+    let mut part = Partition::new(HashProfile::vllm("0"), 0);
     for s in 0..4 {
         assert!(part.store(BlockHash(1), SourceSlot(s), Tier::Cpu));
     }

@@ -19,7 +19,8 @@ use crate::api::{EngineHashes, SourceSpec};
 use crate::error::IndexerError;
 use crate::hash::{Digest32, Extra, HashProfile};
 use crate::ids::{BlockHash, PartitionKey, SourceSlot, Tier, TierMask};
-use crate::index::{Partition, PassThroughHasher, PrefixIndex};
+use crate::index::chains::Generations;
+use crate::index::{ChainEntry, Partition, PassThroughHasher, PrefixIndex};
 use crate::state::{partition_of, tenant_or_default};
 use crate::wire::{decode_batch, EngineEvent, StoredBlocks};
 
@@ -29,12 +30,26 @@ pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
 /// The sequence frame of a replay's end marker.
 const REPLAY_END: [u8; 8] = [0xff; 8];
 
+/// Trust-mode blocks remembered as parents for the chain cache, per generation (two
+/// generations of 57,344, each filling a 2^16-slot table: about 3.4 MiB each).
+pub const TRUSTED_PARENTS_PER_GENERATION: usize = 7 << 13;
+
 #[derive(Debug, Clone, Copy)]
 struct EngineBlock {
     index: BlockHash,
     digest: Digest32,
+    /// The block's fast key in the chain cache (0 when the cache is off).
+    fast: u64,
     part: u16,
     tiers: TierMask,
+}
+
+/// A trusted block's place in its chain, for the blocks stored after it.
+#[derive(Debug, Clone, Copy)]
+struct TrustedParent {
+    part: u16,
+    fast: u64,
+    digest: Digest32,
 }
 
 /// The blocks one engine source reported, and how its hashes map to index hashes.
@@ -46,6 +61,12 @@ pub struct EngineBlocks {
     parts: Vec<(PartitionKey, Arc<RwLock<Partition>>)>,
     /// Recompute mode: engine hash → the block in the index.
     blocks: HashMap<u64, EngineBlock, BuildHasherDefault<PassThroughHasher>>,
+    /// Trust mode: recent blocks whose digest was recomputed (and agreed), so that the chains
+    /// stored after them can be recorded in the chain cache too.
+    trusted: Generations<TrustedParent>,
+    scratch: Vec<u8>,
+    extra: Vec<u8>,
+    computed: Vec<(u64, ChainEntry)>,
 }
 
 impl EngineBlocks {
@@ -58,6 +79,10 @@ impl EngineBlocks {
             profile,
             parts: Vec::new(),
             blocks: HashMap::default(),
+            trusted: Generations::new(TRUSTED_PARENTS_PER_GENERATION),
+            scratch: Vec::new(),
+            extra: Vec::new(),
+            computed: Vec::new(),
         }
     }
 
@@ -106,9 +131,13 @@ impl EngineBlocks {
         let part = self.part(index, lora)?;
         let partition = Arc::clone(&self.parts[usize::from(part)].1);
         let mut partition = partition.write();
+        let chains = index.chains();
         if self.spec.engine_hashes == EngineHashes::Trust {
             for h in &st.block_hashes {
                 partition.store(*h, self.slot, tier);
+            }
+            if chains.enabled() {
+                self.remember_trusted(index, &partition, part, lora, st);
             }
             return Ok(st.block_hashes.len());
         }
@@ -116,16 +145,16 @@ impl EngineBlocks {
         if st.token_ids.len() != n * bs as usize {
             return Err("token_count_mismatch");
         }
-        let mut parent = match st.parent {
-            None => None,
+        let (mut parent, mut parent_fast) = match st.parent {
+            None => (None, partition.chain_root()),
             Some(p) => match self.blocks.get(&p.0) {
-                Some(b) if b.part == part => Some(b.digest),
+                Some(b) if b.part == part => (Some(b.digest), b.fast),
                 _ => return Err("unknown_parent"),
             },
         };
         let extras = st.extra_keys.as_ref().filter(|e| e.len() == n);
-        let mut scratch = Vec::with_capacity(64 + 5 * bs as usize);
         let lora_key = lora.filter(|_| self.profile.hashes_extras());
+        self.computed.clear();
         for (i, engine_hash) in st.block_hashes.iter().enumerate() {
             let tokens = &st.token_ids[i * bs as usize..(i + 1) * bs as usize];
             let extra = match extras {
@@ -137,12 +166,28 @@ impl EngineBlocks {
             };
             let digest = self
                 .profile
-                .block_with(&mut scratch, parent.as_ref(), tokens, extra);
+                .block_with(&mut self.scratch, parent.as_ref(), tokens, extra);
+            let fast = if chains.enabled() {
+                self.extra.clear();
+                extra.encode_for(&self.profile, &mut self.extra);
+                let fast = chains.fast_key(parent_fast, tokens, &self.extra);
+                self.computed.push((
+                    fast,
+                    ChainEntry {
+                        parent: parent_fast,
+                        digest,
+                    },
+                ));
+                fast
+            } else {
+                0
+            };
             let hash = BlockHash::from_digest(&digest);
             partition.store(hash, self.slot, tier);
             let entry = self.blocks.entry(engine_hash.0).or_insert(EngineBlock {
                 index: hash,
                 digest,
+                fast,
                 part,
                 tiers: TierMask::EMPTY,
             });
@@ -160,14 +205,80 @@ impl EngineBlocks {
                 *entry = EngineBlock {
                     index: hash,
                     digest,
+                    fast,
                     part,
                     tiers: TierMask::EMPTY,
                 };
             }
             entry.tiers = entry.tiers.with(tier);
             parent = Some(digest);
+            parent_fast = fast;
         }
+        chains.record(&self.computed);
         Ok(n)
+    }
+
+    /// Trust mode: recomputes the digests of stored blocks that came with their tokens, after
+    /// a parent this source stored recently (or from the root), and records them in the chain
+    /// cache while they agree with the engine's hashes. A disagreement (the engine does not run
+    /// the partition's profile) is counted and ends the chain there; the index keeps the
+    /// engine's hashes either way.
+    fn remember_trusted(
+        &mut self,
+        index: &PrefixIndex,
+        partition: &Partition,
+        part: u16,
+        lora: Option<&str>,
+        st: &StoredBlocks,
+    ) {
+        let bs = self.spec.block_size as usize;
+        let n = st.block_hashes.len();
+        if n == 0 || st.token_ids.len() != n * bs {
+            return;
+        }
+        let (mut parent, mut parent_fast) = match st.parent {
+            None => (None, partition.chain_root()),
+            Some(p) => match self.trusted.get(p.0) {
+                Some((t, _)) if t.part == part => (Some(t.digest), t.fast),
+                _ => return,
+            },
+        };
+        let chains = index.chains();
+        let extras = st.extra_keys.as_ref().filter(|e| e.len() == n);
+        let lora_key = lora.filter(|_| self.profile.hashes_extras());
+        self.computed.clear();
+        for (i, engine_hash) in st.block_hashes.iter().enumerate() {
+            let tokens = &st.token_ids[i * bs..(i + 1) * bs];
+            let extra = match extras {
+                Some(e) => Extra::Reported(e[i].as_deref()),
+                None => Extra::Request {
+                    lora_name: lora_key,
+                    cache_salt: None,
+                },
+            };
+            let digest = self
+                .profile
+                .block_with(&mut self.scratch, parent.as_ref(), tokens, extra);
+            if BlockHash::from_digest(&digest) != *engine_hash {
+                chains.stats().trusted_mismatches.inc();
+                break;
+            }
+            self.extra.clear();
+            extra.encode_for(&self.profile, &mut self.extra);
+            let fast = chains.fast_key(parent_fast, tokens, &self.extra);
+            self.computed.push((
+                fast,
+                ChainEntry {
+                    parent: parent_fast,
+                    digest,
+                },
+            ));
+            self.trusted
+                .insert(engine_hash.0, TrustedParent { part, fast, digest });
+            parent = Some(digest);
+            parent_fast = fast;
+        }
+        chains.record(&self.computed);
     }
 
     fn remove(&mut self, hashes: &[BlockHash], tier: Tier) -> usize {
@@ -200,6 +311,7 @@ impl EngineBlocks {
     /// Drops every block of the source; returns how many it held.
     pub fn reset(&mut self, index: &PrefixIndex) -> usize {
         self.blocks = HashMap::default();
+        self.trusted.clear();
         index.remove_source(self.slot)
     }
 
