@@ -7,7 +7,9 @@
 //! it left its object. A write into a range forgets the entries it overlaps before a byte
 //! changes, so an entry always describes intact bytes. When the master asks for a remount,
 //! [`Announcer`] sends the entries of every segment (`AdoptReplicas`) if the master is a new
-//! one (another epoch), or forgets them if it is the one that expired this node.
+//! one (another epoch), or if it is the one that expired this node and takes a returning
+//! node's catalog back (it then only returns replicas to objects it still holds unchanged);
+//! otherwise it forgets them.
 
 use crate::server::SegmentTable;
 use moonkv_client::master_client::{MasterClient, RemountHook};
@@ -120,12 +122,13 @@ impl RemountHook for Announcer {
         &self,
         master: MasterClient,
         master_epoch: u64,
+        merges_returning: bool,
     ) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
         let segments = self.segments.clone();
         let state = self.state.clone();
         Box::pin(async move {
             let previous = state.mount_epoch.swap(master_epoch, Ordering::AcqRel);
-            let announce = previous != 0 && previous != master_epoch;
+            let announce = previous != 0 && (previous != master_epoch || merges_returning);
             let started = Instant::now();
             let mut adopted = 0u64;
             let memories: Vec<_> = segments.read().values().cloned().collect();
@@ -133,7 +136,8 @@ impl RemountHook for Announcer {
                 let entries = if announce {
                     memory.catalog_entries()
                 } else {
-                    // The same master expired this node: it dropped these replicas.
+                    // The same master expired this node and cannot take them back: it dropped
+                    // these replicas.
                     memory.catalog_clear();
                     Vec::new()
                 };

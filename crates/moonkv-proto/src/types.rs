@@ -373,6 +373,12 @@ pub struct PingResponse {
     /// (forget its catalog). Absent (0) from older masters.
     #[serde(default)]
     pub master_epoch: u64,
+    /// This master takes back the catalog of a node it expired: announced to it, entries only
+    /// return replicas to objects it still holds at the same version, and never re-create
+    /// what it removed or replaced. A node then announces to the master that expired it too
+    /// (it forgets its catalog instead for masters without this, which report false).
+    #[serde(default)]
+    pub merges_returning: bool,
 }
 
 /// Per-key result inside a batch response, on the wire `[code, value]`: `code` 0 with the value,

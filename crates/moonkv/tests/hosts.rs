@@ -179,7 +179,33 @@ fn a_node_host_cut_off_costs_no_read_or_write_and_serves_again_when_its_link_hea
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        // Nothing acknowledged was lost.
+        // Nothing acknowledged was lost, and host a re-adopted what it held: every object
+        // written with a replica there before the cut has it back.
+        for i in 20..30 {
+            assert_eq!(store.get(&format!("k{i}")).await.unwrap(), value(i), "k{i}");
+        }
+        for i in 0..20 {
+            let key = format!("k{i}");
+            assert_eq!(store.get(&key).await.unwrap(), value(i), "{key}");
+            let until = Instant::now() + Duration::from_secs(30);
+            loop {
+                let listed = store.list(&format!("^{key}$")).await.unwrap();
+                let on_a = listed[0]
+                    .replicas
+                    .iter()
+                    .any(|r| r.endpoint.starts_with(&format!("{a}:")));
+                if on_a && listed[0].replicas.len() == 2 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < until,
+                    "{key} never got its replica on host a back: {:?}",
+                    listed[0].replicas
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        // And the re-adopted replica reads back exactly.
         for i in 0..30 {
             assert_eq!(store.get(&format!("k{i}")).await.unwrap(), value(i), "k{i}");
         }

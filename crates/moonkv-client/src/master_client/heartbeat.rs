@@ -61,7 +61,11 @@ async fn beat(client: &MasterClient) -> moonkv_proto::Result<()> {
             })
             .await?;
         if let Some(hook) = hook {
-            let run = tokio::spawn(hook.remounted(client.clone(), answer.master_epoch));
+            let run = tokio::spawn(hook.remounted(
+                client.clone(),
+                answer.master_epoch,
+                answer.merges_returning,
+            ));
             if let Some(previous) = client.inner.hook_task.lock().replace(run) {
                 previous.abort();
             }

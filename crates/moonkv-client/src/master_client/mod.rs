@@ -124,11 +124,13 @@ impl Drop for Inner {
 /// master to freeze the segments it did not know until the hook's announcement ends.
 pub trait RemountHook: Send + Sync {
     /// Runs in its own task; a new remount aborts a run still going. `master_epoch` is the
-    /// epoch the master reported with its `NEED_REMOUNT`.
+    /// epoch the master reported with its `NEED_REMOUNT`, and `merges_returning` whether it
+    /// takes back the catalog of a node it expired (`PingResponse::merges_returning`).
     fn remounted(
         &self,
         master: MasterClient,
         master_epoch: u64,
+        merges_returning: bool,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 }
 

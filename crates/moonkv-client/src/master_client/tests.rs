@@ -146,6 +146,7 @@ async fn need_remount_triggers_a_remount_of_every_mounted_segment() {
                 view_version: 0,
                 client_status: status,
                 master_epoch: 1,
+                merges_returning: true,
             })
         }
         Request::ReMountSegment(r) => {

@@ -162,6 +162,7 @@ impl Engine {
         };
         let own = self.catalog.epoch();
         let announced = (e.epoch, e.write);
+        let merge_only = self.catalog.is_merge_only(slot.owner);
         let mut shard = self.lock_shard(self.shard_index(tenant, &e.key));
         enum Found {
             Known,
@@ -178,6 +179,11 @@ impl Engine {
                 return (Found::Newer, After::Keep);
             }
             if announced > current {
+                // From a node this master knew, a newer value than the one held here cannot be
+                // trusted to be current: keep ours.
+                if merge_only {
+                    return (Found::Newer, After::Keep);
+                }
                 return (Found::Older, After::Erase);
             }
             if let Some(known) = obj.replicas.iter().find(|r| r.id == e.replica_id) {
@@ -206,6 +212,9 @@ impl Engine {
             Some(Found::Merged) => Verdict::Adopted,
             Some(Found::Known) => Verdict::Known,
             Some(Found::Newer) => Verdict::Rejected,
+            // A node this master knew: an object missing here was removed, evicted or replaced
+            // by this master, which must not come back.
+            Some(Found::Older) | None if merge_only => Verdict::Rejected,
             // The object here is an older value (its replicas went with it) or there is none.
             Some(Found::Older) | None => self.adopt_new_object(&mut shard, tenant, slot, e),
         }

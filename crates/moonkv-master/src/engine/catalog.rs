@@ -40,6 +40,11 @@ struct Mailbox {
     reset_until: Option<u64>,
     /// When the node last asked (ms, the engine clock).
     last_poll_ms: u64,
+    /// This master knew the node's catalog and dropped its replicas when its heartbeat expired:
+    /// should it come back, its announcements only give replicas back to objects this master
+    /// still holds at the same version, never create or replace one. Whatever this master
+    /// removed or replaced meanwhile stays so.
+    merge_only: bool,
 }
 
 impl Mailbox {
@@ -200,9 +205,30 @@ impl CatalogBook {
     }
 
     /// Opens `node`'s mailbox (if it has none): from now on notices for it are queued. Called
-    /// for owners that keep a catalog, at their mount (or remount for adoption) and poll.
+    /// for owners that keep a catalog, at their mount and poll.
     pub(crate) fn open(&self, node: ClientId) {
         self.mailboxes.lock().entry(node).or_default();
+    }
+
+    /// Nodes whose heartbeat expired: their replicas were dropped here without notices, and
+    /// what they announce should they come back may only merge ([`CatalogBook::is_merge_only`]).
+    /// Their catalogs are kept, so the replicas of objects unchanged here come back with them.
+    pub(crate) fn expired(&self, nodes: &[ClientId]) {
+        let mut boxes = self.mailboxes.lock();
+        for node in nodes {
+            if let Some(mb) = boxes.get_mut(node) {
+                mb.merge_only = true;
+            }
+        }
+    }
+
+    /// Whether `node`'s announcements may only merge into objects held here at the same
+    /// version (see [`Mailbox::merge_only`]).
+    pub(crate) fn is_merge_only(&self, node: ClientId) -> bool {
+        self.mailboxes
+            .lock()
+            .get(&node)
+            .is_some_and(|mb| mb.merge_only)
     }
 
     /// Queues a notice for `node`; nothing when it keeps no catalog (it never opened a
@@ -277,20 +303,6 @@ impl CatalogBook {
             None => true,
             Some(mb) => mb.acked >= *seq || now_ms.saturating_sub(mb.last_poll_ms) > stale_ms,
         })
-    }
-
-    /// Marks the catalogs of expired nodes as to be forgotten: what they hold was dropped here
-    /// without notices. Should such a node come back, its next poll tells it so.
-    pub(crate) fn reset(&self, nodes: &[ClientId]) {
-        let mut boxes = self.mailboxes.lock();
-        for node in nodes {
-            let Some(mb) = boxes.get_mut(node) else {
-                continue;
-            };
-            mb.acked = mb.tail();
-            mb.notices.clear();
-            mb.reset_until = Some(mb.acked + 1);
-        }
     }
 
     /// Unacknowledged notices over every node (metrics).

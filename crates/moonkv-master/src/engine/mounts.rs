@@ -63,6 +63,7 @@ impl Engine {
             view_version: 0,
             client_status,
             master_epoch: self.catalog.epoch(),
+            merges_returning: true,
         })
     }
 
@@ -289,8 +290,10 @@ impl Engine {
         }
         self.unmount_many(&segments);
         self.detach_disks_of(&expired);
-        // Their replicas were dropped without notices: should they come back, they forget.
-        self.catalog.reset(&expired);
+        // Their replicas were dropped without notices. Their mailboxes stay: should they come
+        // back, they remount and announce their catalogs, and get back the replicas of objects
+        // still held here at the same version (merge only); everything else they forget.
+        self.catalog.expired(&expired);
         expired.len()
     }
 

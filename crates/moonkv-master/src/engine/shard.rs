@@ -105,7 +105,14 @@ impl Engine {
         obj: &mut ObjectMeta,
     ) -> bool {
         let before = obj.media();
+        let own = self.catalog.epoch();
+        let version = obj.version(own);
         obj.replicas.retain(Replica::handle_valid);
+        if !obj.replicas.is_empty() && obj.version(own) != version {
+            // The value is the same: keep its version, which a written value takes from its
+            // smallest replica id, so a returning node's entries for it still match.
+            obj.set_adopted_version(Some(version));
+        }
         obj.in_flight = obj.replicas.iter().any(Replica::is_processing);
         if obj.offload().is_some_and(|p| {
             !p.replica().handle_valid() || !obj.replicas.iter().any(|r| r.id == p.source)

@@ -399,24 +399,65 @@ fn an_unfinished_announcement_thaws_after_the_timeout() {
 }
 
 #[test]
-fn an_expired_node_is_told_to_forget_its_catalog() {
+fn an_expired_node_that_comes_back_regains_only_the_replicas_of_unchanged_objects() {
+    const OTHER: ClientId = ClientId::new(8, 8);
     let h = Harness::new();
-    h.put("k", 100);
-    let first = sync(&h, 0, 0);
-    assert!(!first.reset);
-    h.advance(h.engine.config().client_live_ttl_ms + 1);
+    h.mount_for(OTHER, "other", BASE + 64 * MIB, 16 * MIB);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    let mut node_first = 0;
+    for key in ["same", "same2", "same3", "same4", "removed", "replaced"] {
+        let descs = h.put_start_with(key, 1000, two.clone()).unwrap();
+        assert_eq!(descs.len(), 2, "{key}: a replica on each segment");
+        let min = descs.iter().min_by_key(|d| d.id).unwrap();
+        node_first += usize::from(min.segment_id == first_segment(&h).id);
+        h.put_end(key, &descs).unwrap();
+    }
+    // Some objects lose their smallest replica id with the node: their version must not move.
+    assert!(node_first > 0, "placement put no first replica on the node");
+    let entries = catalog_of(&h);
+    assert_eq!(entries.len(), 6);
+    // The node's heartbeat runs out (a partition, say) while the other owner keeps pinging:
+    // its segment and its replicas go, without notices.
+    let ttl = h.engine.config().client_live_ttl_ms;
+    h.advance(ttl / 2);
+    h.ping(OTHER);
+    h.advance(ttl / 2 + 1);
+    h.ping(OTHER);
     h.engine.tick();
-    let after = sync(&h, first.epoch, first.last);
-    assert!(
-        after.reset,
-        "the master dropped its replicas without notices"
+    assert_eq!(h.get("same").unwrap().replicas.len(), 1);
+    let after = sync(&h, 0, 0);
+    assert!(!after.reset, "its catalog is kept for when it comes back");
+    // Meanwhile one object is removed and one replaced (on the other segment).
+    h.remove("removed", true).unwrap();
+    h.remove("replaced", true).unwrap();
+    let replacement = h.put("replaced", 1000);
+    // It comes back: remounts and announces what it holds.
+    let seg = first_segment(&h);
+    remount_adopting(&h, seg.clone());
+    let answer = adopt(&h, seg.id, entries.clone(), true);
+    assert_eq!(
+        answer.adopted, 4,
+        "only the unchanged objects get their replicas back"
     );
-    // Acknowledging past the reset point ends it.
-    h.mount("seg-again", BASE + 64 * MIB, MIB);
-    h.put("k2", 100);
-    let next = sync(&h, after.epoch, after.last);
-    assert!(next.reset && !next.notices.is_empty());
-    assert!(!sync(&h, next.epoch, next.last).reset);
+    assert_eq!(answer.rejected.len(), 2);
+    for key in ["same", "same2", "same3", "same4"] {
+        let same = h.get(key).unwrap();
+        assert_eq!(same.replicas.len(), 2, "{key}");
+        assert!(
+            same.replicas.iter().any(|r| r.segment_id == seg.id),
+            "{key}"
+        );
+    }
+    // A removal and a replacement made while it was away stand.
+    assert_eq!(code(h.get("removed")), ErrorCode::OBJECT_NOT_FOUND);
+    let replaced = h.get("replaced").unwrap();
+    assert_eq!(ids(&replaced.replicas), ids(&replacement));
+    // The same announcement to a master that never knew the node (a restart) rebuilds
+    // everything it holds, as before.
+    assert!(!h.engine.catalog.is_merge_only(ClientId::new(9, 9)));
 }
 
 #[test]
