@@ -168,20 +168,35 @@ impl Hosts {
         self.route_between(i, j, "del")
     }
 
+    /// Cuts one direction only: what host `from` sends to host `to` is dropped, while `to`
+    /// still reaches `from` (an asymmetric fault: `to` sees `from`'s silence, not its absence).
+    /// A TCP connection between them then fails either way, since its acknowledgements are
+    /// lost; datagrams from `to` still arrive.
+    pub fn cut_one_way(&self, from: usize, to: usize) -> Result<(), KitError> {
+        self.blackhole(from, to, "add")
+    }
+
+    /// Ends [`Hosts::cut_one_way`].
+    pub fn heal_one_way(&self, from: usize, to: usize) -> Result<(), KitError> {
+        self.blackhole(from, to, "del")
+    }
+
     fn route_between(&self, i: usize, j: usize, verb: &str) -> Result<(), KitError> {
-        assert_ne!(i, j, "a host is never cut from itself");
-        for (from, to) in [(i, j), (j, i)] {
-            let to = format!("{}/32", self.hosts[to].address);
-            ip(&[
-                "-n",
-                &self.hosts[from].namespace,
-                "route",
-                verb,
-                "blackhole",
-                &to,
-            ])?;
-        }
-        Ok(())
+        self.blackhole(i, j, verb)?;
+        self.blackhole(j, i, verb)
+    }
+
+    fn blackhole(&self, from: usize, to: usize, verb: &str) -> Result<(), KitError> {
+        assert_ne!(from, to, "a host is never cut from itself");
+        let to = format!("{}/32", self.hosts[to].address);
+        ip(&[
+            "-n",
+            &self.hosts[from].namespace,
+            "route",
+            verb,
+            "blackhole",
+            &to,
+        ])
     }
 }
 
@@ -213,4 +228,57 @@ fn effective_uid() -> u32 {
     // The owner of this process's /proc entry is its effective uid.
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sends one UDP datagram from host `from` to host `to` and says whether it arrived.
+    fn datagram_arrives(hosts: &Hosts, from: usize, to: usize) -> bool {
+        let port = 40_000 + (std::process::id() % 20_000) as u16;
+        let listen = format!(
+            "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+             s.bind(('{}', {port})); s.settimeout(2); print('ready', flush=True)\n\
+             try:\n    s.recvfrom(16); print('got')\nexcept OSError:\n    print('none')",
+            hosts.address(to)
+        );
+        let mut receiver = hosts
+            .command(to, "python3")
+            .args(["-c", &listen])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 in the host");
+        let mut out = std::io::BufReader::new(receiver.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        let send = format!(
+            "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('{}', {port}))",
+            hosts.address(to)
+        );
+        // A blackholed destination makes the sender's own send fail; that is a loss too.
+        let _ = hosts.command(from, "python3").args(["-c", &send]).status();
+        line.clear();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        let _ = receiver.wait();
+        line.trim() == "got"
+    }
+
+    #[test]
+    fn a_one_way_cut_drops_one_direction_and_heals() {
+        let Some(hosts) = for_test(2) else {
+            return;
+        };
+        assert!(datagram_arrives(&hosts, 0, 1) && datagram_arrives(&hosts, 1, 0));
+        hosts.cut_one_way(0, 1).unwrap();
+        assert!(!datagram_arrives(&hosts, 0, 1), "0 -> 1 is cut");
+        assert!(datagram_arrives(&hosts, 1, 0), "1 -> 0 still flows");
+        hosts.heal_one_way(0, 1).unwrap();
+        assert!(datagram_arrives(&hosts, 0, 1));
+        hosts.cut_between(0, 1).unwrap();
+        assert!(!datagram_arrives(&hosts, 0, 1) && !datagram_arrives(&hosts, 1, 0));
+        hosts.heal_between(0, 1).unwrap();
+        assert!(datagram_arrives(&hosts, 1, 0));
+    }
 }
