@@ -250,7 +250,7 @@ impl Engine {
                         put_start: obj.put_start_ms,
                         shard: i,
                         tenant: name.clone(),
-                        key: key.clone(),
+                        key: Box::from(key),
                         group: obj.group().map(Box::from),
                         soft_pinned: obj.soft_pinned(now),
                     });

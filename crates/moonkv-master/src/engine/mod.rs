@@ -38,6 +38,7 @@ mod grants;
 mod keyhash;
 mod mounts;
 mod object;
+mod object_map;
 mod offload;
 mod pressure;
 mod promote;

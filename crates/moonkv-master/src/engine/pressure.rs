@@ -254,7 +254,7 @@ impl Engine {
                         soft_pinned: obj.soft_pinned(now),
                         shard: i,
                         tenant: name.clone(),
-                        key: key.clone(),
+                        key: Box::from(key),
                     });
                 }
             }

@@ -25,7 +25,7 @@ pub(crate) fn matching_keys(shard: &Shard, tenant: &str, re: &Regex) -> Vec<Box<
             t.objects
                 .keys()
                 .filter(|k| re.is_match(k))
-                .cloned()
+                .map(Box::from)
                 .collect()
         })
         .unwrap_or_default()

@@ -19,9 +19,8 @@ use std::sync::atomic::Ordering;
 pub(crate) struct TenantObjects {
     /// Owned once per shard so events can name the tenant without allocating.
     pub(crate) tenant: TenantId,
-    /// Boxed records: a slot is 24 bytes, so the empty slots a table keeps after it grows are
-    /// cheap (see `ObjectMeta`).
-    pub(crate) objects: HashMap<Box<str>, Box<ObjectMeta>, KeyHashState>,
+    /// One record per object, holding its key; a slot is one pointer (see `ObjectMap`).
+    pub(crate) objects: super::object_map::ObjectMap,
 }
 
 /// One shard of the object map.
@@ -91,7 +90,7 @@ impl Engine {
             };
         if after == After::Erase {
             if let Some(obj) = t.objects.remove(key) {
-                self.finish_erase(&t.tenant, key, *obj);
+                self.finish_erase(&t.tenant, key, obj);
             }
         }
         result
@@ -148,10 +147,10 @@ impl Engine {
                 .entry(tenant.to_string())
                 .or_insert_with(|| TenantObjects {
                     tenant: TenantId(tenant.to_string()),
-                    objects: HashMap::default(),
+                    objects: Default::default(),
                 }),
         };
-        t.objects.insert(Box::from(key), Box::new(obj));
+        t.objects.insert(key, obj);
     }
 
     /// After a change of `obj`'s replicas (under its shard lock): the availability events of
