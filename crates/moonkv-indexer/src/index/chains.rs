@@ -5,13 +5,14 @@
 //!
 //! ```text
 //! fast(-1) = SipHash_k(partition key, profile, its root digest)
-//! fast(i)  = SipHash_k(fast(i-1), block i's token ids, block i's extra keys as CBOR)
+//! fast(i)  = SipHash-1-3_k'(fast(i-1), SipHash_k(block i's extra keys as CBOR), token count,
+//!                           block i's token ids)
 //! ```
 //!
-//! `k` is a random key drawn once per process (`std`'s `RandomState`). The fast key covers
-//! everything the block's digest depends on (the profile, the parent chain, the tokens and
-//! the extra keys, byte for byte as the digest reads them), so a given fast key can only ever
-//! stand for one digest. An entry also keeps its parent's fast key, and a lookup must present
+//! `k` is a random key drawn once per process (`std`'s `RandomState`), `k'` derived from it.
+//! The fast key covers everything the block's digest depends on (the profile, the parent
+//! chain, the tokens and the extra keys, byte for byte as the digest reads them), so a given
+//! fast key stands for one digest unless two keyed 64-bit hashes collide. An entry also keeps its parent's fast key, and a lookup must present
 //! the same parent, so a false hit needs two blocks under one parent whose 64-bit keyed hashes
 //! collide (about 2^-64 per lookup, with a key no outsider sees). A miss is always safe: the
 //! query computes SHA-256 from there on and records what it computed.
@@ -22,7 +23,7 @@
 //! blocks in use survive. Both generations together hold at most twice that many entries.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
@@ -104,10 +105,10 @@ impl<V: Copy> Generations<V> {
         self.len() == 0
     }
 
-    /// Drops every entry.
+    /// Drops every entry (the tables keep their room).
     pub fn clear(&mut self) {
-        self.current = FastMap::default();
-        self.previous = FastMap::default();
+        self.current.clear();
+        self.previous.clear();
     }
 
     /// Estimated heap bytes of both tables.
@@ -133,6 +134,8 @@ pub struct ChainStats {
 #[derive(Debug)]
 pub struct ChainCache {
     keys: std::collections::hash_map::RandomState,
+    /// SipHash-1-3 key of the fast keys, drawn from `keys`.
+    sip: [u64; 2],
     enabled: bool,
     map: RwLock<Generations<ChainEntry>>,
     stats: ChainStats,
@@ -147,8 +150,10 @@ impl Default for ChainCache {
 impl ChainCache {
     /// A cache holding at most `blocks` entries (`0` turns it off).
     pub fn new(blocks: usize) -> ChainCache {
+        let keys = std::collections::hash_map::RandomState::new();
         ChainCache {
-            keys: std::collections::hash_map::RandomState::new(),
+            sip: [keys.hash_one(0u64), keys.hash_one(1u64)],
+            keys,
             enabled: blocks > 0,
             map: RwLock::new(Generations::new(blocks.div_ceil(2))),
             stats: ChainStats::default(),
@@ -194,11 +199,7 @@ impl ChainCache {
 
     /// Forgets every entry (the next queries take the SHA-256 path).
     pub fn clear(&self) {
-        let old = std::mem::replace(
-            &mut *self.map.write(),
-            Generations::new(self.generation_blocks()),
-        );
-        drop(old);
+        self.map.write().clear();
     }
 
     /// The counters.
@@ -218,20 +219,31 @@ impl ChainCache {
         ))
     }
 
-    /// The fast key of a block after `parent` with `tokens` and extra keys `extra_cbor` (as
-    /// [`Extra::encode_for`] writes them).
+    /// The word that stands for a block's extra keys (`extra_cbor` as [`Extra::encode_for`]
+    /// writes them) in its fast key: a keyed hash of the bytes.
+    pub fn extra_word(&self, extra_cbor: &[u8]) -> u64 {
+        self.keys.hash_one(extra_cbor)
+    }
+
+    /// The fast key of a block after `parent` with `tokens` and extra keys `extra_cbor`.
     pub fn fast_key(&self, parent: u64, tokens: &[u32], extra_cbor: &[u8]) -> u64 {
-        let mut h = self.keys.build_hasher();
-        h.write_u64(parent);
-        h.write_usize(tokens.len());
+        self.fast_key_with(parent, tokens, self.extra_word(extra_cbor))
+    }
+
+    /// [`ChainCache::fast_key`] with the extra keys' word already computed: SipHash-1-3 over
+    /// the words `parent`, `extra`, the token count, then the tokens two to a word.
+    pub fn fast_key_with(&self, parent: u64, tokens: &[u32], extra: u64) -> u64 {
+        let mut h = Sip13::new(self.sip);
+        h.word(parent);
+        h.word(extra);
+        h.word(tokens.len() as u64);
         let mut pairs = tokens.chunks_exact(2);
         for p in &mut pairs {
-            h.write_u64(u64::from(p[0]) | u64::from(p[1]) << 32);
+            h.word(u64::from(p[0]) | u64::from(p[1]) << 32);
         }
         if let [last] = pairs.remainder() {
-            h.write_u32(*last);
+            h.word(u64::from(*last));
         }
-        extra_cbor.hash(&mut h);
         h.finish()
     }
 
@@ -257,6 +269,62 @@ impl ChainCache {
     }
 }
 
+/// SipHash-1-3 over a sequence of 64-bit words (the words as little-endian bytes, then the
+/// usual length block), without the byte buffering of `std`'s hasher.
+struct Sip13 {
+    v: [u64; 4],
+    words: u64,
+}
+
+impl Sip13 {
+    fn new([k0, k1]: [u64; 2]) -> Sip13 {
+        Sip13 {
+            v: [
+                k0 ^ 0x736f_6d65_7073_6575,
+                k1 ^ 0x646f_7261_6e64_6f6d,
+                k0 ^ 0x6c79_6765_6e65_7261,
+                k1 ^ 0x7465_6462_7974_6573,
+            ],
+            words: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn round(&mut self) {
+        let [v0, v1, v2, v3] = &mut self.v;
+        *v0 = v0.wrapping_add(*v1);
+        *v1 = v1.rotate_left(13) ^ *v0;
+        *v0 = v0.rotate_left(32);
+        *v2 = v2.wrapping_add(*v3);
+        *v3 = v3.rotate_left(16) ^ *v2;
+        *v0 = v0.wrapping_add(*v3);
+        *v3 = v3.rotate_left(21) ^ *v0;
+        *v2 = v2.wrapping_add(*v1);
+        *v1 = v1.rotate_left(17) ^ *v2;
+        *v2 = v2.rotate_left(32);
+    }
+
+    #[inline(always)]
+    fn word(&mut self, m: u64) {
+        self.v[3] ^= m;
+        self.round();
+        self.v[0] ^= m;
+        self.words += 1;
+    }
+
+    fn finish(mut self) -> u64 {
+        let b = (self.words.wrapping_mul(8) & 0xff) << 56;
+        self.v[3] ^= b;
+        self.round();
+        self.v[0] ^= b;
+        self.v[2] ^= 0xff;
+        self.round();
+        self.round();
+        self.round();
+        self.v[0] ^ self.v[1] ^ self.v[2] ^ self.v[3]
+    }
+}
+
 /// A query's chain: like [`crate::hash::Chain`], but each block's digest is taken from the
 /// [`ChainCache`] while its fast key is there; from the first block that is not, SHA-256 is
 /// computed for it and every later block. [`CachedChain::finish`] records what was computed.
@@ -268,15 +336,21 @@ pub struct CachedChain<'a> {
     block_size: usize,
     lora_name: Option<&'a str>,
     cache_salt: Option<&'a str>,
-    extra_first: Vec<u8>,
-    extra_rest: Vec<u8>,
+    extra_first: u64,
+    extra_rest: u64,
     fast: u64,
     parent: Option<Digest32>,
     next: usize,
     scratch: Vec<u8>,
     computed: Vec<(u64, ChainEntry)>,
     hits: u64,
+    ahead: [(u64, Option<(ChainEntry, bool)>); LOOK_AHEAD],
+    ahead_from: usize,
+    ahead_len: usize,
 }
+
+/// Blocks whose cache entries are looked up together.
+pub const LOOK_AHEAD: usize = 16;
 
 impl<'a> CachedChain<'a> {
     /// A chain over `tokens` in the partition whose root fast key is `root`.
@@ -309,14 +383,17 @@ impl<'a> CachedChain<'a> {
             block_size: block_size.max(1),
             lora_name,
             cache_salt,
-            extra_first,
-            extra_rest,
+            extra_first: cache.extra_word(&extra_first),
+            extra_rest: cache.extra_word(&extra_rest),
             fast: root,
             parent: None,
             next: 0,
             scratch: Vec::with_capacity(64 + 5 * block_size),
             computed: Vec::new(),
             hits: 0,
+            ahead: [(0, None); LOOK_AHEAD],
+            ahead_from: 0,
+            ahead_len: 0,
         }
     }
 
@@ -338,17 +415,21 @@ impl<'a> CachedChain<'a> {
         let i = self.next;
         let block = &self.tokens[i * self.block_size..(i + 1) * self.block_size];
         let extra = if i == 0 {
-            &self.extra_first
+            self.extra_first
         } else {
-            &self.extra_rest
+            self.extra_rest
         };
         let parent_fast = self.fast;
-        let fast = if self.cache.enabled {
-            self.cache.fast_key(parent_fast, block, extra)
+        let (fast, cached) = if self.reader.is_some() {
+            if !(self.ahead_from..self.ahead_from + self.ahead_len).contains(&i) {
+                self.look_ahead(i);
+            }
+            self.ahead[i - self.ahead_from]
+        } else if self.cache.enabled {
+            (self.cache.fast_key_with(parent_fast, block, extra), None)
         } else {
-            0
+            (0, None)
         };
-        let cached = self.reader.as_ref().and_then(|r| r.get(fast));
         let digest = match cached {
             Some((e, old)) if e.parent == parent_fast => {
                 self.hits += 1;
@@ -383,6 +464,32 @@ impl<'a> CachedChain<'a> {
         self.parent = Some(digest);
         self.next += 1;
         Some(digest)
+    }
+
+    /// Computes the fast keys of the blocks from `i` on (up to [`LOOK_AHEAD`]) and looks them
+    /// all up before any is used, so that their memory accesses overlap.
+    fn look_ahead(&mut self, i: usize) {
+        let Some(reader) = self.reader.as_ref() else {
+            return;
+        };
+        let n = LOOK_AHEAD.min(self.len() - i);
+        let mut fast = self.fast;
+        for j in 0..n {
+            let b = i + j;
+            let block = &self.tokens[b * self.block_size..(b + 1) * self.block_size];
+            let extra = if b == 0 {
+                self.extra_first
+            } else {
+                self.extra_rest
+            };
+            fast = self.cache.fast_key_with(fast, block, extra);
+            self.ahead[j].0 = fast;
+        }
+        for slot in self.ahead.iter_mut().take(n) {
+            slot.1 = reader.get(slot.0);
+        }
+        self.ahead_from = i;
+        self.ahead_len = n;
     }
 
     /// Blocks taken from the cache so far.

@@ -31,7 +31,7 @@ pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
 const REPLAY_END: [u8; 8] = [0xff; 8];
 
 /// Trust-mode blocks remembered as parents for the chain cache, per generation (two
-/// generations of 57,344, each filling a 2^16-slot table: about 3.4 MiB each).
+/// generations of 57,344, each filling a 2^16-slot table: about 3.6 MiB each).
 pub const TRUSTED_PARENTS_PER_GENERATION: usize = 7 << 13;
 
 #[derive(Debug, Clone, Copy)]
