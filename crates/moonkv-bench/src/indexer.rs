@@ -1,13 +1,19 @@
 //! `moonkv bench indexer`: the prefix index's memory per block, event ingest on one core, the
 //! latency of a long query on a loaded index, and query throughput on several threads. All
 //! in-process (no HTTP, no sockets): the figures are the index's own.
+//!
+//! Every stored block carries its tokens and the hash vLLM would give it (the generator
+//! computes the SHA-256 chains), so trust-mode ingest verifies and records them in the chain
+//! cache as it would in production. The long queries are `--long-prompts` distinct prompts the
+//! index holds (stored by one engine with their tokens), asked in turn: once with the chain
+//! cache as ingest left it, once with the cache emptied before every query (the SHA-256 path).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use moonkv_indexer::api::{EngineHashes, QueryRequest, SourceSpec, SourceType, TokenIds};
-use moonkv_indexer::hash::{Chain, HashProfile};
+use moonkv_indexer::hash::{Digest32, Extra, HashProfile};
 use moonkv_indexer::ids::BlockHash;
 use moonkv_indexer::keys::KeyFormat;
 use moonkv_indexer::source::engine::EngineBlocks;
@@ -40,9 +46,15 @@ pub struct IndexerBenchArgs {
     /// Tokens of the long query.
     #[arg(long, default_value_t = 32_768)]
     long_query_tokens: usize,
-    /// Long queries timed.
+    /// Long queries timed, with the chain cache as ingest left it (and again with it emptied).
     #[arg(long, default_value_t = 2_000)]
     long_queries: usize,
+    /// Distinct long prompts the index holds, queried in turn.
+    #[arg(long, default_value_t = 64)]
+    long_prompts: usize,
+    /// Chain cache size in blocks (default: the indexer's).
+    #[arg(long)]
+    chain_cache_blocks: Option<usize>,
     /// Tokens of each query in the throughput run.
     #[arg(long, default_value_t = 512)]
     query_tokens: usize,
@@ -64,13 +76,21 @@ struct Report {
     rss_growth_bytes: u64,
     bytes_per_block: f64,
     estimated_index_bytes: u64,
+    chain_cache_blocks: u64,
+    chain_cache_bytes: u64,
     ingest_blocks_per_s: f64,
+    trusted_no_cache_ingest_blocks_per_s: f64,
     recompute_ingest_blocks_per_s: f64,
     long_query_tokens: usize,
+    long_prompts: usize,
     long_query_matched_tokens: u64,
     long_query_p50_us: f64,
     long_query_p99_us: f64,
     long_query_max_us: f64,
+    long_query_cache_hit_ratio: f64,
+    cold_long_query_p50_us: f64,
+    cold_long_query_p99_us: f64,
+    cold_long_query_max_us: f64,
     query_tokens: usize,
     threads: usize,
     queries_per_s: f64,
@@ -154,12 +174,53 @@ fn ingest(blocks: &mut EngineBlocks, ix: &Indexer, payload: &[u8]) -> anyhow::Re
     Ok(n)
 }
 
+/// Random tokens for `n` blocks after `parent` (`None`: a new chain), with the hashes vLLM
+/// gives them; returns the last block's digest.
+#[allow(clippy::too_many_arguments)]
+fn true_blocks(
+    profile: &HashProfile,
+    scratch: &mut Vec<u8>,
+    rng: &mut Rng,
+    parent: Option<Digest32>,
+    n: usize,
+    bs: usize,
+    tokens: &mut Vec<u32>,
+    hashes: &mut Vec<u64>,
+) -> Digest32 {
+    tokens.clear();
+    hashes.clear();
+    let mut last = parent;
+    for b in 0..n {
+        tokens.extend((0..bs).map(|_| (rng.next() % 150_000) as u32));
+        let plain = Extra::Request {
+            lora_name: None,
+            cache_salt: None,
+        };
+        let d = profile.block_with(scratch, last.as_ref(), &tokens[b * bs..], plain);
+        hashes.push(BlockHash::from_digest(&d).0);
+        last = Some(d);
+    }
+    last.unwrap_or_default()
+}
+
 /// Runs the benchmark.
 pub fn run(args: IndexerBenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.sources > 0 && args.block_size > 0 && args.blocks_per_event > 0);
+    anyhow::ensure!(
+        args.sources > 0 && args.block_size > 0 && args.blocks_per_event > 0,
+        "--sources, --block-size and --blocks-per-event must be positive"
+    );
+    anyhow::ensure!(args.long_prompts > 0, "--long-prompts must be positive");
     let bs = args.block_size;
+    let bsz = bs as usize;
+    let bpe = args.blocks_per_event;
+    let cache_blocks = match args.chain_cache_blocks {
+        Some(n) => n,
+        None => {
+            moonkv_indexer::index::ChainCache::blocks_from_env().map_err(|e| anyhow::anyhow!(e))?
+        }
+    };
     let profile = HashProfile::vllm("0");
-    let ix = Arc::new(Indexer::new());
+    let ix = Arc::new(Indexer::with_chain_cache(cache_blocks));
     let mut engines = Vec::new();
     for i in 0..args.sources {
         let s = spec(i, bs, EngineHashes::Trust);
@@ -168,79 +229,110 @@ pub fn run(args: IndexerBenchArgs) -> anyhow::Result<()> {
     }
     let rss_before = rss_bytes()?;
 
-    // 1. Load: trusted hashes (the engine runs the profile), decoded from MessagePack.
+    // 1. Load: trusted hashes with their tokens, decoded from MessagePack; chains of about 16
+    // events (1,024 blocks), each chain from one engine.
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let tokens: Vec<u32> = (0..args.blocks_per_event as u32 * bs).collect();
-    let mut hashes = vec![0u64; args.blocks_per_event];
+    let mut scratch = Vec::new();
+    let (mut tokens, mut hashes) = (Vec::new(), Vec::new());
     let mut payload = Vec::new();
     let mut loaded = 0u64;
     let mut ingest_time = Duration::ZERO;
-    let mut parent = None;
+    let mut parent: Option<(u64, Digest32)> = None;
+    let mut chains = 0usize;
     while loaded < args.blocks {
-        let n = (args.blocks - loaded).min(args.blocks_per_event as u64) as usize;
-        for h in hashes.iter_mut().take(n) {
-            *h = rng.next();
-        }
-        encode(
-            &mut payload,
-            &hashes[..n],
-            parent,
-            &tokens[..n * bs as usize],
-            bs,
+        let n = (args.blocks - loaded).min(bpe as u64) as usize;
+        let last = true_blocks(
+            &profile,
+            &mut scratch,
+            &mut rng,
+            parent.map(|p| p.1),
+            n,
+            bsz,
+            &mut tokens,
+            &mut hashes,
         );
-        // chains of 16 events (1,024 blocks), then a new root
+        encode(&mut payload, &hashes, parent.map(|p| p.0), &tokens, bs);
+        let engine = &mut engines[chains % args.sources as usize];
         parent = if rng.next().is_multiple_of(16) {
+            chains += 1;
             None
         } else {
-            Some(hashes[n - 1])
+            Some((hashes[n - 1], last))
         };
-        let which = (loaded / args.blocks_per_event as u64) as usize % engines.len();
-        let engine = &mut engines[which];
         let started = Instant::now();
         loaded += ingest(engine, &ix, &payload)? as u64;
         ingest_time += started.elapsed();
     }
-    // the long query's own chain, held by engine 0 in GPU
-    let query_tokens: Vec<u32> = (0..args.long_query_tokens as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 8) % 150_000)
-        .collect();
-    let chain: Vec<u64> = Chain::new(&profile, &query_tokens, bs as usize, None, None)
-        .map(|h: BlockHash| h.0)
-        .collect();
-    for part in chain.chunks(args.blocks_per_event) {
-        encode(&mut payload, part, None, &[], bs);
-        ingest(&mut engines[0], &ix, &payload)?;
+    // the long prompts, held by engine 0 in GPU, stored with their tokens
+    let mut prompts: Vec<Vec<u32>> = Vec::with_capacity(args.long_prompts);
+    let long_blocks = args.long_query_tokens / bsz;
+    for _ in 0..args.long_prompts {
+        let mut prompt = Vec::with_capacity(args.long_query_tokens);
+        let mut parent: Option<(u64, Digest32)> = None;
+        let mut done = 0;
+        while done < long_blocks {
+            let n = (long_blocks - done).min(bpe);
+            let last = true_blocks(
+                &profile,
+                &mut scratch,
+                &mut rng,
+                parent.map(|p| p.1),
+                n,
+                bsz,
+                &mut tokens,
+                &mut hashes,
+            );
+            encode(&mut payload, &hashes, parent.map(|p| p.0), &tokens, bs);
+            ingest(&mut engines[0], &ix, &payload)?;
+            prompt.extend_from_slice(&tokens);
+            parent = Some((hashes[n - 1], last));
+            done += n;
+        }
+        // a partial tail block, as prompts have
+        prompt.extend((prompt.len()..args.long_query_tokens).map(|i| i as u32));
+        prompts.push(prompt);
     }
     let rss_growth = rss_bytes()?.saturating_sub(rss_before);
     let total_blocks = ix.index().blocks() as u64;
-    tracing::info!(total_blocks, rss_growth, "index loaded");
+    let chain_cache_blocks = ix.index().chains().len() as u64;
+    let chain_cache_bytes = ix.index().chains().heap_bytes() as u64;
+    tracing::info!(total_blocks, rss_growth, chain_cache_blocks, "index loaded");
 
-    // 2. Recompute-mode ingest: SHA-256 per block from tokens, in a fresh index.
-    let rix = Indexer::new();
-    let rs = spec(0, bs, EngineHashes::Recompute);
-    let rslot = rix.add(rs.clone(), &profile)?;
-    let mut rblocks = EngineBlocks::new(rslot, rs, profile.clone());
-    let mut rtime = Duration::ZERO;
-    let mut rdone = 0u64;
-    let mut rparent = None;
-    while rdone < args.recompute_blocks {
-        let n = args.blocks_per_event;
-        for h in hashes.iter_mut() {
-            *h = rng.next();
+    // 2. Ingest without the chain cache (trusted hashes, nothing recomputed), and in recompute
+    // mode (SHA-256 per block from tokens, recorded in the cache), each in a fresh index.
+    let ingest_fresh = |mode: EngineHashes, cache: usize, rng: &mut Rng| -> anyhow::Result<f64> {
+        let fix = Indexer::with_chain_cache(cache);
+        let fs = spec(0, bs, mode);
+        let fslot = fix.add(fs.clone(), &profile)?;
+        let mut fblocks = EngineBlocks::new(fslot, fs, profile.clone());
+        let (mut tokens, mut hashes, mut payload, mut scratch) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut time, mut done) = (Duration::ZERO, 0u64);
+        let mut parent: Option<(u64, Digest32)> = None;
+        while done < args.recompute_blocks {
+            let last = true_blocks(
+                &profile,
+                &mut scratch,
+                rng,
+                parent.map(|p| p.1),
+                bpe,
+                bsz,
+                &mut tokens,
+                &mut hashes,
+            );
+            encode(&mut payload, &hashes, parent.map(|p| p.0), &tokens, bs);
+            parent = Some((hashes[bpe - 1], last));
+            let started = Instant::now();
+            done += ingest(&mut fblocks, &fix, &payload)? as u64;
+            time += started.elapsed();
         }
-        let toks: Vec<u32> = (0..n as u32 * bs)
-            .map(|_| (rng.next() % 150_000) as u32)
-            .collect();
-        encode(&mut payload, &hashes[..n], rparent, &toks, bs);
-        rparent = Some(hashes[n - 1]);
-        let started = Instant::now();
-        rdone += ingest(&mut rblocks, &rix, &payload)? as u64;
-        rtime += started.elapsed();
-    }
-    drop(rblocks);
-    drop(rix);
+        Ok(done as f64 / time.as_secs_f64())
+    };
+    let trusted_no_cache = ingest_fresh(EngineHashes::Trust, 0, &mut rng)?;
+    let recompute = ingest_fresh(EngineHashes::Recompute, cache_blocks, &mut rng)?;
 
-    // 3. Long queries on the loaded index, one thread.
+    // 3. Long queries on the loaded index, one thread, the prompts in turn: first with the
+    // chain cache as ingest left it, then with it emptied before each query.
     let request = |tokens: Vec<u32>| QueryRequest {
         model: "bench".into(),
         block_size: bs,
@@ -251,35 +343,53 @@ pub fn run(args: IndexerBenchArgs) -> anyhow::Result<()> {
         cache_salt: None,
         additional_salt: None,
     };
-    let long = request(query_tokens.clone());
+    let long: Vec<QueryRequest> = prompts.iter().map(|p| request(p.clone())).collect();
+    let stats = ix.index().chains().stats();
+    let (hits0, misses0) = (stats.hits.get(), stats.misses.get());
     let mut hist = Histogram::default();
-    let mut matched = 0;
-    for _ in 0..args.long_queries {
+    let mut matched = u64::MAX;
+    for q in 0..args.long_queries {
+        let req = &long[q % long.len()];
         let started = Instant::now();
-        let answer = ix.query(&long)?;
+        let answer = ix.query(req)?;
         hist.record(started.elapsed());
-        matched = answer["default"]
+        let m = answer["default"]
             .get("engine-0")
             .map_or(0, |m| m.longest_matched);
+        matched = matched.min(m);
+    }
+    let (hits, misses) = (stats.hits.get() - hits0, stats.misses.get() - misses0);
+    let mut cold = Histogram::default();
+    for q in 0..args.long_queries {
+        let req = &long[q % long.len()];
+        ix.index().chains().clear();
+        let started = Instant::now();
+        ix.query(req)?;
+        cold.record(started.elapsed());
     }
 
-    // 4. Throughput: `threads` threads querying prefixes of the loaded chain.
-    let short = Arc::new(request(
-        query_tokens[..args.query_tokens.min(query_tokens.len())].to_vec(),
-    ));
+    // 4. Throughput: `threads` threads querying prefixes of the long prompts in turn.
+    let short: Arc<Vec<QueryRequest>> = Arc::new(
+        prompts
+            .iter()
+            .map(|p| request(p[..args.query_tokens.min(p.len())].to_vec()))
+            .collect(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let workers: Vec<_> = (0..args.threads)
-        .map(|_| {
+        .map(|t| {
             let (ix, short, stop, done) = (ix.clone(), short.clone(), stop.clone(), done.clone());
             std::thread::spawn(move || {
                 let mut n = 0u64;
+                let mut i = t;
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..64 {
-                        if ix.query(&short).is_ok() {
+                        if ix.query(&short[i % short.len()]).is_ok() {
                             n += 1;
                         }
+                        i += 1;
                     }
                 }
                 done.fetch_add(n, Ordering::Relaxed);
@@ -300,14 +410,22 @@ pub fn run(args: IndexerBenchArgs) -> anyhow::Result<()> {
         rss_growth_bytes: rss_growth,
         bytes_per_block: rss_growth as f64 / total_blocks.max(1) as f64,
         estimated_index_bytes: ix.index().heap_bytes() as u64,
+        chain_cache_blocks,
+        chain_cache_bytes,
         ingest_blocks_per_s: loaded as f64 / ingest_time.as_secs_f64(),
-        recompute_ingest_blocks_per_s: rdone as f64 / rtime.as_secs_f64(),
+        trusted_no_cache_ingest_blocks_per_s: trusted_no_cache,
+        recompute_ingest_blocks_per_s: recompute,
         long_query_tokens: args.long_query_tokens,
+        long_prompts: args.long_prompts,
         long_query_matched_tokens: matched,
         long_query_p50_us: hist.quantile_us(0.5),
         long_query_p99_us: hist.quantile_us(0.99),
         long_query_max_us: hist.max_us(),
-        query_tokens: short.token_ids.0.len(),
+        long_query_cache_hit_ratio: hits as f64 / (hits + misses).max(1) as f64,
+        cold_long_query_p50_us: cold.quantile_us(0.5),
+        cold_long_query_p99_us: cold.quantile_us(0.99),
+        cold_long_query_max_us: cold.max_us(),
+        query_tokens: short[0].token_ids.0.len(),
         threads: args.threads,
         queries_per_s: qps,
     };
@@ -323,26 +441,38 @@ fn print_table(r: &Report) {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     println!("indexed blocks          {}", r.blocks);
     println!(
-        "memory (RSS growth)     {:.0} MiB, {:.0} B/block (estimate of the maps: {:.0} MiB)",
+        "memory (RSS growth)     {:.0} MiB, {:.0} B/block (estimate of the maps: {:.0} MiB; chain cache {} blocks, {:.0} MiB)",
         mib(r.rss_growth_bytes),
         r.bytes_per_block,
-        mib(r.estimated_index_bytes)
+        mib(r.estimated_index_bytes),
+        r.chain_cache_blocks,
+        mib(r.chain_cache_bytes)
     );
     println!(
-        "ingest, one core        {:.2} M blocks/s (decode + apply, trusted hashes)",
+        "ingest, one core        {:.2} M blocks/s (decode + apply, trusted hashes checked and recorded in the chain cache)",
         r.ingest_blocks_per_s / 1e6
+    );
+    println!(
+        "ingest, one core        {:.2} M blocks/s (decode + apply, trusted hashes, no chain cache)",
+        r.trusted_no_cache_ingest_blocks_per_s / 1e6
     );
     println!(
         "ingest, one core        {:.2} M blocks/s (decode + SHA-256 per block, recompute)",
         r.recompute_ingest_blocks_per_s / 1e6
     );
     println!(
-        "{}-token query          p50 {:.0} us, p99 {:.0} us, max {:.0} us (matched {} tokens)",
+        "{}-token query          p50 {:.0} us, p99 {:.0} us, max {:.0} us ({} prompts in turn, matched >= {} tokens, {:.1}% of blocks from the chain cache)",
         r.long_query_tokens,
         r.long_query_p50_us,
         r.long_query_p99_us,
         r.long_query_max_us,
-        r.long_query_matched_tokens
+        r.long_prompts,
+        r.long_query_matched_tokens,
+        100.0 * r.long_query_cache_hit_ratio
+    );
+    println!(
+        "{}-token query, cold     p50 {:.0} us, p99 {:.0} us, max {:.0} us (chain cache emptied before each: SHA-256 path)",
+        r.long_query_tokens, r.cold_long_query_p50_us, r.cold_long_query_p99_us, r.cold_long_query_max_us
     );
     println!(
         "{}-token queries        {:.0}/s on {} threads",
