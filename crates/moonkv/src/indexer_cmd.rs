@@ -49,6 +49,20 @@ pub struct IndexerArgs {
     /// A JSON file of sources to register at start: `{"sources": [<register body>, ...]}`.
     #[arg(long)]
     config: Option<String>,
+    /// Blocks the chain cache keeps (fast key -> digest), so queries skip SHA-256 for blocks
+    /// already hashed; 49 bytes of table each. 0 turns the cache off.
+    #[arg(long, env = moonkv_indexer::index::chains::CHAIN_CACHE_ENV,
+          default_value_t = moonkv_indexer::index::chains::DEFAULT_CHAIN_CACHE_BLOCKS,
+          value_parser = block_count)]
+    chain_cache_blocks: usize,
+}
+
+/// A block count, `_` allowed between digits (`3_670_016`).
+fn block_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("{s:?} is not a block count"))
 }
 
 #[derive(Subcommand, Debug)]
@@ -86,7 +100,12 @@ struct HashArgs {
 pub fn run(args: IndexerArgs) -> anyhow::Result<()> {
     match args.command {
         Some(IndexerCommand::Hash(h)) => hash(h),
-        None => serve(args.host, args.http_port, args.config),
+        None => serve(
+            args.host,
+            args.http_port,
+            args.config,
+            args.chain_cache_blocks,
+        ),
     }
 }
 
@@ -135,8 +154,13 @@ fn hash(args: HashArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn serve(host: std::net::IpAddr, port: u16, config: Option<String>) -> anyhow::Result<()> {
-    let indexer = Arc::new(Indexer::new());
+fn serve(
+    host: std::net::IpAddr,
+    port: u16,
+    config: Option<String>,
+    chain_cache_blocks: usize,
+) -> anyhow::Result<()> {
+    let indexer = Arc::new(Indexer::with_chain_cache(chain_cache_blocks));
     if let Some(path) = &config {
         let sources = moonkv_indexer::config::load(path)?;
         for spec in sources.sources {

@@ -127,3 +127,40 @@ fn stat_finds_the_admin_port_the_master_announces() {
         "{answer}"
     );
 }
+
+#[test]
+fn an_unreadable_chain_cache_size_stops_the_indexer_naming_it() {
+    let out = MOONKV
+        .command(&[
+            "indexer",
+            "--http-port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--chain-cache-blocks",
+            "lots",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a bad size must not start the indexer"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--chain-cache-blocks") && stderr.contains("\"lots\" is not a block count"),
+        "{stderr}"
+    );
+    // The same value from the environment is refused the same way, not replaced by a default.
+    let out = MOONKV
+        .command(&["indexer", "--http-port", "0", "--host", "127.0.0.1"])
+        .env("MOONKV_INDEXER_CHAIN_CACHE_BLOCKS", "-5")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a bad size must not start the indexer"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("\"-5\" is not a block count"), "{stderr}");
+}

@@ -22,14 +22,13 @@
 //! is dropped whole. A hit in the previous generation is copied into the current one, so
 //! blocks in use survive. Both generations together hold at most twice that many entries.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::PassThroughHasher;
+use super::{HugePages, PassThroughHasher};
 use crate::hash::{Digest32, Extra, HashProfile};
 use crate::ids::{BlockHash, PartitionKey};
 
@@ -49,7 +48,7 @@ pub struct ChainEntry {
     pub digest: Digest32,
 }
 
-type FastMap<V> = HashMap<u64, V, BuildHasherDefault<PassThroughHasher>>;
+type FastMap<V> = hashbrown::HashMap<u64, V, BuildHasherDefault<PassThroughHasher>, HugePages>;
 
 /// Two generations of a map keyed by uniformly distributed `u64`s, `per_generation` entries
 /// each at most.
@@ -87,7 +86,11 @@ impl<V: Copy> Generations<V> {
         let mut retired = None;
         if self.current.len() >= self.per_generation && !self.current.contains_key(&key) {
             // reserved whole so the table never rehashes while readers wait
-            let fresh = FastMap::with_capacity_and_hasher(self.per_generation, Default::default());
+            let fresh = FastMap::with_capacity_and_hasher_in(
+                self.per_generation,
+                Default::default(),
+                HugePages,
+            );
             let full = std::mem::replace(&mut self.current, fresh);
             retired = Some(std::mem::replace(&mut self.previous, full));
         }

@@ -7,6 +7,7 @@
 //! dropping a source clears exactly its bits, so removals, clears, unregistering and a source's
 //! lost history all leave the index as if the source had never reported the dropped blocks.
 //!
+//! - `huge.rs`: [`HugePages`], the large tables' allocator (2 MiB pages).
 //! - `mod.rs`: [`Partition`] (the map and its holder lists) and [`PrefixIndex`] (partitions by
 //!   [`PartitionKey`], each behind its own lock).
 //! - `query.rs`: the walk that turns a chain of hashes into per-worker, per-tier matches.
@@ -14,9 +15,11 @@
 //!   without computing SHA-256 again.
 
 pub mod chains;
+pub mod huge;
 mod query;
 
 pub use chains::{CachedChain, ChainCache, ChainEntry};
+pub use huge::HugePages;
 pub use query::{walk, WorkerRun, WALK_CHUNK};
 
 use std::collections::HashMap;
@@ -49,7 +52,7 @@ impl Hasher for PassThroughHasher {
     }
 }
 
-type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<PassThroughHasher>>;
+type BlockMap<V> = hashbrown::HashMap<u64, V, BuildHasherDefault<PassThroughHasher>, HugePages>;
 
 /// One source's hold on a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
