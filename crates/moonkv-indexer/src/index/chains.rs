@@ -77,25 +77,27 @@ impl<V: Copy> Generations<V> {
         self.previous.get(&key).map(|v| (*v, true))
     }
 
-    /// Inserts (or replaces) `key`. Returns the generation that had to go, if one did, so the
-    /// caller can free it after releasing any lock.
-    pub fn insert(&mut self, key: u64, value: V) -> Option<FastMap<V>> {
+    /// Inserts (or replaces) `key`. When the current generation is full, the previous one's
+    /// entries go and its table, emptied, becomes the current one: tables are allocated once
+    /// and then reused, so rotating never waits for fresh memory to be faulted in.
+    pub fn insert(&mut self, key: u64, value: V) {
         if self.per_generation == 0 {
-            return None;
+            return;
         }
-        let mut retired = None;
         if self.current.len() >= self.per_generation && !self.current.contains_key(&key) {
-            // reserved whole so the table never rehashes while readers wait
-            let fresh = FastMap::with_capacity_and_hasher_in(
-                self.per_generation,
-                Default::default(),
-                HugePages,
-            );
-            let full = std::mem::replace(&mut self.current, fresh);
-            retired = Some(std::mem::replace(&mut self.previous, full));
+            let mut next = std::mem::take(&mut self.previous);
+            next.clear();
+            if next.capacity() < self.per_generation {
+                // reserved whole so the table never rehashes while readers wait
+                next = FastMap::with_capacity_and_hasher_in(
+                    self.per_generation,
+                    Default::default(),
+                    HugePages,
+                );
+            }
+            self.previous = std::mem::replace(&mut self.current, next);
         }
         self.current.insert(key, value);
-        retired
     }
 
     /// Entries held.
@@ -255,15 +257,10 @@ impl ChainCache {
         if !self.enabled || blocks.is_empty() {
             return;
         }
-        let mut retired = Vec::new();
-        {
-            let mut map = self.map.write();
-            for &(k, e) in blocks {
-                retired.extend(map.insert(k, e));
-            }
+        let mut map = self.map.write();
+        for &(k, e) in blocks {
+            map.insert(k, e);
         }
-        // freed outside the lock
-        drop(retired);
     }
 
     /// A lookup handle for one query (none when the cache is off).

@@ -111,21 +111,31 @@ fn an_entry_is_used_only_after_its_own_parent() {
 fn generations_are_bounded_and_keep_what_is_used() {
     let mut g = Generations::new(4);
     for k in 0..4u64 {
-        assert!(g.insert(k, k).is_none());
+        g.insert(k, k);
     }
-    // the fifth entry retires an (empty) previous generation
-    assert!(g.insert(4, 4).is_some());
+    // the fifth entry starts a new generation; the full one becomes the previous
+    g.insert(4, 4);
+    assert_eq!(g.len(), 5);
     assert_eq!(g.get(0), Some((0, true)));
     assert_eq!(g.get(4), Some((4, false)));
     for k in 5..8 {
         g.insert(k, k);
     }
-    // full again: 0..4 are dropped
+    // full again: 0..4 are dropped, and their table is reused for 8 on
     g.insert(8, 8);
     assert_eq!(g.get(0), None);
-    assert!(g.len() <= 8);
+    assert_eq!(g.get(5), Some((5, true)));
+    assert_eq!(g.get(8), Some((8, false)));
+    assert_eq!(g.len(), 5);
+    for k in 9..12 {
+        g.insert(k, k);
+    }
+    g.insert(12, 12);
+    assert_eq!(g.get(4), None);
+    assert_eq!(g.get(8), Some((8, true)));
+    assert_eq!(g.len(), 5);
     let mut off = Generations::new(0);
-    assert!(off.insert(1, 1).is_none());
+    off.insert(1, 1);
     assert!(off.is_empty());
 }
 
