@@ -146,3 +146,33 @@ def test_setup_dummy_twice_is_refused_and_close_then_setup_works(node, key):
     assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", m.addr) == OK
     assert s.get(key) == b"a"
     s.close()
+
+
+def test_standalone_mode_with_a_shared_secret(tmp_path, monkeypatch, key):
+    """With a secret everywhere, the node names its master to a process that proves the secret,
+    and a process without it gets a negative code, not a hang or an open door."""
+    secret = tmp_path / "secret"
+    secret.write_text("standalone-test-shared-secret-0123\n")
+    m = Master("--auth-secret-file", str(secret))
+    n = Node(m.addr, 64 << 20, "--auth-secret-file", str(secret))
+    try:
+        monkeypatch.delenv("MOONKV_AUTH_SECRET", raising=False)
+        monkeypatch.delenv("MOONKV_AUTH_SECRET_FILE", raising=False)
+        outsider = moonkv.MooncakeDistributedStore()
+        assert outsider.setup_dummy(16 << 20, 16 << 20, n.data) < 0
+        outsider.close()
+
+        monkeypatch.setenv("MOONKV_AUTH_SECRET_FILE", str(secret))
+        s = moonkv.MooncakeDistributedStore()
+        assert s.setup_dummy(16 << 20, 16 << 20, n.data) == OK
+        value = pattern(key, 200_000)
+        assert s.put(key, value) == OK
+        assert s.get(key) == value
+        buf = s.alloc_from_mem_pool(len(value))
+        assert buf and s.register_buffer(buf, len(value)) == OK
+        assert s.get_into(key, buf, len(value)) == len(value)
+        assert ctypes.string_at(buf, len(value)) == value
+        s.close()
+    finally:
+        n.kill()
+        m.stop()

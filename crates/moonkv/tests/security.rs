@@ -524,3 +524,35 @@ fn with_every_client_slot_taken_a_hello_is_refused_with_an_answer_naming_the_cap
     assert!(text.contains("max_connections (2)"), "{text}");
     assert!(third.read_frame().is_none(), "then the connection closes");
 }
+
+#[test]
+fn a_standalone_client_with_the_secret_finds_the_master_through_the_node_and_works() {
+    let dir = TempDir::new("standalone");
+    let (master, node) = cluster(&dir);
+    let rpc = master.field("rpc");
+    let data = node.field("data");
+    runtime().block_on(async {
+        // STATS names no range, so it takes no grant; the handshake is what admits it.
+        let mut conn = DataConnection::connect(&data, LIMIT, Some(&secret()))
+            .await
+            .unwrap();
+        let stats = conn.stats().await.unwrap();
+        assert_eq!(stats.master.as_deref(), Some(rpc.as_str()));
+
+        // Without the secret the node still says nothing.
+        let mut open = DataConnection::connect(&data, LIMIT, None).await.unwrap();
+        let e = open.stats().await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::ILLEGAL_CLIENT, "{e}");
+
+        // A standalone store: the node names the master, and the store works through it.
+        let mut config = StoreConfig::new("unused:1");
+        config.auth_secret = Some(secret());
+        let store = Store::connect_via_node(&data, config).await.unwrap();
+        let value = payload(4, 300_000);
+        store
+            .put("standalone", &value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(store.get("standalone").await.unwrap(), value);
+    });
+}

@@ -112,7 +112,10 @@ pub(super) async fn serve_requests(
             None
         };
         let mut granted_file_size = None;
-        if let Some(key) = &served.access.grant_key {
+        // STATS names no range, so it needs no grant: the handshake (when the node has a
+        // secret) is what admits it. Standalone clients learn their master from it.
+        let needs_grant = header.op != DataOp::Stats as u8;
+        if let Some(key) = served.access.grant_key.as_ref().filter(|_| needs_grant) {
             match check_grant(key, &served.access.claims, &header, &grant[..grant_len]) {
                 Ok(size) => granted_file_size = size,
                 Err(refusal) => {
