@@ -383,7 +383,7 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
     let admin = match &args.admin {
         Some(admin) => admin.clone(),
         None => announced_admin(&args.options.master, timeout)
-            .await
+            .await?
             .unwrap_or_else(|| default_admin(&args.options.master)),
     };
     let detail: serde_json::Value =
@@ -551,32 +551,41 @@ fn medium(kind: ReplicaKind) -> &'static str {
     moonkv_proto::Medium::from(kind).as_str()
 }
 
-/// The admin address the master announces in its hello answer; `None` when it cannot be asked
-/// (unreachable, TLS, an older master). A wildcard host is replaced by the master's host.
-async fn announced_admin(master: &str, timeout: Duration) -> Option<String> {
+/// The admin address the master announces in its hello answer; `Ok(None)` when it cannot be
+/// asked (unreachable, TLS, an older master), and an error when the master refused this caller
+/// (a missing or wrong secret): guessing the admin port then could show another master's
+/// cluster. A wildcard host is replaced by the master's host.
+async fn announced_admin(master: &str, timeout: Duration) -> anyhow::Result<Option<String>> {
     if moonkv_client::TlsClientConfig::from_env().is_some() {
-        return None;
+        return Ok(None);
     }
     let addr = master.to_string();
     let secret = moonkv_client::util::secret_from_env();
     let announced = tokio::task::spawn_blocking(move || {
-        let conn = moonkv_client::master_client::blocking::Connection::connect(
+        match moonkv_client::master_client::blocking::Connection::connect(
             &addr,
             "moonkv-stat",
             secret.as_ref(),
             Some(timeout),
-        )
-        .ok()?;
-        conn.hello_ack().admin_addr.clone()
+        ) {
+            Ok(conn) => Ok(conn.hello_ack().admin_addr.clone()),
+            Err(e) if e.code == moonkv_proto::ErrorCode::ILLEGAL_CLIENT => Err(e),
+            Err(_) => Ok(None),
+        }
     })
     .await
-    .ok()??;
-    let parsed: std::net::SocketAddr = announced.parse().ok()?;
+    .context("asking the master for its admin address")??;
+    let Some(announced) = announced else {
+        return Ok(None);
+    };
+    let Ok(parsed) = announced.parse::<std::net::SocketAddr>() else {
+        return Ok(None);
+    };
     if parsed.ip().is_unspecified() {
         let host = master.rsplit_once(':').map_or(master, |(host, _)| host);
-        return Some(format!("{host}:{}", parsed.port()));
+        return Ok(Some(format!("{host}:{}", parsed.port())));
     }
-    Some(announced)
+    Ok(Some(announced))
 }
 
 /// The admin address matching a master address: same host, port 9003.

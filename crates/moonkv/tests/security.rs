@@ -556,3 +556,30 @@ fn a_standalone_client_with_the_secret_finds_the_master_through_the_node_and_wor
         assert_eq!(store.get("standalone").await.unwrap(), value);
     });
 }
+
+#[test]
+fn stat_without_the_secret_fails_naming_it_instead_of_guessing_an_admin_port() {
+    let dir = TempDir::new("stat");
+    let (master, node) = cluster(&dir);
+    let rpc = master.field("rpc");
+    let out = cli(&rpc, None, &["stat"], b"");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "stat without the secret must fail");
+    assert!(stderr.contains("MOONKV_AUTH_SECRET"), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "nothing printed from a guessed admin port"
+    );
+    let out = cli(&rpc, Some(SECRET), &["stat"], b"");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The node answers STATS to the authenticated command (it takes no grant).
+    assert!(
+        stdout.contains(&format!("node {}:", node.field("data"))),
+        "{stdout}"
+    );
+}
