@@ -44,6 +44,11 @@ impl Region {
 #[derive(Default)]
 pub(crate) struct Registry {
     regions: RwLock<BTreeMap<usize, Arc<Region>>>,
+    /// Buffers registered inside standalone mode's pool (start → length). The pool stays the
+    /// region that is leased, but a range that starts inside such a buffer must also end inside
+    /// it, as a range must inside any registered buffer: a caller that registered 32 bytes and
+    /// asks for bytes 30..34 is refused, not allowed to run into its pool neighbour.
+    pool_buffers: RwLock<BTreeMap<usize, usize>>,
 }
 
 /// A caller range `[ptr, ptr + len)`.
@@ -90,6 +95,7 @@ impl Registry {
             }
         }
         if find(&regions, Range { ptr, len: size }).is_ok_and(|r| r.pool) {
+            self.pool_buffers.write().insert(ptr, size);
             return Ok(());
         }
         let before = regions.range(..end).next_back();
@@ -119,7 +125,27 @@ impl Registry {
 
     /// Whether `range` lies inside one registered buffer.
     pub(crate) fn covers(&self, range: Range) -> bool {
-        find(&self.regions.read(), range).is_ok()
+        find(&self.regions.read(), range).is_ok_and(|r| self.within_pool_buffer(r, range).is_ok())
+    }
+
+    /// For a range inside the pool: when it starts inside a buffer registered there, it must
+    /// end inside that buffer too.
+    fn within_pool_buffer(&self, region: &Region, range: Range) -> Result<(), Error> {
+        if !region.pool {
+            return Ok(());
+        }
+        let buffers = self.pool_buffers.read();
+        let Some((&start, &len)) = buffers.range(..=range.ptr).next_back() else {
+            return Ok(());
+        };
+        let end = start + len;
+        if range.ptr < end && range.ptr + range.len > end {
+            return Err(invalid(format!(
+                "buffer {:#x}+{} runs past the end of the registered buffer {start:#x}+{len}",
+                range.ptr, range.len
+            )));
+        }
+        Ok(())
     }
 
     /// Unregisters the buffer that starts at `ptr`, after the calls using it have finished.
@@ -127,6 +153,7 @@ impl Registry {
     pub(crate) fn unregister(&self, ptr: usize) -> Result<(), Error> {
         let mut regions = self.regions.write();
         if find(&regions, Range { ptr, len: 1 }).is_ok_and(|r| r.pool) {
+            self.pool_buffers.write().remove(&ptr);
             return Ok(());
         }
         let region = regions
@@ -148,7 +175,9 @@ impl Registry {
         let mut held: Vec<Arc<Region>> = Vec::new();
         let mut errors = Vec::with_capacity(ranges.len());
         for range in ranges {
-            match find(&regions, *range) {
+            let found = find(&regions, *range)
+                .and_then(|region| self.within_pool_buffer(region, *range).map(|()| region));
+            match found {
                 Ok(region) => {
                     if !held.iter().any(|r| Arc::ptr_eq(r, region)) {
                         *region.users.lock() += 1;

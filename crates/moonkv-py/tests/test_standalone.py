@@ -176,3 +176,25 @@ def test_standalone_mode_with_a_shared_secret(tmp_path, monkeypatch, key):
     finally:
         n.kill()
         m.stop()
+
+
+def test_a_buffer_registered_inside_the_pool_bounds_the_ranges_that_start_in_it(standalone, key):
+    """Pool memory is registered as a whole, yet a caller that registers 32 bytes of it and
+    asks for bytes 30..34 is refused, as for any registered buffer, instead of writing into
+    the pool memory that follows."""
+    s = standalone
+    data = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    assert s.put(key, data) == OK
+    ptr = s.alloc_from_mem_pool(64)
+    assert ptr and s.register_buffer(ptr, 32) == OK
+    ctypes.memset(ptr, ord("_"), 64)
+    past = s.get_into_ranges([ptr], [[key]], [[[30]]], [[[0]]], [[[4]]])
+    assert past[0][0][0] < 0
+    assert s.get_into(key, ptr + 16, 32) < 0
+    assert ctypes.string_at(ptr, 64) == b"_" * 64, "nothing written past the buffer"
+    inside = s.get_into_ranges([ptr], [[key]], [[[28]]], [[[0]]], [[[4]]])
+    assert inside == [[[4]]]
+    assert ctypes.string_at(ptr + 28, 4) == data[:4]
+    # Unregistered, the 32 bytes are plain pool memory again, bounded only by the pool.
+    assert s.unregister_buffer(ptr) == OK
+    assert s.get_into_ranges([ptr], [[key]], [[[30]]], [[[0]]], [[[4]]]) == [[[4]]]
