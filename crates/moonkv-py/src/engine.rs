@@ -411,10 +411,21 @@ fn worker_threads() -> usize {
 /// `local_hostname` has none.
 async fn start_node(settings: &Settings) -> Result<NodeHandle, Error> {
     let (host, port) = host_and_port(&settings.local_hostname)?;
-    let attempts = if port == 0 { PORT_ATTEMPTS } else { 1 };
+    let ports = if port == 0 {
+        Some(PortRange::from_env()?)
+    } else {
+        None
+    };
+    let attempts = ports.as_ref().map_or(1, |r| r.attempts);
     let mut last = invalid("no port to listen on");
-    for _ in 0..attempts {
-        let port = if port == 0 { free_port(&host)? } else { port };
+    for attempt in 0..attempts {
+        let port = match &ports {
+            Some(range) => match range.free_port(&host, attempt)? {
+                Some(port) => port,
+                None => continue,
+            },
+            None => port,
+        };
         let endpoint = format!("{host}:{port}");
         let mut config = NodeConfig::new(
             settings.master_server_addr.clone(),
@@ -430,16 +441,73 @@ async fn start_node(settings: &Settings) -> Result<NodeHandle, Error> {
             Err(e) => return Err(e),
         }
     }
+    if let Some(range) = &ports {
+        last = invalid(format!(
+            "no free data-plane port on {host} in {}..={} after {} attempts ({}; set {MIN_PORT_ENV} and {MAX_PORT_ENV}, or give local_hostname a port)",
+            range.min, range.max, range.attempts, last.message
+        ));
+    }
     Err(last)
 }
 
-fn free_port(host: &str) -> Result<u16, Error> {
-    let probe = std::net::TcpListener::bind((host.trim_matches(['[', ']']), 0))
-        .map_err(|e| invalid(format!("cannot listen on {host}: {e}")))?;
-    probe
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| invalid(format!("cannot listen on {host}: {e}")))
+/// Environment variables of upstream's client that bound the data-plane port chosen when
+/// `local_hostname` names none, and how many ports are tried.
+const MIN_PORT_ENV: &str = "MC_STORE_CLIENT_MIN_PORT";
+const MAX_PORT_ENV: &str = "MC_STORE_CLIENT_MAX_PORT";
+const RETRIES_ENV: &str = "MC_STORE_CLIENT_SETUP_RETRIES";
+
+/// Where an embedded node listens when `local_hostname` has no port: a random free port in
+/// 12300..=14300, as upstream's client picks (same variables to move the range), tried up to
+/// 20 times against other processes taking it in between.
+struct PortRange {
+    min: u16,
+    max: u16,
+    attempts: usize,
+}
+
+impl PortRange {
+    fn from_env() -> Result<PortRange, Error> {
+        let port = |name: &str, default: u16| -> Result<u16, Error> {
+            match env_number(name, "a port number")? {
+                None => Ok(default),
+                Some(p) => u16::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
+                    invalid(format!("{name} must be a port from 1 to 65535, got {p}"))
+                }),
+            }
+        };
+        let (min, max) = (port(MIN_PORT_ENV, 12300)?, port(MAX_PORT_ENV, 14300)?);
+        if min > max {
+            return Err(invalid(format!(
+                "{MIN_PORT_ENV}={min} is above {MAX_PORT_ENV}={max}"
+            )));
+        }
+        let attempts =
+            env_number(RETRIES_ENV, "a number of attempts")?.unwrap_or(PORT_ATTEMPTS as u64);
+        Ok(PortRange {
+            min,
+            max,
+            attempts: attempts.clamp(1, 1000) as usize,
+        })
+    }
+
+    /// A port of the range that is free on `host` right now, chosen at random (`attempt`
+    /// varies the choice); `None` when the one chosen is taken, an error when `host` cannot
+    /// be listened on at all.
+    fn free_port(&self, host: &str, attempt: usize) -> Result<Option<u16>, Error> {
+        use std::hash::BuildHasher;
+        let span = u64::from(self.max - self.min) + 1;
+        let draw = std::collections::hash_map::RandomState::new().hash_one((
+            std::process::id(),
+            attempt,
+            std::time::SystemTime::now(),
+        ));
+        let port = self.min + (draw % span) as u16;
+        match std::net::TcpListener::bind((host.trim_matches(['[', ']']), port)) {
+            Ok(_) => Ok(Some(port)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(None),
+            Err(e) => Err(invalid(format!("cannot listen on {host}: {e}"))),
+        }
+    }
 }
 
 /// The local buffer of upstream's copying calls, kept as a budget: an object larger than

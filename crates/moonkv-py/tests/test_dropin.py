@@ -26,12 +26,43 @@ def test_setup_positional_form_embeds_a_node(master):
     s = setup_store(master.addr, segment=32 << 20)
     try:
         host, port = s.get_hostname().rsplit(":", 1)
-        assert host == "127.0.0.1" and int(port) > 0
+        # No port named: one of upstream's range, 12300-14300 (MC_STORE_CLIENT_MIN/MAX_PORT).
+        assert host == "127.0.0.1" and 12300 <= int(port) <= 14300
         socket.create_connection((host, int(port)), timeout=5).close()
         assert s.health_check() == 0
     finally:
         assert s.close() == 0
     assert s.health_check() == 1
+
+
+def test_the_port_range_variables_move_the_embedded_node_and_a_full_range_fails_clearly(
+    master, monkeypatch
+):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        monkeypatch.setenv("MC_STORE_CLIENT_MIN_PORT", str(port))
+        monkeypatch.setenv("MC_STORE_CLIENT_MAX_PORT", str(port))
+        monkeypatch.setenv("MC_STORE_CLIENT_SETUP_RETRIES", "3")
+        s = moonkv.MooncakeDistributedStore()
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", master.addr) < 0
+        s.close()
+    finally:
+        taken.close()
+    # The same single port, now free, is the one the node takes.
+    s = moonkv.MooncakeDistributedStore()
+    try:
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", master.addr) == 0
+        assert s.get_hostname() == f"127.0.0.1:{port}"
+    finally:
+        s.close()
+    monkeypatch.setenv("MC_STORE_CLIENT_MIN_PORT", "14000")
+    monkeypatch.setenv("MC_STORE_CLIENT_MAX_PORT", "13000")
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", master.addr) == INVALID_PARAMS
+    s.close()
 
 
 def test_setup_pure_requester_keeps_its_hostname(master, key):
