@@ -115,6 +115,7 @@ impl Client {
             tenant_id: Some(tenant),
             enable_ssd_offload: false,
             enable_client_http_server: false,
+            enable_standalone: false,
         };
         let settings = raw.validate().map_err(|e| raise(py, &e))?;
         let tuning = StoreTuning {

@@ -142,6 +142,8 @@ pub(crate) struct Engine {
     lanes: Option<CallerLanes>,
     /// Standalone mode's memory pool (`alloc_from_mem_pool`).
     pub pool: Option<crate::mempool::MemPool>,
+    /// The master this process runs itself (`enable_standalone`), stopped last.
+    master: Mutex<Option<moonkv_master::server::MasterHandle>>,
     /// `shut_down` ran.
     closed: AtomicBool,
 }
@@ -151,8 +153,27 @@ impl Engine {
     /// process first. Blocks; call it without the GIL.
     pub(crate) fn start(settings: &Settings, connect: StoreTuning) -> Result<Engine, Error> {
         let runtime = new_runtime()?;
+        let mut settings = settings.clone();
+        let master = if settings.embedded_master {
+            let master = runtime.block_on(start_embedded_master())?;
+            settings.master_server_addr = master.rpc_addr().to_string();
+            Some(master)
+        } else {
+            None
+        };
+        let stop_master = |runtime: &tokio::runtime::Runtime, master| {
+            if let Some(master) = master {
+                runtime.block_on(moonkv_master::server::MasterHandle::shutdown(master));
+            }
+        };
         let node = if settings.global_segment_size > 0 {
-            Some(runtime.block_on(start_node(settings))?)
+            match runtime.block_on(start_node(&settings)) {
+                Ok(node) => Some(node),
+                Err(e) => {
+                    stop_master(&runtime, master);
+                    return Err(e);
+                }
+            }
         } else {
             None
         };
@@ -166,6 +187,7 @@ impl Engine {
                 if let Some(node) = node {
                     runtime.block_on(node.shutdown());
                 }
+                stop_master(&runtime, master);
                 return Err(e);
             }
         };
@@ -184,6 +206,7 @@ impl Engine {
             registry: Registry::default(),
             lanes,
             pool: None,
+            master: Mutex::new(master),
             closed: AtomicBool::new(false),
         })
     }
@@ -219,6 +242,7 @@ impl Engine {
             registry,
             lanes,
             pool,
+            master: Mutex::new(None),
             closed: AtomicBool::new(false),
         })
     }
@@ -268,6 +292,7 @@ impl Engine {
             lanes.close();
         }
         let node = self.node.lock().take();
+        let master = self.master.lock().take();
         let store = self.store.clone();
         let finished = self.block_on(async move {
             tokio::time::timeout(SHUTDOWN_DEADLINE, async move {
@@ -281,6 +306,9 @@ impl Engine {
                     node.shutdown().await;
                 }
                 store.master().close().await;
+                if let Some(master) = master {
+                    master.shutdown().await;
+                }
             })
             .await
         });
@@ -315,6 +343,7 @@ impl Drop for Engine {
             {
                 let _inside = rt.enter();
                 drop(self.node.lock().take());
+                drop(self.master.lock().take());
             }
             // The last reference may go away on a Python thread holding the GIL: do not wait
             // for worker threads there.
@@ -508,6 +537,24 @@ impl PortRange {
             Err(e) => Err(invalid(format!("cannot listen on {host}: {e}"))),
         }
     }
+}
+
+/// The master of `enable_standalone`: upstream's defaults, listening on 127.0.0.1 only (RPC and
+/// admin HTTP on ports of the kernel's choosing), with no event stream.
+async fn start_embedded_master() -> Result<moonkv_master::server::MasterHandle, Error> {
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut config = moonkv_master::server::MasterConfig {
+        rpc_addr: loopback,
+        admin_addr: loopback,
+        ..Default::default()
+    };
+    config.kv_events.enabled = false;
+    moonkv_master::server::start(config).await.map_err(|e| {
+        Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            format!("enable_standalone: the embedded master did not start: {e}"),
+        )
+    })
 }
 
 /// The local buffer of upstream's copying calls, kept as a budget: an object larger than

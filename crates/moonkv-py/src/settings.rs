@@ -23,7 +23,13 @@ pub(crate) struct Settings {
     pub master_server_addr: String,
     /// Tenant of every call ("default" unless told).
     pub tenant_id: String,
+    /// Run a master inside this process and use it (`enable_standalone`, or
+    /// `MOONCAKE_ENABLE_STANDALONE`); `master_server_addr` is then ignored.
+    pub embedded_master: bool,
 }
+
+/// Upstream's variable that makes every `setup` embed a master, as `enable_standalone=True`.
+pub(crate) const ENABLE_STANDALONE_ENV: &str = "MOONCAKE_ENABLE_STANDALONE";
 
 /// The raw values, as Python passed them.
 #[derive(Default)]
@@ -37,6 +43,7 @@ pub(crate) struct RawSetup<'py> {
     pub tenant_id: Option<String>,
     pub enable_ssd_offload: bool,
     pub enable_client_http_server: bool,
+    pub enable_standalone: bool,
 }
 
 impl<'py> RawSetup<'py> {
@@ -68,6 +75,7 @@ impl<'py> RawSetup<'py> {
             tenant_id: text("tenant_id")?,
             enable_ssd_offload: flag("enable_ssd_offload")?,
             enable_client_http_server: flag("enable_client_http_server")?,
+            enable_standalone: flag("enable_standalone")?,
         })
     }
 
@@ -100,23 +108,42 @@ impl<'py> RawSetup<'py> {
                 "enable_client_http_server is not supported: the master's admin HTTP serves health and metrics",
             ));
         }
-        let master_server_addr = self
-            .master_server_addr
-            .unwrap_or_else(|| DEFAULT_MASTER.to_string());
-        // host:port, or etcd://host:port[;host:port...] to follow an HA cluster's leader.
-        moonkv_proto::ha::MasterAddr::parse(&master_server_addr).map_err(|e| {
-            invalid(format!(
-                "master_server_addr '{master_server_addr}': {}",
-                e.message
-            ))
-        })?;
+        let embedded_master = self.enable_standalone;
+        let master_server_addr = if embedded_master {
+            // Filled in with the embedded master's address when it has started.
+            String::new()
+        } else {
+            let addr = self
+                .master_server_addr
+                .unwrap_or_else(|| DEFAULT_MASTER.to_string());
+            // host:port, or etcd://host:port[;host:port...] to follow an HA cluster's leader.
+            moonkv_proto::ha::MasterAddr::parse(&addr)
+                .map_err(|e| invalid(format!("master_server_addr '{addr}': {}", e.message)))?;
+            addr
+        };
         Ok(Settings {
             local_hostname: local_hostname.trim().to_string(),
             global_segment_size: size("global_segment_size", self.global_segment_size.as_ref())?,
             local_buffer_size: size("local_buffer_size", self.local_buffer_size.as_ref())?,
             master_server_addr,
             tenant_id: self.tenant_id.unwrap_or_else(|| "default".into()),
+            embedded_master,
         })
+    }
+}
+
+/// Whether [`ENABLE_STANDALONE_ENV`] asks for an embedded master; a value that is neither on
+/// nor off is an error naming it.
+pub(crate) fn standalone_from_env() -> Result<bool, Error> {
+    let Ok(value) = std::env::var(ENABLE_STANDALONE_ENV) else {
+        return Ok(false);
+    };
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(invalid(format!(
+            "{ENABLE_STANDALONE_ENV}={other:?}: expected true/false, 1/0, yes/no or on/off"
+        ))),
     }
 }
 

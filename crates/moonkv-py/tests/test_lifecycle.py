@@ -308,3 +308,49 @@ def test_the_gc_of_a_store_does_not_block_other_threads(cluster):
         t.join()
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert gaps and max(gaps) < 1.0, f"longest pause of another thread: {max(gaps):.2f}s"
+
+
+def test_enable_standalone_runs_a_master_inside_the_process_and_stops_it_at_close(key, monkeypatch):
+    """Upstream's `enable_standalone=True` (and `MOONCAKE_ENABLE_STANDALONE`): no master
+    process at all; `master_server_addr` is ignored; everything stops at close() or GC."""
+    monkeypatch.delenv("MOONCAKE_ENABLE_STANDALONE", raising=False)
+    s = moonkv.MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 16 << 20, "tcp", "", "", enable_standalone=True)
+    assert rc == OK
+    assert s.put(key, b"inside") == OK
+    assert s.get(key) == b"inside"
+    assert s.batch_is_exist([key, key + "-none"]) == [1, 0]
+    assert s.health_check() == OK
+    assert s.close() == OK
+
+    # The variable embeds one even where the caller names an address (HiCache's setup call).
+    monkeypatch.setenv("MOONCAKE_ENABLE_STANDALONE", "true")
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 16 << 20, "tcp", "", "127.0.0.1:1") == OK
+    assert s.put(key, b"env") == OK and s.get(key) == b"env"
+    s.close()
+    monkeypatch.setenv("MOONCAKE_ENABLE_STANDALONE", "maybe")
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 16 << 20, "tcp", "", "127.0.0.1:1") == -600
+    s.close()
+    monkeypatch.delenv("MOONCAKE_ENABLE_STANDALONE")
+
+    # The dict form, and stores dropped without close(): threads do not pile up.
+    config = {
+        "local_hostname": "127.0.0.1",
+        "metadata_server": "P2PHANDSHAKE",
+        "global_segment_size": "16MB",
+        "local_buffer_size": "16MB",
+        "protocol": "tcp",
+        "enable_standalone": True,
+    }
+    before = None
+    for i in range(12):
+        s = moonkv.MooncakeDistributedStore()
+        assert s.setup(config) == OK
+        assert s.put(f"{key}-{i}", b"x") == OK
+        del s
+        gc.collect()
+        if i == 2:
+            before = _rss_and_threads()[1]
+    assert _rss_and_threads()[1] <= before + 2

@@ -114,12 +114,15 @@ impl DropIn {
     /// that contributes that much memory. Sizes are integers or text such as `"16MB"`/`"4gb"`.
     /// `metadata_server` and `rdma_devices` are accepted and unused (moonkv needs no metadata
     /// service and moves bytes over TCP). Also takes upstream's dict form: `setup({...})`.
+    /// `enable_standalone=True` (or `MOONCAKE_ENABLE_STANDALONE=true`) runs a master inside
+    /// this process and uses it instead of `master_server_addr`.
     /// Returns 0, or a negative error code (the reason is logged on logger `moonkv`).
     #[pyo3(signature = (
         local_hostname = None, metadata_server = None, global_segment_size = None,
         local_buffer_size = None, protocol = None, rdma_devices = None, master_server_addr = None,
         engine = None, enable_ssd_offload = false, ssd_offload_path = None, tenant_id = None,
-        enable_client_http_server = false, client_http_port = None, config = None
+        enable_client_http_server = false, client_http_port = None, config = None,
+        enable_standalone = false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn setup<'py>(
@@ -139,6 +142,7 @@ impl DropIn {
         enable_client_http_server: bool,
         client_http_port: Option<i64>,
         config: Option<Bound<'py, PyDict>>,
+        enable_standalone: bool,
     ) -> PyResult<i32> {
         let _ = (rdma_devices, ssd_offload_path, client_http_port);
         let dict = match (&config, &local_hostname) {
@@ -147,7 +151,11 @@ impl DropIn {
             _ => None,
         };
         let raw = match dict {
-            Some(d) => RawSetup::from_dict(&d)?,
+            Some(d) => {
+                let mut raw = RawSetup::from_dict(&d)?;
+                raw.enable_standalone |= enable_standalone;
+                raw
+            }
             None => RawSetup {
                 local_hostname: local_hostname.map(|h| h.extract::<String>()).transpose()?,
                 metadata_server,
@@ -158,6 +166,7 @@ impl DropIn {
                 tenant_id,
                 enable_ssd_offload,
                 enable_client_http_server,
+                enable_standalone,
             },
         };
         if engine.is_some_and(|e| !e.is_none()) {
@@ -172,6 +181,11 @@ impl DropIn {
             Ok(t) => t,
             Err(rc) => return Ok(rc),
         };
+        let mut raw = raw;
+        match crate::settings::standalone_from_env() {
+            Ok(on) => raw.enable_standalone |= on,
+            Err(e) => return Ok(failed(py, "setup", &e)),
+        }
         let settings = match raw.validate() {
             Ok(s) => s,
             Err(e) => return Ok(failed(py, "setup", &e)),
