@@ -447,9 +447,9 @@ async fn start_node(settings: &Settings) -> Result<NodeHandle, Error> {
     };
     let attempts = ports.as_ref().map_or(1, |r| r.attempts);
     let mut last = invalid("no port to listen on");
-    for attempt in 0..attempts {
+    for _ in 0..attempts {
         let port = match &ports {
-            Some(range) => match range.free_port(&host, attempt)? {
+            Some(range) => match range.free_port(&host)? {
                 Some(port) => port,
                 None => continue,
             },
@@ -519,17 +519,13 @@ impl PortRange {
         })
     }
 
-    /// A port of the range that is free on `host` right now, chosen at random (`attempt`
-    /// varies the choice); `None` when the one chosen is taken, an error when `host` cannot
-    /// be listened on at all.
-    fn free_port(&self, host: &str, attempt: usize) -> Result<Option<u16>, Error> {
+    /// A port of the range that is free on `host` right now, chosen at random; `None` when
+    /// the one chosen is taken, an error when `host` cannot be listened on at all.
+    fn free_port(&self, host: &str) -> Result<Option<u16>, Error> {
         use std::hash::BuildHasher;
         let span = u64::from(self.max - self.min) + 1;
-        let draw = std::collections::hash_map::RandomState::new().hash_one((
-            std::process::id(),
-            attempt,
-            std::time::SystemTime::now(),
-        ));
+        // Each RandomState is keyed afresh: a different draw every call.
+        let draw = std::collections::hash_map::RandomState::new().hash_one(());
         let port = self.min + (draw % span) as u16;
         match std::net::TcpListener::bind((host.trim_matches(['[', ']']), port)) {
             Ok(_) => Ok(Some(port)),

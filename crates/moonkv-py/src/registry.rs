@@ -125,7 +125,19 @@ impl Registry {
 
     /// Whether `range` lies inside one registered buffer.
     pub(crate) fn covers(&self, range: Range) -> bool {
-        find(&self.regions.read(), range).is_ok_and(|r| self.within_pool_buffer(r, range).is_ok())
+        self.find_for_use(&self.regions.read(), range).is_ok()
+    }
+
+    /// The registered buffer a call may use `range` of: [`find`], and for pool memory also
+    /// [`Registry::within_pool_buffer`].
+    fn find_for_use<'r>(
+        &self,
+        regions: &'r BTreeMap<usize, Arc<Region>>,
+        range: Range,
+    ) -> Result<&'r Arc<Region>, Error> {
+        let region = find(regions, range)?;
+        self.within_pool_buffer(region, range)?;
+        Ok(region)
     }
 
     /// For a range inside the pool: when it starts inside a buffer registered there, it must
@@ -175,9 +187,7 @@ impl Registry {
         let mut held: Vec<Arc<Region>> = Vec::new();
         let mut errors = Vec::with_capacity(ranges.len());
         for range in ranges {
-            let found = find(&regions, *range)
-                .and_then(|region| self.within_pool_buffer(region, *range).map(|()| region));
-            match found {
+            match self.find_for_use(&regions, *range) {
                 Ok(region) => {
                     if !held.iter().any(|r| Arc::ptr_eq(r, region)) {
                         *region.users.lock() += 1;

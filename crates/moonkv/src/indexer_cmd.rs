@@ -53,16 +53,8 @@ pub struct IndexerArgs {
     /// already hashed; 49 bytes of table each. 0 turns the cache off.
     #[arg(long, env = moonkv_indexer::index::chains::CHAIN_CACHE_ENV,
           default_value_t = moonkv_indexer::index::chains::DEFAULT_CHAIN_CACHE_BLOCKS,
-          value_parser = block_count)]
+          value_parser = moonkv_indexer::index::ChainCache::parse_blocks)]
     chain_cache_blocks: usize,
-}
-
-/// A block count, `_` allowed between digits (`3_670_016`).
-fn block_count(s: &str) -> Result<usize, String> {
-    s.trim()
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("{s:?} is not a block count"))
 }
 
 #[derive(Subcommand, Debug)]

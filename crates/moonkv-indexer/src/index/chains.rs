@@ -169,12 +169,17 @@ impl ChainCache {
     pub fn blocks_from_env() -> Result<usize, String> {
         match std::env::var(CHAIN_CACHE_ENV) {
             Err(_) => Ok(DEFAULT_CHAIN_CACHE_BLOCKS),
-            Ok(v) => v
-                .trim()
-                .replace('_', "")
-                .parse()
-                .map_err(|_| format!("{CHAIN_CACHE_ENV}={v:?} is not a block count")),
+            Ok(v) => Self::parse_blocks(&v).map_err(|e| format!("{CHAIN_CACHE_ENV}={e}")),
         }
+    }
+
+    /// A cache size in blocks, `_` allowed between digits (`3_670_016`).
+    pub fn parse_blocks(value: &str) -> Result<usize, String> {
+        value
+            .trim()
+            .replace('_', "")
+            .parse()
+            .map_err(|_| format!("{value:?} is not a block count"))
     }
 
     /// Whether anything is remembered at all.

@@ -150,12 +150,8 @@ impl DropIn {
             (None, Some(first)) => first.cast::<PyDict>().ok().cloned(),
             _ => None,
         };
-        let raw = match dict {
-            Some(d) => {
-                let mut raw = RawSetup::from_dict(&d)?;
-                raw.enable_standalone |= enable_standalone;
-                raw
-            }
+        let mut raw = match dict {
+            Some(d) => RawSetup::from_dict(&d)?,
             None => RawSetup {
                 local_hostname: local_hostname.map(|h| h.extract::<String>()).transpose()?,
                 metadata_server,
@@ -181,9 +177,9 @@ impl DropIn {
             Ok(t) => t,
             Err(rc) => return Ok(rc),
         };
-        let mut raw = raw;
         match crate::settings::standalone_from_env() {
-            Ok(on) => raw.enable_standalone |= on,
+            // The keyword counts in the dict form too, as does upstream's variable.
+            Ok(on) => raw.enable_standalone |= enable_standalone || on,
             Err(e) => return Ok(failed(py, "setup", &e)),
         }
         let settings = match raw.validate() {
