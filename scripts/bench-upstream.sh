@@ -29,6 +29,9 @@
 #   SYSTEMS         which systems, in the order of odd rounds, from: socket upstream moonkv
 #                   up-shm mk-standalone (default all but socket; SOCKET_TOO=1 adds it)
 #   TARGET_SHM=1.5  the mk-standalone ÷ up-shm ratio each cell is held to in the results
+# Every round ends with `moonkv bench memcpy` (one thread's copy rate at 1, 4, 16 and 64 MiB);
+# the same-host table shows each GB/s cell as a fraction of it (a batch of 32 × 128 KiB against
+# the 4 MiB copy: the bytes of one call).
 #   PREFAULT=1      start moonkv's node with --prefault (its segment committed at start; on this
 #                   VM that takes about 9 s per GiB, and the node's readiness wait must allow it)
 #
@@ -212,6 +215,10 @@ for ((r = 1; r <= RUNS; r++)); do
         read -r -a a <<<"$(cell_args "$cell")"
         for sys in "${order[@]}"; do run "$sys" "$r" "$cell" "${a[@]}"; done
     done
+    # the machine's copy rate in this round: the ceiling of the same-host cells
+    log "round $r  memcpy probe"
+    "$MOONKV_BIN" bench memcpy --sizes 1MiB,4MiB,16MiB,64MiB --json >"$OUT/raw/memcpy.$r.json" 2>/dev/null ||
+        log "  memcpy probe failed"
 done
 log "python cells done in $(($(date +%s) - T0)) s"
 
@@ -312,6 +319,23 @@ def p50(recs):
 def errors(recs):
     return sum(d["errors"] for d in recs.values())
 
+# the memcpy probe of every round (`moonkv bench memcpy --json`): size -> median GB/s
+copies = {}
+for path in glob.glob(os.path.join(out, "raw", "memcpy.*.json")):
+    for line in open(path):
+        if line.startswith("{"):
+            d = json.loads(line)
+            copies.setdefault(d["size"], []).append(d["gb_per_s"])
+MEMCPY = {size: statistics.median(v) for size, v in copies.items()}
+
+def of_memcpy(cell, size, gbps, unit):
+    # a same-host GB/s cell as a fraction of one thread's memcpy of the bytes of one call
+    if unit != "GB/s" or gbps is None:
+        return "–"
+    call = size * 32 if cell == "batch128k" else size
+    m = MEMCPY.get(call)
+    return f"{100 * gbps / m:.0f}%" if m else "–"
+
 def has(per, *systems):
     return all(per.get(s) for s in systems)
 
@@ -330,8 +354,8 @@ for cell in order:
               f" (same-host copies) ÷ up-shm, and socket (MOONKV_SAME_HOST=0) ÷ upstream over TCP.\n")
         print("| op | size | mk-standalone | up-shm | unit | **× up-shm** (medians) | × per round, min–max "
               "| mk-standalone p50 µs | up-shm p50 µs | errors st/shm | "
-              f"≥{TARGET_SHM:g}× | moonkv | moonkv ÷ up-shm | socket | upstream TCP | socket ÷ TCP |")
-        print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|")
+              f"≥{TARGET_SHM:g}× | mk-standalone ÷ memcpy | up-shm ÷ memcpy | moonkv | moonkv ÷ up-shm | socket | upstream TCP | socket ÷ TCP |")
+        print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|")
         for k in keys:
             _, op, size, clients = k
             unit = TARGET.get((cell, op), ("keys/s",))[0]
@@ -346,6 +370,7 @@ for cell in order:
                   f"**{xs(r)}** | {per_round(st, shm, unit)} | "
                   f"{p50(st)} | {p50(shm)} | "
                   f"{errors(st)}/{errors(shm)} | {verdict} | "
+                  f"{of_memcpy(cell, size, m('mk-standalone'), unit)} | {of_memcpy(cell, size, m('up-shm'), unit)} | "
                   f"{fmt(m('moonkv'), unit)} | {xs(ratio(m('moonkv'), m('up-shm')))} | "
                   f"{fmt(m('socket'), unit)} | {fmt(m('upstream'), unit)} | {xs(ratio(m('socket'), m('upstream')))} |")
         print()
@@ -384,6 +409,9 @@ for cell in order:
             if f:
                 print(f"{s} {k[1]} {size_label(k[2])}: {errors(recs)} errors, first `{f}`\n")
 
+if MEMCPY:
+    print("\nmemcpy probe (`moonkv bench memcpy`, one thread), median of the rounds: "
+          + ", ".join(f"{size_label(k)} {v:.2f} GB/s" for k, v in sorted(MEMCPY.items())) + ".")
 if summary:
     met = [x for x in summary if x[3] >= TARGET_SHM]
     print(f"\nmk-standalone ÷ up-shm ≥{TARGET_SHM:g}× in {len(met)} of {len(summary)} cells.")

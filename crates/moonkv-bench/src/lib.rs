@@ -4,7 +4,8 @@
 //! - `memory`: metadata bytes per resident object (`bench memory`).
 //! - [`events`]: event stream rate and the master's rate with events on vs off (`bench events`);
 //!   `stream` paces a publisher → subscriber run at a fixed offered rate.
-//! - `echo`: the loopback round-trip floor of the machine (`bench echo`).
+//! - `echo`: the loopback round-trip floor of the machine (`bench echo`); `memcpy`: its
+//!   single-thread copy rate, the ceiling of same-host copies (`bench memcpy`).
 //! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
 //! - `readopt`: time for a restarted master to re-adopt N objects from a node (`bench readopt`).
@@ -26,6 +27,7 @@ mod indexer;
 mod load;
 mod loopback;
 pub mod master;
+mod memcpy;
 mod memory;
 mod readopt;
 pub mod relay;
@@ -61,6 +63,8 @@ enum BenchCommand {
     Indexer(indexer::IndexerBenchArgs),
     /// Loopback round-trip floor: the bench client against a server that does no work.
     Echo(echo::EchoBenchArgs),
+    /// Copy rate of one thread by buffer size: the ceiling of same-host copies.
+    Memcpy(memcpy::MemcpyBenchArgs),
     /// Data plane: put and get GB/s and latency by object size, next to Redis and raw TCP.
     Store(store::StoreBenchArgs),
     /// Restart re-adoption: time for a new master to get N objects back from a node.
@@ -83,6 +87,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Events(a) => events::run(a),
         BenchCommand::Indexer(a) => indexer::run(a),
         BenchCommand::Echo(a) => echo::run(a),
+        BenchCommand::Memcpy(a) => memcpy::run(a),
         BenchCommand::Store(a) => store::run(a),
         BenchCommand::Readopt(a) => readopt::run(a),
         BenchCommand::Charts(a) => charts::run(a),

@@ -57,6 +57,9 @@ pub struct NodeConfig {
     pub disk_poll_interval: Duration,
     /// Commit every page of the segments at start (`--prefault`) instead of at first write.
     pub prefault: bool,
+    /// Back the segments with 2 MiB pages where the kernel can (`madvise(MADV_HUGEPAGE)`;
+    /// `--no-huge-pages` turns it off).
+    pub huge_pages: bool,
     /// Where the node lends its segments to stores in the same process (`StoreConfig::
     /// local_segments`); nodes given clones of one handle share it. A fresh handle by default.
     pub local_segments: LocalSegments,
@@ -102,6 +105,7 @@ impl NodeConfig {
             disk: None,
             disk_poll_interval: Duration::from_millis(100),
             prefault: false,
+            huge_pages: true,
             local_segments: LocalSegments::new(),
             auth_secret: None,
             grant_secret: None,
@@ -180,7 +184,13 @@ impl Node {
         let mut memories = Vec::with_capacity(names.len());
         for _ in &names {
             let id = SegmentId::random();
-            memories.push(Arc::new(SegmentMemory::allocate(id, config.segment_size)?));
+            let memory = SegmentMemory::allocate(id, config.segment_size)?;
+            if config.huge_pages {
+                if let Err(e) = memory.advise_huge_pages() {
+                    tracing::warn!(error = %e, "segment memory keeps 4 KiB pages");
+                }
+            }
+            memories.push(Arc::new(memory));
         }
         if config.prefault {
             let started = std::time::Instant::now();

@@ -113,6 +113,44 @@ def test_the_pool_runs_out_cleanly_and_only_standalone_stores_have_one(node, key
     none.close()
 
 
+def _vm_flags_at(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith("VmFlags:"):
+                return line.split(":", 1)[1].split()
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_the_pool_starts_on_a_huge_page_advised_for_huge_pages(node, key):
+    _, n = node
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(8 << 20, 1 << 20, n.data) == OK
+    try:
+        first = s.alloc_from_mem_pool(4 << 20)
+        assert first != 0 and first % (2 << 20) == 0, hex(first)
+        try:
+            thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        except OSError:
+            thp = "[never]"
+        if "[never]" not in thp:
+            assert "hg" in _vm_flags_at(first), "the pool is not advised MADV_HUGEPAGE"
+        # The pool still moves bytes both ways.
+        ctypes.memset(first, 0x5A, 4 << 20)
+        assert s.put_from(key, first, 4 << 20) == OK
+        back = s.alloc_from_mem_pool(4 << 20)
+        assert back != 0
+        assert s.get_into(key, back, 4 << 20) == 4 << 20
+        assert ctypes.string_at(back, 4 << 20) == b"\x5a" * (4 << 20)
+    finally:
+        s.close()
+
+
 def _closed_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

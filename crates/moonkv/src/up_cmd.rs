@@ -22,6 +22,9 @@ pub struct UpArgs {
     /// `moonkv node --prefault`).
     #[arg(long)]
     prefault: bool,
+    /// Keep the node's segments on 4 KiB pages (see `moonkv node --no-huge-pages`).
+    #[arg(long)]
+    no_huge_pages: bool,
     /// Data-plane listen address of the embedded node (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     data_bind: String,
@@ -66,6 +69,7 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     let mut node_config = NodeConfig::new(master.rpc_addr().to_string(), args.segment_size);
     node_config.segment_count = args.segment_count;
     node_config.prefault = args.prefault;
+    node_config.huge_pages = !args.no_huge_pages;
     node_config.data_bind = args.data_bind.clone();
     node_config.host_id = host_name();
     node_config.disk = args.disk.to_config();

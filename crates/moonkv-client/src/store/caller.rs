@@ -11,7 +11,8 @@
 //! [`Store::sibling`]): its `block_on` drives those sockets on the calling thread, so the thread
 //! that waits is the one that reads its answer. While it waits it first polls its sockets
 //! without sleeping for up to `spin` (each poll is one non-blocking `epoll_wait`), then sleeps
-//! in `epoll_wait` as usual. At most half the machine's CPUs (at least one) poll at once across
+//! in `epoll_wait` as usual; it also sleeps while its call waits for a long same-host copy
+//! (`QUIET_BYTES` or more), which the node makes with CPUs the polling would take. At most half the machine's CPUs (at least one) poll at once across
 //! the process, so spinning callers cannot starve the runtime's worker threads or an embedded
 //! node. Lanes are pooled: a call takes an idle lane (or opens one, up to `cap`), and returns it
 //! afterwards; with every lane busy, [`CallerLanes::checkout`] answers `None` and the caller
@@ -217,27 +218,51 @@ impl CallerLane<'_> {
     /// sleeping until its sockets are ready.
     pub fn block_on<F: Future>(&self, work: F) -> F::Output {
         let spin = self.lanes.spin;
+        let store = &self.lane().store;
         self.lane().runtime.block_on(async move {
             settle().await;
             let mut work = std::pin::pin!(work);
-            if !spin.is_zero() {
-                if let Some(_slot) = SpinSlot::take() {
-                    let until = Instant::now() + spin;
-                    loop {
-                        if let Poll::Ready(out) = poll_once(work.as_mut()).await {
-                            return out;
-                        }
-                        if Instant::now() >= until {
-                            break;
-                        }
-                        // Deferred until the runtime polled its sockets without waiting.
-                        tokio::task::yield_now().await;
+            if spin.is_zero() {
+                return work.await;
+            }
+            let mut until = Instant::now() + spin;
+            while let Some(slot) = SpinSlot::take() {
+                loop {
+                    if let Poll::Ready(out) = poll_once(work.as_mut()).await {
+                        return out;
                     }
+                    if store.waits_quietly() {
+                        break;
+                    }
+                    if Instant::now() >= until {
+                        return work.await;
+                    }
+                    // Deferred until the runtime polled its sockets without waiting.
+                    tokio::task::yield_now().await;
+                }
+                // A long same-host copy: the node needs the CPUs more than this thread, which
+                // sleeps until the copy is over (then polls again, with a fresh budget) or the
+                // call is done.
+                drop(slot);
+                match quietly(work.as_mut(), || store.waits_quietly()).await {
+                    Poll::Ready(out) => return out,
+                    Poll::Pending => until = Instant::now() + spin,
                 }
             }
             work.await
         })
     }
+}
+
+/// Drives `work` without polling: ready with its output, or pending once `quiet()` turns false
+/// (checked after each poll of `work`, which is what ends a long same-host copy).
+async fn quietly<F: Future>(mut work: Pin<&mut F>, quiet: impl Fn() -> bool) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| match work.as_mut().poll(cx) {
+        Poll::Ready(out) => Poll::Ready(Poll::Ready(out)),
+        Poll::Pending if quiet() => Poll::Pending,
+        Poll::Pending => Poll::Ready(Poll::Pending),
+    })
+    .await
 }
 
 impl Drop for CallerLane<'_> {
@@ -259,4 +284,46 @@ async fn settle() {
 /// Polls `fut` once.
 async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_quiet_wait_ends_with_the_work_or_with_the_quiet() {
+        // The work finishes while quiet: its output comes back.
+        let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+        let work = std::pin::pin!(async move { rx.await.unwrap() });
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            tx.send(5).unwrap();
+        });
+        assert_eq!(quietly(work, || true).await, Poll::Ready(5));
+
+        // The work's long copy ends (it clears the flag) but the work goes on: the wait ends
+        // without an output, so the caller can poll again, and the work is left intact.
+        let quiet = Arc::new(AtomicBool::new(true));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (tx2, rx2) = tokio::sync::oneshot::channel::<u32>();
+        let flag = quiet.clone();
+        let mut work = std::pin::pin!(async move {
+            rx.await.unwrap();
+            flag.store(false, Ordering::Release);
+            rx2.await.unwrap()
+        });
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            tx.send(()).unwrap();
+        });
+        let state = quiet.clone();
+        assert_eq!(
+            quietly(work.as_mut(), || state.load(Ordering::Acquire)).await,
+            Poll::Pending
+        );
+        tx2.send(9).unwrap();
+        assert_eq!(work.await, 9);
+    }
 }

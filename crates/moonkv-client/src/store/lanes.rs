@@ -10,6 +10,11 @@ use moonkv_proto::types::ReplicaDescriptor;
 use moonkv_proto::{Error, ReplicaId, Result, SegmentId};
 use std::collections::HashMap;
 
+/// Same-host bytes of one call from which its waiting caller stops polling while they are
+/// copied: about what the node copies in the time a caller polls (`MOONKV_SPIN_US`, 200 µs).
+/// Polling through a longer copy only takes a CPU from the node on a small machine.
+pub(crate) const QUIET_BYTES: usize = 2 << 20;
+
 /// What a job does with its bytes.
 pub(crate) enum JobIo<'a> {
     /// Bytes from the replica into this buffer.
@@ -147,6 +152,14 @@ impl Transfer {
             by_node.entry(job.endpoint).or_default().push(job);
         }
         let lanes = lanes.clamp(1, self.pool_cap());
+        // A call whose same-host copies are long keeps its waiting thread off the CPUs the
+        // node copies with (see `CallerLane::block_on`).
+        let same_host_bytes: usize = by_node
+            .iter()
+            .filter(|(endpoint, _)| self.pool().same_host(endpoint))
+            .flat_map(|(_, jobs)| jobs.iter().map(Job::len))
+            .sum();
+        let _quiet = (same_host_bytes >= QUIET_BYTES).then(|| self.quiet_wait());
         let mut work = Vec::new();
         for (endpoint, jobs) in by_node {
             let groups = coalesce(jobs, self.chunk_for(endpoint));

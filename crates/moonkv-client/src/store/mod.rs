@@ -206,6 +206,12 @@ impl Store {
         self.transfer.background_tasks()
     }
 
+    /// Whether a call of this store (or a clone) now waits for a long same-host copy; its
+    /// waiting thread then sleeps instead of polling (see `CallerLane::block_on`).
+    pub(crate) fn waits_quietly(&self) -> bool {
+        self.transfer.waits_quietly()
+    }
+
     /// The same store acting in another tenant (shares connections).
     pub fn with_tenant(&self, tenant: &str) -> Result<Store> {
         Ok(Store {

@@ -61,6 +61,17 @@ pub(crate) struct Transfer {
     background: Arc<AtomicUsize>,
     /// Writes of the store (and its clones) between their Start and their End.
     pub(crate) in_flight: Arc<super::InFlight>,
+    /// Calls of this store now waiting for long same-host copies ([`Transfer::quiet_wait`]).
+    quiet: Arc<AtomicUsize>,
+}
+
+/// Counts one call among those waiting for long same-host copies while it lives.
+pub(crate) struct QuietWait(Arc<AtomicUsize>);
+
+impl Drop for QuietWait {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// How a store moves bytes (from `StoreConfig`).
@@ -95,7 +106,19 @@ impl Transfer {
             fences: Mutex::default(),
             background: Arc::default(),
             in_flight: config.in_flight,
+            quiet: Arc::default(),
         }
+    }
+
+    /// Marks a call as waiting for long same-host copies until the guard drops.
+    pub(crate) fn quiet_wait(&self) -> QuietWait {
+        self.quiet.fetch_add(1, Ordering::Acquire);
+        QuietWait(self.quiet.clone())
+    }
+
+    /// Whether some call of this store waits for long same-host copies right now.
+    pub(crate) fn waits_quietly(&self) -> bool {
+        self.quiet.load(Ordering::Acquire) > 0
     }
 
     /// Runs `task` in the current runtime, counted by [`Transfer::background_tasks`] until it

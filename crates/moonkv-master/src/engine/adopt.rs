@@ -55,6 +55,12 @@ impl Engine {
             .sync(req.client_id, req.epoch, req.acked, self.now()))
     }
 
+    /// Whether the notices pending for `node` must be answered without lingering (see
+    /// `CatalogBook::urgent`).
+    pub fn catalog_urgent(&self, node: moonkv_proto::ClientId) -> bool {
+        self.catalog.urgent(node)
+    }
+
     /// Whether the drop notices of `fence` were acknowledged (or cannot be: the node is gone
     /// or has not polled for `stale_ms`).
     pub fn catalog_fence_passed(&self, fence: &CatalogFence, stale_ms: u64) -> bool {

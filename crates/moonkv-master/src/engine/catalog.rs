@@ -295,6 +295,17 @@ impl CatalogBook {
         }
     }
 
+    /// Whether `node`'s pending notices should leave at once: an unacknowledged drop (a
+    /// removal may be waiting for it), a reset, or a full answer's worth. Commits alone may
+    /// wait a moment to travel together.
+    pub(crate) fn urgent(&self, node: ClientId) -> bool {
+        self.mailboxes.lock().get(&node).is_some_and(|mb| {
+            mb.last_drop > mb.acked
+                || mb.reset_until.is_some()
+                || mb.notices.len() >= MAX_NOTICES_PER_SYNC
+        })
+    }
+
     /// Whether every drop of `fence` was acknowledged, or cannot be waited for: the node's
     /// mailbox is gone (it expired) or the node has not polled for `stale_ms`.
     pub(crate) fn fence_passed(&self, fence: &CatalogFence, now_ms: u64, stale_ms: u64) -> bool {

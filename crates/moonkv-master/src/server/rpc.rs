@@ -64,6 +64,9 @@ impl CatalogSignals {
     }
 }
 
+/// Longest commit notices wait for more before they are sent to their node (drops never wait).
+const COMMIT_LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Longest a node's SyncCatalog is held when nothing is pending.
 const MAX_CATALOG_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -124,8 +127,8 @@ async fn wait_fence(shared: &RpcShared, engine: &Engine, fence: crate::engine::C
     }
 }
 
-/// SyncCatalog: answers at once when notices are pending, else holds the poll until one is
-/// queued or the node's wait ends.
+/// SyncCatalog: answers at once when drops are pending, within `COMMIT_LINGER` when only
+/// commits are, else holds the poll until one is queued or the node's wait ends.
 async fn sync_catalog(
     shared: &RpcShared,
     engine: &Engine,
@@ -144,8 +147,24 @@ async fn sync_catalog(
             shared.catalog.acks.notify_waiters();
             first = false;
         }
-        if !answer.notices.is_empty() || answer.reset {
+        if answer.reset || (!answer.notices.is_empty() && engine.catalog_urgent(req.client_id)) {
             return Ok(answer);
+        }
+        if !answer.notices.is_empty() {
+            // Only commits: they wait a moment for the next ones, so a stream of puts costs
+            // the node one answer per few puts, not one each. A drop (a removal waits for
+            // it) or the node's own wait ending sends them at once.
+            let linger = (tokio::time::Instant::now() + COMMIT_LINGER).min(deadline);
+            loop {
+                let queued = shared.catalog.notices.notified();
+                tokio::pin!(queued);
+                queued.as_mut().enable();
+                if engine.catalog_urgent(req.client_id)
+                    || tokio::time::timeout_at(linger, queued).await.is_err()
+                {
+                    return engine.sync_catalog(req);
+                }
+            }
         }
         if tokio::time::timeout_at(deadline, queued).await.is_err() {
             return engine.sync_catalog(req);

@@ -132,6 +132,38 @@ fn removal_drops_the_entry_and_its_fence_waits_for_the_ack() {
 }
 
 #[test]
+fn commits_alone_may_wait_for_company_but_an_unacknowledged_drop_is_urgent() {
+    let h = Harness::new();
+    assert!(!h.engine.catalog_urgent(NODE), "nothing pending");
+    h.put("a", 100);
+    h.put("b", 100);
+    assert!(
+        !h.engine.catalog_urgent(NODE),
+        "two commits pending, no drop: they may linger"
+    );
+    let answer = sync(&h, 0, 0);
+    assert_eq!(commits(&answer).len(), 2);
+    h.remove("a", false).unwrap();
+    assert!(
+        h.engine.catalog_urgent(NODE),
+        "a removal waits for its drop"
+    );
+    let drops = sync(&h, answer.epoch, answer.last);
+    assert!(
+        h.engine.catalog_urgent(NODE),
+        "sent but not acknowledged is still urgent"
+    );
+    sync(&h, drops.epoch, drops.last);
+    assert!(!h.engine.catalog_urgent(NODE), "acknowledged");
+    h.put("c", 100);
+    assert!(!h.engine.catalog_urgent(NODE), "a commit after the drop");
+    assert!(
+        !h.engine.catalog_urgent(ClientId::new(9, 9)),
+        "a node with no mailbox"
+    );
+}
+
+#[test]
 fn an_in_place_upsert_drops_the_old_entry_before_its_bytes_change() {
     let h = Harness::new();
     h.put("k", 100);
