@@ -50,6 +50,9 @@ pub(crate) struct CatalogSignals {
     pub notices: tokio::sync::Notify,
     /// Some node acknowledged notices.
     pub acks: tokio::sync::Notify,
+    /// When each node was last sent commit notices (see `COMMIT_LINGER`).
+    pub last_commits:
+        parking_lot::Mutex<std::collections::HashMap<moonkv_proto::ClientId, tokio::time::Instant>>,
 }
 
 impl CatalogSignals {
@@ -64,7 +67,8 @@ impl CatalogSignals {
     }
 }
 
-/// Longest commit notices wait for more before they are sent to their node (drops never wait).
+/// Least time between two answers carrying only commit notices to one node: commits that come
+/// sooner wait for the rest of it (a stream of puts), others go at once; drops never wait.
 const COMMIT_LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Longest a node's SyncCatalog is held when nothing is pending.
@@ -127,8 +131,9 @@ async fn wait_fence(shared: &RpcShared, engine: &Engine, fence: crate::engine::C
     }
 }
 
-/// SyncCatalog: answers at once when drops are pending, within `COMMIT_LINGER` when only
-/// commits are, else holds the poll until one is queued or the node's wait ends.
+/// SyncCatalog: answers at once when drops are pending or when commits are and the node was
+/// not sent any in the last `COMMIT_LINGER` (else when that time is up), and otherwise holds
+/// the poll until a notice is queued or the node's wait ends.
 async fn sync_catalog(
     shared: &RpcShared,
     engine: &Engine,
@@ -151,20 +156,38 @@ async fn sync_catalog(
             return Ok(answer);
         }
         if !answer.notices.is_empty() {
-            // Only commits: they wait a moment for the next ones, so a stream of puts costs
-            // the node one answer per few puts, not one each. A drop (a removal waits for
-            // it) or the node's own wait ending sends them at once.
-            let linger = (tokio::time::Instant::now() + COMMIT_LINGER).min(deadline);
-            loop {
-                let queued = shared.catalog.notices.notified();
-                tokio::pin!(queued);
-                queued.as_mut().enable();
-                if engine.catalog_urgent(req.client_id)
-                    || tokio::time::timeout_at(linger, queued).await.is_err()
-                {
-                    return engine.sync_catalog(req);
-                }
+            // Only commits. A node that was sent commits less than `COMMIT_LINGER` ago is in
+            // a stream of puts: the next ones wait until that much time has passed, so the
+            // stream costs the node one answer per few puts, not one each. After a pause they
+            // go at once, as do drops (a removal waits for them) whenever they come.
+            let linger = shared
+                .catalog
+                .last_commits
+                .lock()
+                .get(&req.client_id)
+                .map(|&sent| (sent + COMMIT_LINGER).min(deadline));
+            let answer = match linger {
+                Some(linger) if linger > tokio::time::Instant::now() => loop {
+                    let queued = shared.catalog.notices.notified();
+                    tokio::pin!(queued);
+                    queued.as_mut().enable();
+                    if engine.catalog_urgent(req.client_id)
+                        || tokio::time::timeout_at(linger, queued).await.is_err()
+                    {
+                        break engine.sync_catalog(req)?;
+                    }
+                },
+                _ => answer,
+            };
+            let now = tokio::time::Instant::now();
+            let mut sent = shared.catalog.last_commits.lock();
+            if sent.len() >= 1024 {
+                // Nodes come and go (every Python store with a segment is one): only the
+                // recent ones matter.
+                sent.retain(|_, at| now.duration_since(*at) < COMMIT_LINGER);
             }
+            sent.insert(req.client_id, now);
+            return Ok(answer);
         }
         if tokio::time::timeout_at(deadline, queued).await.is_err() {
             return engine.sync_catalog(req);
