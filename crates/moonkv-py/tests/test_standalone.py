@@ -151,6 +151,38 @@ def test_the_pool_starts_on_a_huge_page_advised_for_huge_pages(node, key):
         s.close()
 
 
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+
+
+def test_standalone_stores_dropped_without_close_give_their_pools_back(node, key):
+    """What careless callers do: set up, write through the pool, and let the store go."""
+    import gc
+
+    _, n = node
+
+    def one(i: int) -> None:
+        s = moonkv.MooncakeDistributedStore()
+        assert s.setup_dummy(64 << 20, 1 << 20, n.data) == OK
+        buf = s.alloc_from_mem_pool(4 << 20)
+        ctypes.memset(buf, i & 0xFF, 4 << 20)
+        assert s.put_from(f"{key}-{i}", buf, 4 << 20) == OK
+        assert s.remove(f"{key}-{i}") == OK
+        # no close(): the store is garbage
+
+    for i in range(3):
+        one(i)
+    gc.collect()
+    before = _vm_size()
+    for i in range(3, 23):
+        one(i)
+        gc.collect()
+    grown = _vm_size() - before
+    # 20 pools of 64 MiB would be 1.3 GiB of address space, 2 MiB of alignment each 40 MiB.
+    assert grown < 16 << 20, f"address space grew by {grown >> 20} MiB over 20 dropped stores"
+
+
 def _closed_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -152,16 +152,11 @@ impl Transfer {
             by_node.entry(job.endpoint).or_default().push(job);
         }
         let lanes = lanes.clamp(1, self.pool_cap());
-        // A call whose same-host copies are long keeps its waiting thread off the CPUs the
-        // node copies with (see `CallerLane::block_on`).
-        let same_host_bytes: usize = by_node
-            .iter()
-            .filter(|(endpoint, _)| self.pool().same_host(endpoint))
-            .flat_map(|(_, jobs)| jobs.iter().map(Job::len))
-            .sum();
-        let _quiet = (same_host_bytes >= QUIET_BYTES).then(|| self.quiet_wait());
-        let mut work = Vec::new();
+        let (mut work, mut same_host_bytes) = (Vec::new(), 0);
         for (endpoint, jobs) in by_node {
+            if self.pool().same_host(endpoint) {
+                same_host_bytes += jobs.iter().map(Job::len).sum::<usize>();
+            }
             let groups = coalesce(jobs, self.chunk_for(endpoint));
             let count = lanes.min(groups.len());
             let mut dealt: Vec<Vec<Group<'_>>> = (0..count).map(|_| Vec::new()).collect();
@@ -170,6 +165,9 @@ impl Transfer {
             }
             work.extend(dealt.into_iter().map(|lane| self.run_lane(endpoint, lane)));
         }
+        // A call whose same-host copies are long keeps its waiting thread off the CPUs the
+        // node copies with (see `CallerLane::block_on`).
+        let _quiet = (same_host_bytes >= QUIET_BYTES).then(|| self.quiet_wait());
         let mut results: Vec<Result<()>> = (0..objects).map(|_| Ok(())).collect();
         for (object, outcome) in join_all(work).await.into_iter().flatten() {
             if let (Err(e), Ok(())) = (outcome, &results[object]) {

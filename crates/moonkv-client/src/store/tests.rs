@@ -171,3 +171,31 @@ async fn a_failed_write_is_revoked_with_exactly_the_start_ids() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_call_cancelled_during_a_long_same_host_copy_lets_its_store_poll_again() {
+    // What a caller's `asyncio.wait_for` / `timeout` does: the call is dropped mid-copy.
+    let store = Store::lazy(StoreConfig::new("127.0.0.1:1")).unwrap();
+    let transfer = store.transfer.clone();
+    let mut call = Box::pin(async move {
+        let _copying = transfer.quiet_wait();
+        std::future::pending::<()>().await
+    });
+    let polled = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx))
+    })
+    .await;
+    assert!(polled.is_pending());
+    assert!(store.waits_quietly(), "the long copy is under way");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(5), &mut call)
+            .await
+            .is_err(),
+        "the caller gives up"
+    );
+    drop(call);
+    assert!(
+        !store.waits_quietly(),
+        "a dropped call leaves no quiet wait behind: the next calls poll again"
+    );
+}

@@ -62,13 +62,13 @@ pub(crate) struct Transfer {
     /// Writes of the store (and its clones) between their Start and their End.
     pub(crate) in_flight: Arc<super::InFlight>,
     /// Calls of this store now waiting for long same-host copies ([`Transfer::quiet_wait`]).
-    quiet: Arc<AtomicUsize>,
+    quiet: AtomicUsize,
 }
 
 /// Counts one call among those waiting for long same-host copies while it lives.
-pub(crate) struct QuietWait(Arc<AtomicUsize>);
+pub(crate) struct QuietWait<'a>(&'a AtomicUsize);
 
-impl Drop for QuietWait {
+impl Drop for QuietWait<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Release);
     }
@@ -106,14 +106,14 @@ impl Transfer {
             fences: Mutex::default(),
             background: Arc::default(),
             in_flight: config.in_flight,
-            quiet: Arc::default(),
+            quiet: AtomicUsize::new(0),
         }
     }
 
     /// Marks a call as waiting for long same-host copies until the guard drops.
-    pub(crate) fn quiet_wait(&self) -> QuietWait {
+    pub(crate) fn quiet_wait(&self) -> QuietWait<'_> {
         self.quiet.fetch_add(1, Ordering::Acquire);
-        QuietWait(self.quiet.clone())
+        QuietWait(&self.quiet)
     }
 
     /// Whether some call of this store waits for long same-host copies right now.

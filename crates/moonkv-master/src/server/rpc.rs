@@ -141,6 +141,7 @@ async fn sync_catalog(
 ) -> Result<SyncCatalogResponse, Error> {
     let wait = std::time::Duration::from_millis(u64::from(req.wait_ms)).min(MAX_CATALOG_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
+    let mut answer_by = deadline;
     let mut first = true;
     loop {
         let queued = shared.catalog.notices.notified();
@@ -152,47 +153,55 @@ async fn sync_catalog(
             shared.catalog.acks.notify_waiters();
             first = false;
         }
-        if answer.reset || (!answer.notices.is_empty() && engine.catalog_urgent(req.client_id)) {
-            return Ok(answer);
-        }
-        if !answer.notices.is_empty() {
-            // Only commits. A node that was sent commits less than `COMMIT_LINGER` ago is in
-            // a stream of puts: the next ones wait until that much time has passed, so the
-            // stream costs the node one answer per few puts, not one each. After a pause they
-            // go at once, as do drops (a removal waits for them) whenever they come.
-            let linger = shared
-                .catalog
-                .last_commits
-                .lock()
-                .get(&req.client_id)
-                .map(|&sent| (sent + COMMIT_LINGER).min(deadline));
-            let answer = match linger {
-                Some(linger) if linger > tokio::time::Instant::now() => loop {
-                    let queued = shared.catalog.notices.notified();
-                    tokio::pin!(queued);
-                    queued.as_mut().enable();
-                    if engine.catalog_urgent(req.client_id)
-                        || tokio::time::timeout_at(linger, queued).await.is_err()
-                    {
-                        break engine.sync_catalog(req)?;
-                    }
-                },
-                _ => answer,
-            };
-            let now = tokio::time::Instant::now();
-            let mut sent = shared.catalog.last_commits.lock();
-            if sent.len() >= 1024 {
-                // Nodes come and go (every Python store with a segment is one): only the
-                // recent ones matter.
-                sent.retain(|_, at| now.duration_since(*at) < COMMIT_LINGER);
+        if answer.reset || !answer.notices.is_empty() {
+            match commits_may_wait(shared, engine, req.client_id, &answer) {
+                // Commits in a stream of puts: they wait for the next ones.
+                Some(until) if until > tokio::time::Instant::now() => {
+                    answer_by = until.min(deadline)
+                }
+                _ => return Ok(sent(shared, req.client_id, answer)),
             }
-            sent.insert(req.client_id, now);
-            return Ok(answer);
         }
-        if tokio::time::timeout_at(deadline, queued).await.is_err() {
-            return engine.sync_catalog(req);
+        if tokio::time::timeout_at(answer_by, queued).await.is_err() {
+            return Ok(sent(shared, req.client_id, engine.sync_catalog(req)?));
         }
     }
+}
+
+/// Until when `answer` may wait for more notices: only when it carries commits alone and the
+/// node was sent some less than `COMMIT_LINGER` ago (a stream of puts, which then costs the
+/// node one answer per few puts, not one each). Drops (a removal waits for them), resets and
+/// commits after a pause go at once.
+fn commits_may_wait(
+    shared: &RpcShared,
+    engine: &Engine,
+    node: moonkv_proto::ClientId,
+    answer: &SyncCatalogResponse,
+) -> Option<tokio::time::Instant> {
+    if answer.reset || engine.catalog_urgent(node) {
+        return None;
+    }
+    let last = shared.catalog.last_commits.lock().get(&node).copied();
+    last.map(|sent| sent + COMMIT_LINGER)
+}
+
+/// `answer`, noted as sent to `node` now when it carries notices (see [`commits_may_wait`]).
+fn sent(
+    shared: &RpcShared,
+    node: moonkv_proto::ClientId,
+    answer: SyncCatalogResponse,
+) -> SyncCatalogResponse {
+    if !answer.notices.is_empty() {
+        let now = tokio::time::Instant::now();
+        let mut sent = shared.catalog.last_commits.lock();
+        if sent.len() >= 1024 {
+            // Nodes come and go (every Python store with a segment is one): only the recent
+            // ones matter.
+            sent.retain(|_, at| now.duration_since(*at) < COMMIT_LINGER);
+        }
+        sent.insert(node, now);
+    }
+    answer
 }
 
 /// A connection's handshake and, once accepted, its `max_connections` slot.
