@@ -244,6 +244,11 @@ impl Store {
                 parts: objects[i],
             })
             .collect();
+        let quiet = self.transfer.quiet_write(
+            allocated
+                .iter()
+                .map(|&i| (started[i].as_deref().unwrap_or_default(), sizes[i] as usize)),
+        );
         let written = self.transfer.write_objects(&writes).await;
         drop(writes);
 
@@ -321,6 +326,7 @@ impl Store {
                 }
             }
         }
+        drop(quiet);
         // From here the call revokes its failed keys itself.
         cancelled.disarm();
         // Every failed key is revoked now, so it is free again as the batch returns; the space

@@ -12,7 +12,10 @@ use std::collections::HashMap;
 
 /// Same-host bytes of one call from which its waiting caller stops polling while they are
 /// copied: about what the node copies in the time a caller polls (`MOONKV_SPIN_US`, 200 µs).
-/// Polling through a longer copy only takes a CPU from the node on a small machine.
+/// Polling through a longer copy only takes a CPU from the node on a small machine. A write
+/// of that size stays quiet through its End as well ([`Transfer::quiet_write`]).
+///
+/// [`Transfer::quiet_write`]: super::transfer::Transfer::quiet_write
 pub(crate) const QUIET_BYTES: usize = 2 << 20;
 
 /// What a job does with its bytes.

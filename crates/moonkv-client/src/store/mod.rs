@@ -483,6 +483,9 @@ impl Store {
         crate::failpoints::hit(crate::failpoints::AFTER_PUT_START);
         // Dropped before the write ends (a caller's timeout, `select!`), the guard revokes it.
         let mut cancelled = RevokeIfCancelled::new(self, kind, [(key.to_string(), ids.clone())]);
+        let quiet = self
+            .transfer
+            .quiet_write([(replicas.as_slice(), value.len())]);
         let written = self.write_replicas(key, &replicas, value).await;
         let write_failed = written.is_err();
         let result = match written {
@@ -502,6 +505,7 @@ impl Store {
             }
             Err(e) => Err(e),
         };
+        drop(quiet);
         // From here the call revokes by itself if it must; a cancellation during that revoke
         // leaves the write to the master's discard and release timeouts.
         cancelled.disarm();

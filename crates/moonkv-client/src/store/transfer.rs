@@ -116,6 +116,21 @@ impl Transfer {
         QuietWait(&self.quiet)
     }
 
+    /// A quiet wait for a write whose same-host bytes (`len` into each memory replica of
+    /// `replicas` that a node on this machine copies) reach [`QUIET_BYTES`], held from its data
+    /// through its End: the End of a long write is when the master tells the node about the
+    /// commit and the node's copies finish, so a caller polling then only takes a CPU from
+    /// them (`docs/benchmarks.md`, *Quiet writes*).
+    ///
+    /// [`QUIET_BYTES`]: super::lanes::QUIET_BYTES
+    pub(crate) fn quiet_write<'r>(
+        &self,
+        writes: impl IntoIterator<Item = (&'r [ReplicaDescriptor], usize)>,
+    ) -> Option<QuietWait<'_>> {
+        long_same_host_write(writes, |endpoint| self.pool.same_host(endpoint))
+            .then(|| self.quiet_wait())
+    }
+
     /// Whether some call of this store waits for long same-host copies right now.
     pub(crate) fn waits_quietly(&self) -> bool {
         self.quiet.load(Ordering::Acquire) > 0
@@ -486,6 +501,26 @@ impl FileOp<'_> {
     }
 }
 
+/// Whether writing `len` bytes into each of these replicas makes the nodes on this machine
+/// (`same_host`) copy at least [`super::lanes::QUIET_BYTES`].
+fn long_same_host_write<'r>(
+    writes: impl IntoIterator<Item = (&'r [ReplicaDescriptor], usize)>,
+    same_host: impl Fn(&str) -> bool,
+) -> bool {
+    let mut bytes = 0usize;
+    for (replicas, len) in writes {
+        for replica in replicas {
+            if replica.kind == ReplicaKind::Memory && same_host(&replica.endpoint) {
+                bytes = bytes.saturating_add(len);
+            }
+        }
+        if bytes >= super::lanes::QUIET_BYTES {
+            return true;
+        }
+    }
+    false
+}
+
 /// The only result of a one-object call.
 pub(crate) fn first(results: Vec<Result<()>>) -> Result<()> {
     results
@@ -538,6 +573,48 @@ fn local_refusal(replica: &ReplicaDescriptor, status: moonkv_dataplane::DataStat
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use moonkv_proto::types::ReplicaStatus;
+    use moonkv_proto::SegmentId;
+
+    fn replica(kind: ReplicaKind, endpoint: &str) -> ReplicaDescriptor {
+        ReplicaDescriptor {
+            id: ReplicaId(1),
+            kind,
+            status: ReplicaStatus::Processing,
+            size: 0,
+            segment_id: SegmentId::new(1, 1),
+            segment_name: "seg".into(),
+            endpoint: endpoint.into(),
+            address: 0,
+            grant: None,
+        }
+    }
+
+    #[test]
+    fn only_long_copies_by_nodes_on_this_machine_make_a_write_quiet() {
+        let here = |e: &str| e == "here:1";
+        let local = [replica(ReplicaKind::Memory, "here:1")];
+        let remote = [replica(ReplicaKind::Memory, "there:1")];
+        let disk = [replica(ReplicaKind::LocalDisk, "here:1")];
+        let both = [
+            replica(ReplicaKind::Memory, "here:1"),
+            replica(ReplicaKind::Memory, "here:1"),
+        ];
+        let mib = 1 << 20;
+        assert!(long_same_host_write([(&local[..], 2 * mib)], here));
+        assert!(!long_same_host_write([(&local[..], 2 * mib - 1)], here));
+        // A node elsewhere, or a disk file, is not copied by this machine's node.
+        assert!(!long_same_host_write([(&remote[..], 64 * mib)], here));
+        assert!(!long_same_host_write([(&disk[..], 64 * mib)], here));
+        // Bytes add up over replicas and over the objects of a batch.
+        assert!(long_same_host_write([(&both[..], mib)], here));
+        let batch = (0..16).map(|_| (&local[..], 128 << 10));
+        assert!(long_same_host_write(batch, here));
+        let short = (0..15).map(|_| (&local[..], 128 << 10));
+        assert!(!long_same_host_write(short, here));
+    }
+
     #[tokio::test]
     async fn join_all_answers_in_input_order_whatever_finishes_first() {
         // Lanes and batch items are matched to their results by position. The library takes a
