@@ -53,6 +53,7 @@ mod range_lock;
 mod same_host;
 pub mod segment;
 pub mod server;
+pub mod shared_pool;
 mod timed;
 
 pub use timed::Deadlines;

@@ -24,6 +24,7 @@
 
 #![allow(unsafe_code)]
 
+use crate::shared_pool::SharedPools;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use std::fs;
@@ -60,6 +61,8 @@ pub(crate) struct Peer {
     pidfd: OwnedFd,
     /// The connection it attached (see [`Ends::socket`]).
     socket: RawFd,
+    /// Its shared pools, copied with `memcpy` ([`crate::shared_pool`]).
+    pools: SharedPools,
 }
 
 impl Peer {
@@ -102,7 +105,28 @@ impl Peer {
         self.copy(Local::In(dst), ranges)
     }
 
-    fn copy(&self, local: Local<'_>, ranges: &[(u64, u64)]) -> io::Result<()> {
+    fn copy(&self, mut local: Local<'_>, ranges: &[(u64, u64)]) -> io::Result<()> {
+        let current = |at: u64| {
+            let mut id = [0u8; crate::shared_pool::ID_LEN];
+            self.copy_syscall(
+                Local::In(&mut id),
+                &[(at, crate::shared_pool::ID_LEN as u64)],
+            )
+            .ok()
+            .map(|()| id)
+        };
+        let shared = match &mut local {
+            Local::Out(src) => self.pools.write_to(src, ranges, current),
+            Local::In(dst) => self.pools.read_from(dst, ranges, current),
+        };
+        if shared {
+            return Ok(());
+        }
+        self.copy_syscall(local, ranges)
+    }
+
+    /// [`Peer::copy`] by `process_vm_readv` / `process_vm_writev`.
+    fn copy_syscall(&self, local: Local<'_>, ranges: &[(u64, u64)]) -> io::Result<()> {
         let (out, local, len) = match local {
             Local::Out(src) => (true, src.as_ptr().cast_mut(), src.len()),
             Local::In(dst) => (false, dst.as_mut_ptr(), dst.len()),
@@ -283,10 +307,11 @@ pub(crate) fn verify(
             socket: wanted,
         });
     }
-    let peer = Peer {
+    let mut peer = Peer {
         pid,
         pidfd,
         socket: -1,
+        pools: SharedPools::default(),
     };
     if !peer.alive() {
         return Err(AttachError::Exited(pid));
@@ -299,6 +324,10 @@ pub(crate) fn verify(
             pid,
             address: probe_address,
         });
+    }
+    peer.pools = SharedPools::discover(pid);
+    if peer.pools.len() > 0 {
+        tracing::debug!(%pid, pools = ?peer.pools, "caller pools mapped for same-host copies");
     }
     Ok(peer)
 }

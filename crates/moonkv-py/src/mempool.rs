@@ -1,9 +1,12 @@
-//! Standalone mode's memory pool: what `alloc_from_mem_pool` hands out. One zeroed anonymous
-//! mapping, starting on a 2 MiB boundary and advised to use 2 MiB pages, reserved at
-//! `setup_dummy` (the kernel commits its pages as they are first touched), carved out front to
-//! back. The node on this machine copies straight to and from it, as it does for any memory of
-//! the process; the region is registered whole, so buffers taken
-//! from it need no registration of their own.
+//! Standalone mode's memory pool: what `alloc_from_mem_pool` hands out. One zeroed region,
+//! starting on a 2 MiB boundary and advised to use 2 MiB pages, reserved at `setup_dummy` (the
+//! kernel commits its pages as they are first touched), carved out front to back. The region is
+//! registered whole, so buffers taken from it need no registration of their own.
+//!
+//! The region is a sealed memfd named `moonkv-pool` (`moonkv_node::shared_pool`), whose last
+//! page holds a random id: the node on this machine maps it too and copies to and from it with
+//! `memcpy`, faster than the system calls it uses for other memory of the process. Where a
+//! memfd cannot be made, the pool is anonymous memory, and the node copies by system call.
 //!
 //! Allocations are not returned one by one (there is no free call in the API): the whole region
 //! is released when the store is closed, after which its addresses must not be used.
@@ -13,6 +16,7 @@
 #![allow(unsafe_code)]
 
 use crate::errors::invalid;
+use moonkv_node::shared_pool::{ID_LEN, POOL_NAME, POOL_SEALS};
 use moonkv_proto::Error;
 use parking_lot::Mutex;
 
@@ -30,6 +34,9 @@ pub(crate) struct MemPool {
     len: usize,
     /// Offset of the first free byte.
     next: Mutex<usize>,
+    /// The memfd behind the region (kept open so that the node can find it), if any; closed
+    /// after the region is unmapped.
+    _file: Option<std::fs::File>,
 }
 
 // SAFETY: the pool only hands out addresses; the mapping is owned by the pool and unmapped once,
@@ -54,8 +61,9 @@ impl MemPool {
                     "mem_pool_size {size} is larger than this machine can address"
                 ))
             })?;
-        // Reserve one huge page more than asked, so the pool can start on a 2 MiB boundary.
-        let mapped = len.checked_add(HUGE).ok_or_else(|| {
+        // Reserve one huge page more than asked, so the pool can start on a 2 MiB boundary,
+        // and one page for the id of a shared pool.
+        let mapped = len.checked_add(HUGE + ID_PAGE).ok_or_else(|| {
             invalid(format!(
                 "mem_pool_size {size} is larger than this machine can address"
             ))
@@ -78,8 +86,16 @@ impl MemPool {
             )));
         }
         let skip = (raw as usize).next_multiple_of(HUGE) - raw as usize;
-        // SAFETY: `skip < HUGE`, so `raw + skip .. raw + skip + len` lies inside the mapping.
+        // SAFETY: `skip < HUGE`, so `raw + skip .. raw + skip + len + ID_PAGE` lies inside the
+        // mapping.
         let base = unsafe { raw.cast::<u8>().add(skip) };
+        let file = match shared(base, len) {
+            Ok(file) => Some(file),
+            Err(e) => {
+                tracing::debug!(error = %e, "memory pool kept private: the node copies by system call");
+                None
+            }
+        };
         // 2 MiB pages where the kernel allows them: fewer first-touch faults, and the node's
         // copies to and from the pool run near memcpy speed. Only advice: a kernel that
         // refuses keeps 4 KiB pages, and the pool works the same.
@@ -91,6 +107,7 @@ impl MemPool {
             base,
             len,
             next: Mutex::new(0),
+            _file: file,
         }))
     }
 
@@ -121,6 +138,53 @@ impl MemPool {
         let next = *self.next.lock();
         self.len().saturating_sub(next.next_multiple_of(ALIGN))
     }
+}
+
+/// Bytes after the region: a page whose last [`ID_LEN`] bytes hold the pool's id.
+const ID_PAGE: usize = 4096;
+
+/// Puts a sealed memfd of `len + ID_PAGE` bytes, with a random id at its end, in place of the
+/// anonymous memory at `base` (reserved by the caller, with room for the id page).
+fn shared(base: *mut u8, len: usize) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let name = std::ffi::CString::new(POOL_NAME).expect("no NUL in the pool name");
+    let total = len + ID_PAGE;
+    // SAFETY: plain system calls on a descriptor made here, then owned by `file`.
+    let file = unsafe {
+        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        std::fs::File::from_raw_fd(fd)
+    };
+    file.set_len(total as u64)?;
+    let seals = POOL_SEALS | libc::F_SEAL_SEAL;
+    // SAFETY: F_ADD_SEALS on the descriptor owned by `file`.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: replaces `[base, base + total)`, which lies inside the caller's fresh anonymous
+    // reservation, with the file (MAP_FIXED over memory nobody uses yet).
+    let mapped = unsafe {
+        libc::mmap(
+            base.cast(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if mapped == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut id = [0u8; ID_LEN];
+    // SAFETY: fills the local array; a short read leaves zeroes, which is still an id (only a
+    // pool mapped later at the same address must differ, and 16 random bytes will).
+    unsafe { libc::getrandom(id.as_mut_ptr().cast(), ID_LEN, 0) };
+    // SAFETY: the last ID_LEN bytes of the file's mapping, past the region handed out.
+    unsafe { std::ptr::copy_nonoverlapping(id.as_ptr(), base.add(total - ID_LEN), ID_LEN) };
+    Ok(file)
 }
 
 impl Drop for MemPool {

@@ -268,3 +268,68 @@ def test_a_buffer_registered_inside_the_pool_bounds_the_ranges_that_start_in_it(
     # Unregistered, the 32 bytes are plain pool memory again, bounded only by the pool.
     assert s.unregister_buffer(ptr) == OK
     assert s.get_into_ranges([ptr], [[key]], [[[30]]], [[[0]]], [[[4]]]) == [[[4]]]
+
+
+def _pool_maps(pid: int | str) -> list[str]:
+    with open(f"/proc/{pid}/maps") as f:
+        return [l for l in f if "/memfd:moonkv-pool" in l]
+
+
+def test_the_node_maps_the_pool_and_copies_through_it(node, key):
+    """The pool is a sealed memfd that the node maps too: its copies are memcpy, not system
+    calls (`moonkv_node::shared_pool`)."""
+    _, n = node
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(16 << 20, 1 << 20, n.data) == OK
+    try:
+        buf = s.alloc_from_mem_pool(8 << 20)
+        assert any(" rw-s " in l for l in _pool_maps("self")), "the pool is not a shared memfd"
+        src = pattern(key, 4 << 20)
+        ctypes.memmove(buf, src, len(src))
+        assert s.put_from(key, buf, 4 << 20) == OK
+        mine = {l.split()[4] for l in _pool_maps("self")}
+        theirs = {l.split()[4] for l in _pool_maps(n.proc.pid)}
+        assert mine & theirs, "the node did not map this process's pool"
+        back = buf + (4 << 20)
+        assert s.get_into(key, back, 4 << 20) == 4 << 20
+        assert ctypes.string_at(back, 4 << 20) == src
+    finally:
+        s.close()
+
+
+def test_a_pool_made_where_a_closed_one_was_gets_its_own_bytes(node, key):
+    """A store whose connections attached while pool A existed, copying into pool B made at A's
+    old addresses: the node sees that A is gone (its id no longer there) and copies by system
+    call, never into A's old file."""
+    _, n = node
+    x = moonkv.MooncakeDistributedStore()
+    a = moonkv.MooncakeDistributedStore()
+    assert a.setup_dummy(32 << 20, 1 << 20, n.data) == OK
+    assert x.setup_dummy(8 << 20, 1 << 20, n.data) == OK
+    try:
+        a_buf = a.alloc_from_mem_pool(4 << 20)
+        xb = x.alloc_from_mem_pool(1 << 20)
+        ctypes.memset(xb, 1, 1 << 20)
+        # x's connections attach now, while a's pool exists
+        assert x.put_from(f"{key}-warm", xb, 1 << 20) == OK
+        a.close()
+        b = moonkv.MooncakeDistributedStore()
+        # (a local buffer that holds the largest object, for `get`)
+        assert b.setup_dummy(32 << 20, 8 << 20, n.data) == OK
+        try:
+            b_buf = b.alloc_from_mem_pool(4 << 20)
+            # (usually b's pool is where a's was; the bytes must be right either way)
+            assert x.register_buffer(b_buf, 4 << 20) == OK
+            for i, size in enumerate((4096, 1 << 20, 4 << 20)):
+                src = pattern(f"{key}-{i}", size)
+                ctypes.memmove(b_buf, src, size)
+                assert x.put_from(f"{key}-{i}", b_buf, size) == OK
+                ctypes.memset(b_buf, 0, size)
+                assert x.get_into(f"{key}-{i}", b_buf, size) == size
+                assert ctypes.string_at(b_buf, size) == src, f"a_buf={a_buf:#x} b_buf={b_buf:#x}"
+                got = b.get(f"{key}-{i}")
+                assert got == src
+        finally:
+            b.close()
+    finally:
+        x.close()
