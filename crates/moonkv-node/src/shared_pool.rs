@@ -2,7 +2,7 @@
 //! [`POOL_NAME`] (standalone mode's `alloc_from_mem_pool` pool), which the node maps too, so a
 //! same-host copy to or from it is one `memcpy` in the node instead of `process_vm_readv` /
 //! `process_vm_writev`, whose page-by-page pinning runs at about 60% of `memcpy` on some
-//! machines (`docs/benchmarks.md`, *Shared pools*).
+//! machines (`docs/benchmarks.md`, *Shared pools and quiet writes*).
 //!
 //! Found when a connection attaches, after the caller was verified (`crate::same_host`): the
 //! node lists the caller's mappings of such files (`/proc/PID/maps`), opens each through the

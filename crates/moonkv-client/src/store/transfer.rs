@@ -120,7 +120,7 @@ impl Transfer {
     /// `replicas` that a node on this machine copies) reach [`QUIET_BYTES`], held from its data
     /// through its End: the End of a long write is when the master tells the node about the
     /// commit and the node's copies finish, so a caller polling then only takes a CPU from
-    /// them (`docs/benchmarks.md`, *Quiet writes*).
+    /// them (`docs/benchmarks.md`, *Shared pools and quiet writes*).
     ///
     /// [`QUIET_BYTES`]: super::lanes::QUIET_BYTES
     pub(crate) fn quiet_write<'r>(
