@@ -42,6 +42,10 @@ pub const POOL_NAME: &str = "moonkv-pool";
 /// pools past it keep the system-call path.
 pub const MAX_MAPPED: u64 = 1 << 40;
 
+/// Most pool regions of one caller the node looks at (each costs a scan of the caller's
+/// descriptors): the rest keep the system-call path.
+pub const MAX_POOLS: usize = 64;
+
 /// Bytes at the end of a pool file holding its id.
 pub const ID_LEN: usize = 16;
 
@@ -107,10 +111,10 @@ impl SharedPools {
         let regions =
             PoolRegion::joined(maps.lines().filter_map(|l| PoolRegion::parse(l, &wanted)));
         let mut mapped = 0u64;
-        for region in regions {
+        for (i, region) in regions.into_iter().enumerate() {
             mapped = mapped.saturating_add(region.end - region.start);
-            if mapped > MAX_MAPPED {
-                tracing::debug!(%pid, "caller pools past {MAX_MAPPED} bytes are not mapped");
+            if mapped > MAX_MAPPED || i >= MAX_POOLS {
+                tracing::debug!(%pid, "caller pools past {MAX_POOLS} regions or {MAX_MAPPED} bytes are not mapped");
                 break;
             }
             let key = (pid.as_raw_nonzero().get(), region.inode, region.start);
