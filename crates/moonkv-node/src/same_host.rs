@@ -43,7 +43,7 @@ pub(crate) struct Ends {
 }
 
 /// The node's side of one copy: the bytes sent to the caller, or the buffer filled from it.
-enum Local<'a> {
+pub(crate) enum Local<'a> {
     Out(&'a [u8]),
     In(&'a mut [u8]),
 }
@@ -115,11 +115,7 @@ impl Peer {
             .ok()
             .map(|()| id)
         };
-        let shared = match &mut local {
-            Local::Out(src) => self.pools.write_to(src, ranges, current),
-            Local::In(dst) => self.pools.read_from(dst, ranges, current),
-        };
-        if shared {
+        if self.pools.copy(&mut local, ranges, current) {
             return Ok(());
         }
         self.copy_syscall(local, ranges)
@@ -326,7 +322,7 @@ pub(crate) fn verify(
         });
     }
     peer.pools = SharedPools::discover(pid);
-    if peer.pools.len() > 0 {
+    if !peer.pools.is_empty() {
         tracing::debug!(%pid, pools = ?peer.pools, "caller pools mapped for same-host copies");
     }
     Ok(peer)

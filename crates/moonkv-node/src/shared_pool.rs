@@ -27,6 +27,7 @@
 
 #![allow(unsafe_code)]
 
+use crate::same_host::Local;
 use parking_lot::Mutex;
 use rustix::process::Pid;
 use std::collections::HashMap;
@@ -140,9 +141,9 @@ impl SharedPools {
         SharedPools { maps: found }
     }
 
-    /// Pools mapped.
-    pub(crate) fn len(&self) -> usize {
-        self.maps.len()
+    /// Whether no pool is mapped.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.maps.is_empty()
     }
 
     /// The pool holding the caller's `[address, address + len)` wholly, and where the node sees
@@ -157,44 +158,37 @@ impl SharedPools {
         })
     }
 
-    /// Copies `src` into the caller's `ranges` when every range lies in a mapped pool that is
-    /// still the one the caller has there (`current`: the caller's view of its id); false
-    /// (nothing copied) otherwise.
-    pub(crate) fn write_to(
+    /// Copies between the node's side of a copy and the caller's `ranges` when every range
+    /// lies in a mapped pool that is still the one the caller has there (`current`: the
+    /// caller's view of a pool's id at an address); false (nothing copied) otherwise.
+    pub(crate) fn copy(
         &self,
-        src: &[u8],
+        local: &mut Local<'_>,
         ranges: &[(u64, u64)],
         current: impl Fn(u64) -> Option<[u8; ID_LEN]>,
     ) -> bool {
-        let Some(places) = self.places(ranges, src.len(), current) else {
+        let total = match local {
+            Local::Out(src) => src.len(),
+            Local::In(dst) => dst.len(),
+        };
+        let Some(places) = self.places(ranges, total, current) else {
             return false;
         };
         let mut at = 0;
         for (place, len) in places {
             // SAFETY: `place` starts `len` bytes inside a live mapping (`resolve`), and
-            // `at + len <= src.len()` (`places` checked the total); the node's slice and the
-            // shared mapping never overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(at), place, len) };
-            at += len;
-        }
-        true
-    }
-
-    /// Fills `dst` from the caller's `ranges` when every range lies in a mapped pool; false
-    /// (nothing copied) otherwise.
-    pub(crate) fn read_from(
-        &self,
-        dst: &mut [u8],
-        ranges: &[(u64, u64)],
-        current: impl Fn(u64) -> Option<[u8; ID_LEN]>,
-    ) -> bool {
-        let Some(places) = self.places(ranges, dst.len(), current) else {
-            return false;
-        };
-        let mut at = 0;
-        for (place, len) in places {
-            // SAFETY: as in `write_to`, with `dst` borrowed exclusively for the call.
-            unsafe { std::ptr::copy_nonoverlapping(place, dst.as_mut_ptr().add(at), len) };
+            // `at + len <= total` (`places` checked the sum); the node's slice (written only
+            // through the exclusive `In` borrow) and the shared mapping never overlap.
+            unsafe {
+                match local {
+                    Local::Out(src) => {
+                        std::ptr::copy_nonoverlapping(src.as_ptr().add(at), place, len)
+                    }
+                    Local::In(dst) => {
+                        std::ptr::copy_nonoverlapping(place, dst.as_mut_ptr().add(at), len)
+                    }
+                }
+            }
             at += len;
         }
         true
@@ -208,7 +202,7 @@ impl SharedPools {
         total: usize,
         current: impl Fn(u64) -> Option<[u8; ID_LEN]>,
     ) -> Option<Vec<(*mut u8, usize)>> {
-        if self.maps.is_empty() {
+        if self.is_empty() {
             return None;
         }
         let mut sum = 0usize;
@@ -406,20 +400,28 @@ mod tests {
         assert_eq!(pools.maps[0].id.map(|(id, _)| id), Some([0xA5; ID_LEN]));
         let src: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
         let ranges = [(at + 100, 1000), (at + 5000, 3096)];
-        assert!(pools.write_to(&src, &ranges, mine));
+        assert!(pools.copy(&mut Local::Out(&src), &ranges, mine));
         // SAFETY: inside the test's own mapping.
         let seen = unsafe { std::slice::from_raw_parts(base.add(100), 1000) };
         assert_eq!(seen, &src[..1000]);
         let mut back = vec![0u8; 4096];
-        assert!(pools.read_from(&mut back, &ranges, mine));
+        assert!(pools.copy(&mut Local::In(&mut back), &ranges, mine));
         assert_eq!(back, src);
         // A range that leaves the pool, or lengths that do not add up: left to the other path.
-        assert!(!pools.write_to(&src[..16], &[(at + (1 << 20) - 8, 16)], mine));
-        assert!(!pools.write_to(&src[..16], &[(8, 16)], mine));
-        assert!(!pools.write_to(&src[..16], &[(at, 15)], mine));
+        assert!(!pools.copy(
+            &mut Local::Out(&src[..16]),
+            &[(at + (1 << 20) - 8, 16)],
+            mine
+        ));
+        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(8, 16)], mine));
+        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(at, 15)], mine));
         // The caller has other memory there now (another id): nothing goes into the old file.
-        assert!(!pools.write_to(&src[..16], &[(at, 16)], |_| Some([0; ID_LEN])));
-        assert!(!pools.write_to(&src[..16], &[(at, 16)], |_| None));
+        assert!(
+            !pools.copy(&mut Local::Out(&src[..16]), &[(at, 16)], |_| Some(
+                [0; ID_LEN]
+            ))
+        );
+        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(at, 16)], |_| None));
         // A second attach of the same caller shares the mapping.
         let again = SharedPools::discover(me());
         assert!(again
