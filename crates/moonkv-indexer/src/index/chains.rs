@@ -5,99 +5,120 @@
 //!
 //! ```text
 //! fast(-1) = SipHash_k(partition key, profile, its root digest)
-//! fast(i)  = SipHash-1-3_k'(fast(i-1), SipHash_k(block i's extra keys as CBOR), token count,
-//!                           block i's token ids)
+//! fast(i)  = SipHash-1-3_k'(SipHash_k(block i's extra keys as CBOR), token count,
+//!                           block i's token ids, fast(i-1))
 //! ```
 //!
 //! `k` is a random key drawn once per process (`std`'s `RandomState`), `k'` derived from it.
 //! The fast key covers everything the block's digest depends on (the profile, the parent
 //! chain, the tokens and the extra keys, byte for byte as the digest reads them), so a given
-//! fast key stands for one digest unless two keyed 64-bit hashes collide. An entry also keeps its parent's fast key, and a lookup must present
-//! the same parent, so a false hit needs two blocks under one parent whose 64-bit keyed hashes
-//! collide (about 2^-64 per lookup, with a key no outsider sees). A miss is always safe: the
-//! query computes SHA-256 from there on and records what it computed.
+//! fast key stands for one digest unless two keyed 64-bit hashes collide: a lookup compares its
+//! key with the two or three keys near its home slot, so a false hit has a chance of about
+//! 2^-62 per lookup, with a key no outsider sees. A miss is always safe: the query computes
+//! SHA-256 from there on and records what it computed.
+//!
+//! A lookup reads one 16-byte slot: the fast key and the block's index hash. The full digest
+//! lies in a cold array beside the slots, read only where a query goes on with SHA-256 after
+//! its last hit (see [`Table`]).
 //!
 //! Memory is bounded: entries go into the current generation; when it holds
 //! [`ChainCache::generation_blocks`] entries it becomes the previous one and the one before
 //! is dropped whole. A hit in the previous generation is copied into the current one, so
 //! blocks in use survive. Both generations together hold at most twice that many entries.
 
-use std::hash::{BuildHasher, BuildHasherDefault};
+use std::hash::BuildHasher;
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::{HugePages, PassThroughHasher};
+use super::Table;
 use crate::hash::{Digest32, Extra, HashProfile};
 use crate::ids::{BlockHash, PartitionKey};
 
 /// Entries both generations hold at most by default: two generations of 1,835,008 entries,
-/// each filling a 2^21-slot table exactly (about 100 MiB each, 49 bytes a slot).
-pub const DEFAULT_CHAIN_CACHE_BLOCKS: usize = 2 * (7 << 18);
+/// each filling a 2^21-slot table to its 3/4 limit (96 MiB each, 48 bytes a slot).
+pub const DEFAULT_CHAIN_CACHE_BLOCKS: usize = 2 * (3 << 19);
 
 /// The environment variable that sets the chain cache's size in blocks (`0` turns it off).
 pub const CHAIN_CACHE_ENV: &str = "MOONKV_INDEXER_CHAIN_CACHE_BLOCKS";
 
-/// A remembered block: its parent's fast key (checked on lookup) and its digest.
-#[derive(Debug, Clone, Copy)]
+/// A remembered block.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct ChainEntry {
-    /// The fast key of the block before it (the partition's root for a first block).
-    pub parent: u64,
     /// The block's full digest.
     pub digest: Digest32,
 }
 
-type FastMap<V> = hashbrown::HashMap<u64, V, BuildHasherDefault<PassThroughHasher>, HugePages>;
-
 /// Two generations of a map keyed by uniformly distributed `u64`s, `per_generation` entries
-/// each at most.
+/// each at most, with cold data `C` per entry (see [`Table`]).
 #[derive(Debug)]
-pub struct Generations<V> {
+pub struct Generations<V, C = ()> {
     per_generation: usize,
-    current: FastMap<V>,
-    previous: FastMap<V>,
+    current: Table<V, C>,
+    previous: Table<V, C>,
 }
 
-impl<V: Copy> Generations<V> {
+impl<V: Copy + Default> Generations<V> {
+    /// Inserts (or replaces) `key` (see [`Generations::insert_with`]).
+    pub fn insert(&mut self, key: u64, value: V) {
+        self.insert_with(key, value, ());
+    }
+}
+
+impl<V: Copy + Default, C: Copy + Default> Generations<V, C> {
     /// Empty, holding at most `2 * per_generation` entries (`0`: nothing is kept).
-    pub fn new(per_generation: usize) -> Generations<V> {
+    pub fn new(per_generation: usize) -> Generations<V, C> {
         Generations {
             per_generation,
-            current: FastMap::default(),
-            previous: FastMap::default(),
+            current: Table::new(),
+            previous: Table::new(),
         }
     }
 
     /// The value of `key` and whether it was found in the previous generation.
+    #[inline]
     pub fn get(&self, key: u64) -> Option<(V, bool)> {
-        if let Some(v) = self.current.get(&key) {
+        if let Some(v) = self.current.get(key) {
             return Some((*v, false));
         }
-        self.previous.get(&key).map(|v| (*v, true))
+        self.previous.get(key).map(|v| (*v, true))
     }
 
-    /// Inserts (or replaces) `key`. When the current generation is full, the previous one's
-    /// entries go and its table, emptied, becomes the current one: tables are allocated once
-    /// and then reused, so rotating never waits for fresh memory to be faulted in.
-    pub fn insert(&mut self, key: u64, value: V) {
+    /// The value and the cold data of `key`, and whether it was found in the previous
+    /// generation.
+    pub fn get_with(&self, key: u64) -> Option<(V, C, bool)> {
+        if let Some((v, c)) = self.current.get_with(key) {
+            return Some((*v, *c, false));
+        }
+        self.previous.get_with(key).map(|(v, c)| (*v, *c, true))
+    }
+
+    /// Starts loading where `key` would be in the current generation (see
+    /// [`Table::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        self.current.prefetch(key);
+    }
+
+    /// Inserts (or replaces) `key` with its cold data. When the current generation is full,
+    /// the previous one's entries go and its table, emptied, becomes the current one: tables
+    /// are allocated once and then reused, so rotating never waits for fresh memory to be
+    /// faulted in.
+    pub fn insert_with(&mut self, key: u64, value: V, cold: C) {
         if self.per_generation == 0 {
             return;
         }
-        if self.current.len() >= self.per_generation && !self.current.contains_key(&key) {
+        if self.current.len() >= self.per_generation && !self.current.contains_key(key) {
             let mut next = std::mem::take(&mut self.previous);
             next.clear();
-            if next.capacity() < self.per_generation {
-                // reserved whole so the table never rehashes while readers wait
-                next = FastMap::with_capacity_and_hasher_in(
-                    self.per_generation,
-                    Default::default(),
-                    HugePages,
-                );
+            if next.room() < self.per_generation {
+                // reserved whole so the table never grows while readers wait
+                next = Table::with_capacity(self.per_generation);
             }
             self.previous = std::mem::replace(&mut self.current, next);
         }
-        self.current.insert(key, value);
+        self.current.insert_with(key, value, cold);
     }
 
     /// Entries held.
@@ -118,8 +139,7 @@ impl<V: Copy> Generations<V> {
 
     /// Estimated heap bytes of both tables.
     pub fn heap_bytes(&self) -> usize {
-        let slot = std::mem::size_of::<(u64, V)>() + 1;
-        (self.current.capacity() + self.previous.capacity()) * slot
+        self.current.heap_bytes() + self.previous.heap_bytes()
     }
 }
 
@@ -142,7 +162,7 @@ pub struct ChainCache {
     /// SipHash-1-3 key of the fast keys, drawn from `keys`.
     sip: [u64; 2],
     enabled: bool,
-    map: RwLock<Generations<ChainEntry>>,
+    map: RwLock<Generations<u64, Digest32>>,
     stats: ChainStats,
 }
 
@@ -241,10 +261,9 @@ impl ChainCache {
     }
 
     /// [`ChainCache::fast_key`] with the extra keys' word already computed: SipHash-1-3 over
-    /// the words `parent`, `extra`, the token count, then the tokens two to a word.
+    /// the words `extra`, the token count, the tokens two to a word, then `parent`.
     pub fn fast_key_with(&self, parent: u64, tokens: &[u32], extra: u64) -> u64 {
         let mut h = Sip13::new(self.sip);
-        h.word(parent);
         h.word(extra);
         h.word(tokens.len() as u64);
         let mut pairs = tokens.chunks_exact(2);
@@ -254,6 +273,9 @@ impl ChainCache {
         if let [last] = pairs.remainder() {
             h.word(u64::from(*last));
         }
+        // The parent last: the rounds over the tokens do not wait for the block before, so the
+        // processor runs them while that block's key is still being computed.
+        h.word(parent);
         h.finish()
     }
 
@@ -263,13 +285,16 @@ impl ChainCache {
             return;
         }
         let mut map = self.map.write();
-        for &(k, e) in blocks {
-            map.insert(k, e);
+        for (i, &(k, e)) in blocks.iter().enumerate() {
+            if let Some(&(ahead, _)) = blocks.get(i + RECORD_AHEAD) {
+                map.prefetch(ahead);
+            }
+            map.insert_with(k, BlockHash::from_digest(&e.digest).0, e.digest);
         }
     }
 
     /// A lookup handle for one query (none when the cache is off).
-    fn reader(&self) -> Option<RwLockReadGuard<'_, Generations<ChainEntry>>> {
+    fn reader(&self) -> Option<RwLockReadGuard<'_, Generations<u64, Digest32>>> {
         self.enabled.then(|| self.map.read())
     }
 }
@@ -335,7 +360,7 @@ impl Sip13 {
 /// computed for it and every later block. [`CachedChain::finish`] records what was computed.
 pub struct CachedChain<'a> {
     cache: &'a ChainCache,
-    reader: Option<RwLockReadGuard<'a, Generations<ChainEntry>>>,
+    reader: Option<RwLockReadGuard<'a, Generations<u64, Digest32>>>,
     profile: &'a HashProfile,
     tokens: &'a [u32],
     block_size: usize,
@@ -343,19 +368,38 @@ pub struct CachedChain<'a> {
     cache_salt: Option<&'a str>,
     extra_first: u64,
     extra_rest: u64,
-    fast: u64,
-    parent: Option<Digest32>,
+    parent: Parent,
     next: usize,
     scratch: Vec<u8>,
     computed: Vec<(u64, ChainEntry)>,
     hits: u64,
-    ahead: [(u64, Option<(ChainEntry, bool)>); LOOK_AHEAD],
-    ahead_from: usize,
-    ahead_len: usize,
+    /// Fast keys of the blocks `next..ahead` (block `b` at `b % RING`).
+    ring: [u64; RING],
+    /// Blocks whose fast keys are computed.
+    ahead: usize,
+    /// The fast key of block `ahead - 1` (the root before any).
+    ahead_fast: u64,
 }
 
-/// Blocks whose cache entries are looked up together.
-pub const LOOK_AHEAD: usize = 16;
+/// How many entries ahead of the one it inserts [`ChainCache::record`] prefetches the slot of.
+const RECORD_AHEAD: usize = 8;
+
+/// Where the digest of the block before the next one is.
+#[derive(Clone, Copy)]
+enum Parent {
+    /// There is none: the next block is the first.
+    Root,
+    /// Computed.
+    Digest(Digest32),
+    /// In the chain cache under this fast key (read only if a later block needs SHA-256).
+    Cached(u64),
+}
+
+/// How many blocks ahead of the one it returns the chain has computed the fast key of, and
+/// asked the cache to prefetch: time enough for memory to answer before the entry is read.
+pub const LOOK_AHEAD: usize = 32;
+
+const RING: usize = 2 * LOOK_AHEAD;
 
 impl<'a> CachedChain<'a> {
     /// A chain over `tokens` in the partition whose root fast key is `root`.
@@ -390,15 +434,14 @@ impl<'a> CachedChain<'a> {
             cache_salt,
             extra_first: cache.extra_word(&extra_first),
             extra_rest: cache.extra_word(&extra_rest),
-            fast: root,
-            parent: None,
+            parent: Parent::Root,
             next: 0,
             scratch: Vec::with_capacity(64 + 5 * block_size),
             computed: Vec::new(),
             hits: 0,
-            ahead: [(0, None); LOOK_AHEAD],
-            ahead_from: 0,
-            ahead_len: 0,
+            ring: [0; RING],
+            ahead: 0,
+            ahead_fast: root,
         }
     }
 
@@ -414,87 +457,129 @@ impl<'a> CachedChain<'a> {
 
     /// The next block's full digest.
     pub fn next_digest(&mut self) -> Option<Digest32> {
+        self.next_hash()?;
+        Some(self.parent_digest())
+    }
+
+    /// The next block's index hash. A block found in the cache costs one lookup there; its
+    /// digest stays in the cache until a later block has to be hashed from it.
+    pub fn next_hash(&mut self) -> Option<BlockHash> {
         if self.next >= self.len() {
             return None;
         }
         let i = self.next;
-        let block = &self.tokens[i * self.block_size..(i + 1) * self.block_size];
-        let extra = if i == 0 {
-            self.extra_first
-        } else {
-            self.extra_rest
-        };
-        let parent_fast = self.fast;
-        let (fast, cached) = if self.reader.is_some() {
-            if !(self.ahead_from..self.ahead_from + self.ahead_len).contains(&i) {
-                self.look_ahead(i);
-            }
-            self.ahead[i - self.ahead_from]
-        } else if self.cache.enabled {
-            (self.cache.fast_key_with(parent_fast, block, extra), None)
+        let (fast, cached) = if self.cache.enabled {
+            self.look_ahead(i);
+            let fast = self.ring[i % RING];
+            (fast, self.reader.as_ref().and_then(|r| r.get(fast)))
         } else {
             (0, None)
         };
-        let digest = match cached {
-            Some((e, old)) if e.parent == parent_fast => {
+        let hash = match cached {
+            Some((hash, old)) => {
                 self.hits += 1;
                 if old {
-                    self.computed.push((fast, e));
+                    // used again: copied into the current generation by `finish`
+                    let digest = self.cached_digest(fast);
+                    self.computed.push((fast, ChainEntry { digest }));
                 }
-                e.digest
+                self.parent = Parent::Cached(fast);
+                BlockHash(hash)
             }
             _ => {
+                let parent = match self.parent {
+                    Parent::Root => None,
+                    Parent::Digest(d) => Some(d),
+                    Parent::Cached(f) => Some(self.cached_digest(f)),
+                };
                 // from here on every block is hashed
                 self.reader = None;
+                let block = &self.tokens[i * self.block_size..(i + 1) * self.block_size];
                 let extra = Extra::Request {
                     lora_name: self.lora_name,
                     cache_salt: if i == 0 { self.cache_salt } else { None },
                 };
                 let digest =
                     self.profile
-                        .block_with(&mut self.scratch, self.parent.as_ref(), block, extra);
+                        .block_with(&mut self.scratch, parent.as_ref(), block, extra);
                 if self.cache.enabled {
-                    self.computed.push((
-                        fast,
-                        ChainEntry {
-                            parent: parent_fast,
-                            digest,
-                        },
-                    ));
+                    self.computed.push((fast, ChainEntry { digest }));
                 }
-                digest
+                self.parent = Parent::Digest(digest);
+                BlockHash::from_digest(&digest)
             }
         };
-        self.fast = fast;
-        self.parent = Some(digest);
         self.next += 1;
-        Some(digest)
+        Some(hash)
     }
 
-    /// Computes the fast keys of the blocks from `i` on (up to [`LOOK_AHEAD`]) and looks them
-    /// all up before any is used, so that their memory accesses overlap.
-    fn look_ahead(&mut self, i: usize) {
-        let Some(reader) = self.reader.as_ref() else {
-            return;
-        };
-        let n = LOOK_AHEAD.min(self.len() - i);
-        let mut fast = self.fast;
-        for j in 0..n {
-            let b = i + j;
+    /// The digest of the block just returned (called only after one was).
+    fn parent_digest(&mut self) -> Digest32 {
+        match self.parent {
+            Parent::Digest(d) => d,
+            Parent::Cached(f) => self.cached_digest(f),
+            Parent::Root => Digest32::default(),
+        }
+    }
+
+    /// The digest the cache holds under `fast`, a block this query found there. The read
+    /// lock is held from that lookup to now, so the entry is still there; should it not be,
+    /// the chain is hashed again from its first block.
+    fn cached_digest(&mut self, fast: u64) -> Digest32 {
+        if let Some((_, digest, _)) = self.reader.as_ref().and_then(|r| r.get_with(fast)) {
+            return digest;
+        }
+        let mut parent = None;
+        for b in 0..self.next {
             let block = &self.tokens[b * self.block_size..(b + 1) * self.block_size];
-            let extra = if b == 0 {
-                self.extra_first
-            } else {
-                self.extra_rest
+            let extra = Extra::Request {
+                lora_name: self.lora_name,
+                cache_salt: if b == 0 { self.cache_salt } else { None },
             };
-            fast = self.cache.fast_key_with(fast, block, extra);
-            self.ahead[j].0 = fast;
+            parent =
+                Some(
+                    self.profile
+                        .block_with(&mut self.scratch, parent.as_ref(), block, extra),
+                );
         }
-        for slot in self.ahead.iter_mut().take(n) {
-            slot.1 = reader.get(slot.0);
+        parent.unwrap_or_default()
+    }
+
+    /// Computes the fast keys up to [`LOOK_AHEAD`] blocks past `i` and asks the cache to
+    /// prefetch their entries, so that memory works on later blocks while this one is used.
+    fn look_ahead(&mut self, i: usize) {
+        let horizon = (i + 1 + LOOK_AHEAD).min(self.len());
+        while self.ahead < horizon {
+            let b = self.ahead;
+            let fast = self
+                .cache
+                .fast_key_with(self.ahead_fast, self.block(b), self.extra(b));
+            self.push_fast(b, fast);
         }
-        self.ahead_from = i;
-        self.ahead_len = n;
+    }
+
+    /// The tokens of block `b`.
+    fn block(&self, b: usize) -> &'a [u32] {
+        &self.tokens[b * self.block_size..(b + 1) * self.block_size]
+    }
+
+    /// The extra keys' word of block `b`.
+    fn extra(&self, b: usize) -> u64 {
+        if b == 0 {
+            self.extra_first
+        } else {
+            self.extra_rest
+        }
+    }
+
+    /// Keeps block `b`'s fast key and asks the cache to prefetch its entry.
+    fn push_fast(&mut self, b: usize, fast: u64) {
+        if let Some(reader) = self.reader.as_ref() {
+            reader.prefetch(fast);
+        }
+        self.ring[b % RING] = fast;
+        self.ahead_fast = fast;
+        self.ahead = b + 1;
     }
 
     /// Blocks taken from the cache so far.
@@ -522,7 +607,7 @@ impl Iterator for CachedChain<'_> {
     type Item = BlockHash;
 
     fn next(&mut self) -> Option<BlockHash> {
-        self.next_digest().map(|d| BlockHash::from_digest(&d))
+        self.next_hash()
     }
 }
 

@@ -82,32 +82,6 @@ fn partitions_and_profiles_have_their_own_roots() {
 }
 
 #[test]
-fn an_entry_is_used_only_after_its_own_parent() {
-    let cache = ChainCache::new(16);
-    let p = HashProfile::vllm("0");
-    let root = cache.root(&key("", "default"), &p);
-    let tokens = [7u32, 8];
-    let mut extra = Vec::new();
-    Extra::Request {
-        lora_name: None,
-        cache_salt: None,
-    }
-    .encode_for(&p, &mut extra);
-    let k = cache.fast_key(root, &tokens, &extra);
-    // an entry under the right key but recorded after another parent is not trusted
-    cache.record(&[(
-        k,
-        ChainEntry {
-            parent: root ^ 1,
-            digest: [9; 32],
-        },
-    )]);
-    let mut c = CachedChain::new(&cache, root, &p, &tokens, BS, None, None);
-    assert_eq!(c.next_digest(), Some(sha_chain(&p, &tokens, None, None)[0]));
-    assert_eq!(c.hits(), 0);
-}
-
-#[test]
 fn generations_are_bounded_and_keep_what_is_used() {
     let mut g = Generations::new(4);
     for k in 0..4u64 {

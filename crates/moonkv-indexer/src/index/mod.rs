@@ -17,13 +17,15 @@
 pub mod chains;
 pub mod huge;
 mod query;
+pub mod table;
 
 pub use chains::{CachedChain, ChainCache, ChainEntry};
 pub use huge::HugePages;
-pub use query::{walk, WorkerRun, WALK_CHUNK};
+pub use query::{walk, WorkerRun, WALK_AHEAD};
+pub use table::Table;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -52,8 +54,6 @@ impl Hasher for PassThroughHasher {
     }
 }
 
-type BlockMap<V> = hashbrown::HashMap<u64, V, BuildHasherDefault<PassThroughHasher>, HugePages>;
-
 /// One source's hold on a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
@@ -72,7 +72,18 @@ enum Holders {
     Many(Box<Vec<Holder>>),
 }
 
+impl Default for Holders {
+    /// What an empty slot of the table holds (never read as a block's holders).
+    fn default() -> Self {
+        Holders::One(Holder {
+            source: SourceSlot(0),
+            tiers: TierMask::EMPTY,
+        })
+    }
+}
+
 impl Holders {
+    #[inline]
     fn as_slice(&self) -> &[Holder] {
         match self {
             Holders::One(h) => std::slice::from_ref(h),
@@ -138,7 +149,7 @@ impl Holders {
 pub struct Partition {
     profile: HashProfile,
     chain_root: u64,
-    blocks: BlockMap<Holders>,
+    blocks: Table<Holders>,
 }
 
 impl Partition {
@@ -148,7 +159,7 @@ impl Partition {
         Partition {
             profile,
             chain_root,
-            blocks: BlockMap::default(),
+            blocks: Table::new(),
         }
     }
 
@@ -164,15 +175,11 @@ impl Partition {
 
     /// Marks `hash` as held by `source` in `tier`; true if that is new.
     pub fn store(&mut self, hash: BlockHash, source: SourceSlot, tier: Tier) -> bool {
-        match self.blocks.get_mut(&hash.0) {
-            Some(holders) => holders.update(source, |m| m.with(tier)).0,
-            None => {
-                let tiers = TierMask::EMPTY.with(tier);
-                self.blocks
-                    .insert(hash.0, Holders::One(Holder { source, tiers }));
-                true
-            }
-        }
+        let tiers = TierMask::EMPTY.with(tier);
+        let (holders, inserted) = self
+            .blocks
+            .get_or_insert_with(hash.0, || Holders::One(Holder { source, tiers }));
+        inserted || holders.update(source, |m| m.with(tier)).0
     }
 
     /// Clears `source`'s `tier` for `hash`; true if it was set.
@@ -191,12 +198,12 @@ impl Partition {
         source: SourceSlot,
         change: impl Fn(TierMask) -> TierMask,
     ) -> bool {
-        let Some(holders) = self.blocks.get_mut(&hash.0) else {
+        let Some(holders) = self.blocks.get_mut(hash.0) else {
             return false;
         };
         let (changed, empty) = holders.update(source, change);
         if empty {
-            self.blocks.remove(&hash.0);
+            self.blocks.remove(hash.0);
         }
         changed
     }
@@ -212,9 +219,16 @@ impl Partition {
         dropped
     }
 
+    /// Starts loading the slot of `hash` (see [`Table::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, hash: BlockHash) {
+        self.blocks.prefetch(hash.0);
+    }
+
     /// The holders of `hash`, if anyone holds it.
+    #[inline]
     pub fn holders(&self, hash: BlockHash) -> Option<&[Holder]> {
-        self.blocks.get(&hash.0).map(Holders::as_slice)
+        self.blocks.get(hash.0).map(Holders::as_slice)
     }
 
     /// Blocks held by anyone.
@@ -229,7 +243,6 @@ impl Partition {
 
     /// An estimate of the heap bytes the partition uses (table slots plus spilled holder lists).
     pub fn heap_bytes(&self) -> usize {
-        let slot = std::mem::size_of::<(u64, Holders)>() + 1;
         let spilled: usize = self
             .blocks
             .values()
@@ -241,7 +254,7 @@ impl Partition {
                 }
             })
             .sum();
-        self.blocks.capacity() * slot + spilled
+        self.blocks.heap_bytes() + spilled
     }
 
     /// Reserves room for `additional` more blocks.

@@ -1,12 +1,12 @@
 //! The walk: follow a chain of block hashes through a partition and measure, for each worker,
 //! how many leading blocks it holds in the GPU tier, in GPU or CPU, and in any tier.
 
-use super::{Holder, Partition};
+use super::Partition;
 use crate::ids::{BlockHash, Tier};
 
-/// Hashes looked up together: independent lookups let the processor overlap their cache
-/// misses, and a chunk this small wastes little work past the first miss.
-pub const WALK_CHUNK: usize = 16;
+/// How many blocks ahead of the one it looks at the walk already asked for (prefetched) the
+/// slot of: time enough for the memory to answer, and little work wasted past the first miss.
+pub const WALK_AHEAD: usize = 32;
 
 /// One worker's matched prefix, in blocks, cumulative by tier: `gpu ≤ cpu ≤ disk`, and `disk`
 /// is the longest prefix held in any tier.
@@ -27,6 +27,27 @@ struct Active {
     cpu_open: bool,
 }
 
+impl Active {
+    /// Counts one more block held in the tiers `m`; false when the worker holds it in none
+    /// (its run ends).
+    #[inline]
+    fn extend(&mut self, m: u8) -> bool {
+        if self.gpu_open {
+            self.gpu_open = m & GPU != 0;
+            self.run.gpu += u32::from(self.gpu_open);
+        }
+        if self.cpu_open {
+            self.cpu_open = m & GPU_OR_CPU != 0;
+            self.run.cpu += u32::from(self.cpu_open);
+        }
+        if m == 0 {
+            return false;
+        }
+        self.run.disk += 1;
+        true
+    }
+}
+
 const GPU: u8 = Tier::Gpu.bit();
 const GPU_OR_CPU: u8 = Tier::Gpu.bit() | Tier::Cpu.bit();
 
@@ -42,68 +63,71 @@ pub fn walk(
     let mut active: Vec<Active> = Vec::new();
     let mut started = false;
     let mut block_masks: Vec<(u32, u8)> = Vec::with_capacity(8);
-    let mut chunk = [BlockHash(0); WALK_CHUNK];
+    // hashes taken from `hashes` and prefetched, not yet looked at: `ring[head..tail]`
+    let mut ring = [BlockHash(0); WALK_AHEAD];
+    let (mut head, mut tail) = (0usize, 0usize);
+    let mut more = true;
     loop {
-        let mut n = 0;
-        while n < WALK_CHUNK {
+        while more && tail - head < WALK_AHEAD {
             match hashes.next() {
                 Some(h) => {
-                    chunk[n] = h;
-                    n += 1;
+                    partition.prefetch(h);
+                    ring[tail % WALK_AHEAD] = h;
+                    tail += 1;
                 }
-                None => break,
+                None => more = false,
             }
         }
-        if n == 0 {
+        if head == tail {
             break;
         }
-        let mut found: [Option<&[Holder]>; WALK_CHUNK] = [None; WALK_CHUNK];
-        for i in 0..n {
-            found[i] = partition.holders(chunk[i]);
-        }
-        for holders in found.iter().take(n) {
-            block_masks.clear();
-            for h in holders.unwrap_or_default() {
-                let Some(&Some(w)) = worker_of.get(h.source.0 as usize) else {
-                    continue;
-                };
-                match block_masks.iter_mut().find(|(x, _)| *x == w) {
-                    Some((_, m)) => *m |= h.tiers.0,
-                    None => block_masks.push((w, h.tiers.0)),
-                }
-            }
-            if !started {
-                started = true;
-                active.extend(block_masks.iter().map(|&(worker, _)| Active {
-                    worker,
-                    run: WorkerRun::default(),
-                    gpu_open: true,
-                    cpu_open: true,
-                }));
-            }
-            active.retain_mut(|a| {
-                let m = block_masks
-                    .iter()
-                    .find(|(w, _)| *w == a.worker)
-                    .map_or(0, |x| x.1);
-                if a.gpu_open {
-                    a.gpu_open = m & GPU != 0;
-                    a.run.gpu += u32::from(a.gpu_open);
-                }
-                if a.cpu_open {
-                    a.cpu_open = m & GPU_OR_CPU != 0;
-                    a.run.cpu += u32::from(a.cpu_open);
-                }
-                if m == 0 {
-                    out.push((a.worker, a.run));
-                    return false;
-                }
-                a.run.disk += 1;
-                true
-            });
-            if active.is_empty() {
+        let hash = ring[head % WALK_AHEAD];
+        head += 1;
+        let holders = partition.holders(hash).unwrap_or_default();
+        // The usual case, one worker still matching and one holder: no lists to build.
+        if let ([a], [h]) = (active.as_mut_slice(), holders) {
+            let m = match worker_of.get(h.source.0 as usize) {
+                Some(&Some(w)) if w == a.worker => h.tiers.0,
+                _ => 0,
+            };
+            if !a.extend(m) {
+                out.push((a.worker, a.run));
                 return;
             }
+            continue;
+        }
+        block_masks.clear();
+        for h in holders {
+            let Some(&Some(w)) = worker_of.get(h.source.0 as usize) else {
+                continue;
+            };
+            match block_masks.iter_mut().find(|(x, _)| *x == w) {
+                Some((_, m)) => *m |= h.tiers.0,
+                None => block_masks.push((w, h.tiers.0)),
+            }
+        }
+        if !started {
+            started = true;
+            active.extend(block_masks.iter().map(|&(worker, _)| Active {
+                worker,
+                run: WorkerRun::default(),
+                gpu_open: true,
+                cpu_open: true,
+            }));
+        }
+        active.retain_mut(|a| {
+            let m = block_masks
+                .iter()
+                .find(|(w, _)| *w == a.worker)
+                .map_or(0, |x| x.1);
+            if a.extend(m) {
+                return true;
+            }
+            out.push((a.worker, a.run));
+            false
+        });
+        if active.is_empty() {
+            return;
         }
     }
     out.extend(active.iter().map(|a| (a.worker, a.run)));

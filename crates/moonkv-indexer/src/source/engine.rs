@@ -30,9 +30,12 @@ pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
 /// The sequence frame of a replay's end marker.
 const REPLAY_END: [u8; 8] = [0xff; 8];
 
+/// How many blocks ahead of the one it stores a batch asks for (prefetches) the index slot of.
+const STORE_AHEAD: usize = 8;
+
 /// Trust-mode blocks remembered as parents for the chain cache, per generation (two
-/// generations of 57,344, each filling a 2^16-slot table: about 3.6 MiB each).
-pub const TRUSTED_PARENTS_PER_GENERATION: usize = 7 << 13;
+/// generations of 49,152, each filling a 2^16-slot table to 3/4: about 3.5 MiB each).
+pub const TRUSTED_PARENTS_PER_GENERATION: usize = 3 << 14;
 
 #[derive(Debug, Clone, Copy)]
 struct EngineBlock {
@@ -45,7 +48,7 @@ struct EngineBlock {
 }
 
 /// A trusted block's place in its chain, for the blocks stored after it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct TrustedParent {
     part: u16,
     fast: u64,
@@ -133,7 +136,10 @@ impl EngineBlocks {
         let mut partition = partition.write();
         let chains = index.chains();
         if self.spec.engine_hashes == EngineHashes::Trust {
-            for h in &st.block_hashes {
+            for (i, h) in st.block_hashes.iter().enumerate() {
+                if let Some(ahead) = st.block_hashes.get(i + STORE_AHEAD) {
+                    partition.prefetch(*ahead);
+                }
                 partition.store(*h, self.slot, tier);
             }
             if chains.enabled() {
@@ -171,13 +177,7 @@ impl EngineBlocks {
                 self.extra.clear();
                 extra.encode_for(&self.profile, &mut self.extra);
                 let fast = chains.fast_key(parent_fast, tokens, &self.extra);
-                self.computed.push((
-                    fast,
-                    ChainEntry {
-                        parent: parent_fast,
-                        digest,
-                    },
-                ));
+                self.computed.push((fast, ChainEntry { digest }));
                 fast
             } else {
                 0
@@ -266,13 +266,7 @@ impl EngineBlocks {
             self.extra.clear();
             extra.encode_for(&self.profile, &mut self.extra);
             let fast = chains.fast_key(parent_fast, tokens, &self.extra);
-            self.computed.push((
-                fast,
-                ChainEntry {
-                    parent: parent_fast,
-                    digest,
-                },
-            ));
+            self.computed.push((fast, ChainEntry { digest }));
             self.trusted
                 .insert(engine_hash.0, TrustedParent { part, fast, digest });
             parent = Some(digest);
