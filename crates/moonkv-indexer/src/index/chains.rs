@@ -263,9 +263,23 @@ impl ChainCache {
     /// [`ChainCache::fast_key`] with the extra keys' word already computed: SipHash-1-3 over
     /// the words `extra`, the token count, the tokens two to a word, then `parent`.
     pub fn fast_key_with(&self, parent: u64, tokens: &[u32], extra: u64) -> u64 {
+        self.fast_key_after(&self.fast_prefix(extra, tokens.len()), parent, tokens)
+    }
+
+    /// The hash state after a block's first two words (its extra keys' word and its token
+    /// count), the same for every block of a query but the first.
+    fn fast_prefix(&self, extra: u64, tokens: usize) -> Sip13 {
         let mut h = Sip13::new(self.sip);
         h.word(extra);
-        h.word(tokens.len() as u64);
+        h.word(tokens as u64);
+        h
+    }
+
+    /// [`ChainCache::fast_key_with`] from the state [`ChainCache::fast_prefix`] gave for this
+    /// block's extra word and token count.
+    #[inline]
+    fn fast_key_after(&self, prefix: &Sip13, parent: u64, tokens: &[u32]) -> u64 {
+        let mut h = prefix.clone();
         let mut pairs = tokens.chunks_exact(2);
         for p in &mut pairs {
             h.word(u64::from(p[0]) | u64::from(p[1]) << 32);
@@ -301,6 +315,7 @@ impl ChainCache {
 
 /// SipHash-1-3 over a sequence of 64-bit words (the words as little-endian bytes, then the
 /// usual length block), without the byte buffering of `std`'s hasher.
+#[derive(Clone)]
 struct Sip13 {
     v: [u64; 4],
     words: u64,
@@ -366,8 +381,8 @@ pub struct CachedChain<'a> {
     block_size: usize,
     lora_name: Option<&'a str>,
     cache_salt: Option<&'a str>,
-    extra_first: u64,
-    extra_rest: u64,
+    prefix_first: Sip13,
+    prefix_rest: Sip13,
     parent: Parent,
     next: usize,
     scratch: Vec<u8>,
@@ -432,8 +447,8 @@ impl<'a> CachedChain<'a> {
             block_size: block_size.max(1),
             lora_name,
             cache_salt,
-            extra_first: cache.extra_word(&extra_first),
-            extra_rest: cache.extra_word(&extra_rest),
+            prefix_first: cache.fast_prefix(cache.extra_word(&extra_first), block_size.max(1)),
+            prefix_rest: cache.fast_prefix(cache.extra_word(&extra_rest), block_size.max(1)),
             parent: Parent::Root,
             next: 0,
             scratch: Vec::with_capacity(64 + 5 * block_size),
@@ -551,9 +566,14 @@ impl<'a> CachedChain<'a> {
         let horizon = (i + 1 + LOOK_AHEAD).min(self.len());
         while self.ahead < horizon {
             let b = self.ahead;
+            let prefix = if b == 0 {
+                &self.prefix_first
+            } else {
+                &self.prefix_rest
+            };
             let fast = self
                 .cache
-                .fast_key_with(self.ahead_fast, self.block(b), self.extra(b));
+                .fast_key_after(prefix, self.ahead_fast, self.block(b));
             self.push_fast(b, fast);
         }
     }
@@ -561,15 +581,6 @@ impl<'a> CachedChain<'a> {
     /// The tokens of block `b`.
     fn block(&self, b: usize) -> &'a [u32] {
         &self.tokens[b * self.block_size..(b + 1) * self.block_size]
-    }
-
-    /// The extra keys' word of block `b`.
-    fn extra(&self, b: usize) -> u64 {
-        if b == 0 {
-            self.extra_first
-        } else {
-            self.extra_rest
-        }
     }
 
     /// Keeps block `b`'s fast key and asks the cache to prefetch its entry.

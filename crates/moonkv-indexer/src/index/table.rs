@@ -159,8 +159,15 @@ impl<V: Default, C: Default> Table<V, C> {
     /// The slot holding `key` (not `0`).
     #[inline]
     fn find(&self, key: u64) -> Option<usize> {
-        if self.len == 0 {
-            return None;
+        self.search(key).ok()
+    }
+
+    /// `Ok(slot)` of `key` (not `0`), or `Err((slot, distance))`: where its lookup stopped,
+    /// which is where [`Table::place_at`] puts it, that many slots past its home.
+    #[inline]
+    fn search(&self, key: u64) -> Result<usize, (usize, usize)> {
+        if self.slots.is_empty() {
+            return Err((0, 0));
         }
         let mask = self.mask();
         let mut i = self.home(key);
@@ -168,11 +175,11 @@ impl<V: Default, C: Default> Table<V, C> {
         loop {
             let k = self.slots[i].0;
             if k == key {
-                return Some(i);
+                return Ok(i);
             }
             // Robin Hood order: a key further from home than the one here would sit here
             if k == EMPTY || self.dist(k, i) < dist {
-                return None;
+                return Err((i, dist));
             }
             i = (i + 1) & mask;
             dist += 1;
@@ -220,26 +227,36 @@ impl<V: Default, C: Default> Table<V, C> {
         if key == EMPTY {
             return self.zero.replace((value, cold));
         }
-        if let Some(i) = self.find(key) {
-            let v = std::mem::replace(&mut self.slots[i].1, value);
-            return Some((v, std::mem::replace(&mut self.cold[i], cold)));
-        }
-        if self.len + 1 > self.room() {
-            self.grow_to(self.len + 1);
-        }
-        self.place(key, value, cold);
-        self.len += 1;
+        let at = match self.search(key) {
+            Ok(i) => {
+                let v = std::mem::replace(&mut self.slots[i].1, value);
+                return Some((v, std::mem::replace(&mut self.cold[i], cold)));
+            }
+            Err(at) => at,
+        };
+        self.add(key, value, cold, at);
         None
+    }
+
+    /// Adds an absent key whose lookup stopped at `at` (see [`Table::search`]); returns its
+    /// slot.
+    fn add(&mut self, key: u64, value: V, cold: C, at: (usize, usize)) -> usize {
+        self.len += 1;
+        if self.len > self.room() {
+            self.grow_to(self.len);
+            let i = self.home(key);
+            return self.place_at(i, 0, key, value, cold);
+        }
+        self.place_at(at.0, at.1, key, value, cold)
     }
 
     /// Puts an absent key in its Robin Hood place: along its run, it takes the slot of the
     /// first key nearer its own home than it is, which then moves on the same way. So every
     /// key ends about equally far from home, and keys stored late (the ones a query asks for
-    /// most) are not pushed to the ends of long runs. Returns the key's slot.
-    fn place(&mut self, key: u64, value: V, cold: C) -> usize {
+    /// most) are not pushed to the ends of long runs. The search starts at slot `i`, `dist`
+    /// past the key's home, where no earlier slot can take it. Returns the key's slot.
+    fn place_at(&mut self, mut i: usize, mut dist: usize, key: u64, value: V, cold: C) -> usize {
         let mask = self.mask();
-        let mut i = self.home(key);
-        let mut dist = 0;
         let mut carried = (key, value);
         let mut carried_cold = cold;
         let mut first = None;
@@ -269,15 +286,13 @@ impl<V: Default, C: Default> Table<V, C> {
             let (v, _) = self.zero.get_or_insert_with(|| (make(), C::default()));
             return (v, inserted);
         }
-        if let Some(i) = self.find(key) {
-            return (&mut self.slots[i].1, false);
+        match self.search(key) {
+            Ok(i) => (&mut self.slots[i].1, false),
+            Err(at) => {
+                let i = self.add(key, make(), C::default(), at);
+                (&mut self.slots[i].1, true)
+            }
         }
-        if self.len + 1 > self.room() {
-            self.grow_to(self.len + 1);
-        }
-        let i = self.place(key, make(), C::default());
-        self.len += 1;
-        (&mut self.slots[i].1, true)
     }
 
     /// Removes `key`; returns its value and cold data.
@@ -388,7 +403,8 @@ impl<V: Default, C: Default> Table<V, C> {
         self.shift = 64 - slots.trailing_zeros();
         for ((k, v), c) in old.into_iter().zip(old_cold) {
             if k != EMPTY {
-                self.place(k, v, c);
+                let i = self.home(k);
+                self.place_at(i, 0, k, v, c);
             }
         }
     }
