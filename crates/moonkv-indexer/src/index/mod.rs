@@ -63,65 +63,94 @@ pub struct Holder {
     pub tiers: TierMask,
 }
 
-/// The holders of one block: almost always one, so that case takes no allocation.
-#[derive(Debug, Clone)]
-enum Holders {
-    One(Holder),
-    // Boxed so a block's entry stays 16 bytes: the inline case is the one that counts.
-    #[allow(clippy::box_collection)]
-    Many(Box<Vec<Holder>>),
-}
+/// The holders of one block in 8 bytes, so that a block's slot in the index is 16 and a lookup
+/// reads one cache line: almost always one holder, inline (source in the low 32 bits, tiers in
+/// the next 8); otherwise [`MANY`] and the index of the list in the partition's [`Spill`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Holders(u64);
 
-impl Default for Holders {
-    /// What an empty slot of the table holds (never read as a block's holders).
-    fn default() -> Self {
-        Holders::One(Holder {
-            source: SourceSlot(0),
-            tiers: TierMask::EMPTY,
+/// The mark of a spilled holder list.
+const MANY: u64 = 1 << 63;
+
+impl Holders {
+    fn one(h: Holder) -> Holders {
+        Holders(u64::from(h.source.0) | u64::from(h.tiers.0) << 32)
+    }
+
+    fn many(list: u32) -> Holders {
+        Holders(MANY | u64::from(list))
+    }
+
+    /// The inline holder, or the index of the spilled list.
+    fn get(self) -> Result<Holder, usize> {
+        if self.0 & MANY != 0 {
+            return Err((self.0 & 0xffff_ffff) as usize);
+        }
+        Ok(Holder {
+            source: SourceSlot(self.0 as u32),
+            tiers: TierMask((self.0 >> 32) as u8),
         })
     }
 }
 
-impl Holders {
-    #[inline]
-    fn as_slice(&self) -> &[Holder] {
-        match self {
-            Holders::One(h) => std::slice::from_ref(h),
-            Holders::Many(v) => v,
+/// The holder lists of blocks held by more than one source, reused through a free list.
+#[derive(Debug, Default)]
+struct Spill {
+    lists: Vec<Vec<Holder>>,
+    free: Vec<u32>,
+}
+
+impl Spill {
+    fn add(&mut self, list: Vec<Holder>) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.lists[i as usize] = list;
+                i
+            }
+            None => {
+                self.lists.push(list);
+                (self.lists.len() - 1) as u32
+            }
         }
     }
 
-    /// Applies `change` to `source`'s tiers; returns whether anything changed and whether the
-    /// block is now held by nobody.
+    fn release(&mut self, i: usize) {
+        self.lists[i] = Vec::new();
+        self.free.push(i as u32);
+    }
+
+    /// Applies `change` to `source`'s tiers in `holders`; returns whether anything changed and
+    /// whether the block is now held by nobody.
     fn update(
         &mut self,
+        holders: &mut Holders,
         source: SourceSlot,
         change: impl Fn(TierMask) -> TierMask,
     ) -> (bool, bool) {
-        match self {
-            Holders::One(h) if h.source == source => {
+        match holders.get() {
+            Ok(h) if h.source == source => {
                 let new = change(h.tiers);
-                let changed = new != h.tiers;
-                h.tiers = new;
-                (changed, new.is_empty())
+                *holders = Holders::one(Holder { source, tiers: new });
+                (new != h.tiers, new.is_empty())
             }
-            Holders::One(h) => {
+            Ok(h) => {
                 let new = change(TierMask::EMPTY);
                 if new.is_empty() {
-                    return (false, false);
+                    return (false, h.tiers.is_empty());
                 }
-                *self = Holders::Many(Box::new(vec![*h, Holder { source, tiers: new }]));
+                *holders = Holders::many(self.add(vec![h, Holder { source, tiers: new }]));
                 (true, false)
             }
-            Holders::Many(v) => {
+            Err(i) => {
+                let v = &mut self.lists[i];
                 let changed = match v.iter().position(|h| h.source == source) {
-                    Some(i) => {
-                        let new = change(v[i].tiers);
-                        let changed = new != v[i].tiers;
+                    Some(j) => {
+                        let new = change(v[j].tiers);
+                        let changed = new != v[j].tiers;
                         if new.is_empty() {
-                            v.swap_remove(i);
+                            v.swap_remove(j);
                         } else {
-                            v[i].tiers = new;
+                            v[j].tiers = new;
                         }
                         changed
                     }
@@ -134,12 +163,42 @@ impl Holders {
                     }
                 };
                 let empty = v.is_empty();
-                if v.len() == 1 {
-                    let only = v[0];
-                    *self = Holders::One(only);
+                if v.len() <= 1 {
+                    *holders = v.first().map_or(Holders::default(), |&h| Holders::one(h));
+                    self.release(i);
                 }
                 (changed, empty)
             }
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.lists.capacity() * std::mem::size_of::<Vec<Holder>>()
+            + self
+                .lists
+                .iter()
+                .map(|v| v.capacity() * std::mem::size_of::<Holder>())
+                .sum::<usize>()
+            + self.free.capacity() * 4
+    }
+}
+
+/// The holders of a block, as [`Partition::holders`] gives them.
+#[derive(Debug, Clone, Copy)]
+pub enum HolderList<'a> {
+    /// One holder (the usual case).
+    One([Holder; 1]),
+    /// Several.
+    Many(&'a [Holder]),
+}
+
+impl std::ops::Deref for HolderList<'_> {
+    type Target = [Holder];
+
+    fn deref(&self) -> &[Holder] {
+        match self {
+            HolderList::One(h) => h,
+            HolderList::Many(v) => v,
         }
     }
 }
@@ -150,6 +209,7 @@ pub struct Partition {
     profile: HashProfile,
     chain_root: u64,
     blocks: Table<Holders>,
+    spill: Spill,
 }
 
 impl Partition {
@@ -160,6 +220,7 @@ impl Partition {
             profile,
             chain_root,
             blocks: Table::new(),
+            spill: Spill::default(),
         }
     }
 
@@ -178,8 +239,8 @@ impl Partition {
         let tiers = TierMask::EMPTY.with(tier);
         let (holders, inserted) = self
             .blocks
-            .get_or_insert_with(hash.0, || Holders::One(Holder { source, tiers }));
-        inserted || holders.update(source, |m| m.with(tier)).0
+            .get_or_insert_with(hash.0, || Holders::one(Holder { source, tiers }));
+        inserted || self.spill.update(holders, source, |m| m.with(tier)).0
     }
 
     /// Clears `source`'s `tier` for `hash`; true if it was set.
@@ -201,7 +262,7 @@ impl Partition {
         let Some(holders) = self.blocks.get_mut(hash.0) else {
             return false;
         };
-        let (changed, empty) = holders.update(source, change);
+        let (changed, empty) = self.spill.update(holders, source, change);
         if empty {
             self.blocks.remove(hash.0);
         }
@@ -211,8 +272,9 @@ impl Partition {
     /// Drops every block hold of `source`; returns how many blocks it held.
     pub fn remove_source(&mut self, source: SourceSlot) -> usize {
         let mut dropped = 0;
+        let spill = &mut self.spill;
         self.blocks.retain(|_, holders| {
-            let (changed, empty) = holders.update(source, |_| TierMask::EMPTY);
+            let (changed, empty) = spill.update(holders, source, |_| TierMask::EMPTY);
             dropped += usize::from(changed);
             !empty
         });
@@ -227,8 +289,12 @@ impl Partition {
 
     /// The holders of `hash`, if anyone holds it.
     #[inline]
-    pub fn holders(&self, hash: BlockHash) -> Option<&[Holder]> {
-        self.blocks.get(hash.0).map(Holders::as_slice)
+    pub fn holders(&self, hash: BlockHash) -> Option<HolderList<'_>> {
+        let h = self.blocks.get(hash.0)?;
+        Some(match h.get() {
+            Ok(one) => HolderList::One([one]),
+            Err(i) => HolderList::Many(&self.spill.lists[i]),
+        })
     }
 
     /// Blocks held by anyone.
@@ -243,18 +309,7 @@ impl Partition {
 
     /// An estimate of the heap bytes the partition uses (table slots plus spilled holder lists).
     pub fn heap_bytes(&self) -> usize {
-        let spilled: usize = self
-            .blocks
-            .values()
-            .map(|h| match h {
-                Holders::One(_) => 0,
-                Holders::Many(v) => {
-                    std::mem::size_of::<Vec<Holder>>()
-                        + v.capacity() * std::mem::size_of::<Holder>()
-                }
-            })
-            .sum();
-        self.blocks.heap_bytes() + spilled
+        self.blocks.heap_bytes() + self.spill.heap_bytes()
     }
 
     /// Reserves room for `additional` more blocks.

@@ -83,7 +83,8 @@ pub fn walk(
         }
         let hash = ring[head % WALK_AHEAD];
         head += 1;
-        let holders = partition.holders(hash).unwrap_or_default();
+        let found = partition.holders(hash);
+        let holders = found.as_deref().unwrap_or_default();
         // The usual case, one worker still matching and one holder: no lists to build.
         if let ([a], [h]) = (active.as_mut_slice(), holders) {
             let m = match worker_of.get(h.source.0 as usize) {
