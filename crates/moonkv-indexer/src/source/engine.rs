@@ -161,6 +161,7 @@ impl EngineBlocks {
         let extras = st.extra_keys.as_ref().filter(|e| e.len() == n);
         let lora_key = lora.filter(|_| self.profile.hashes_extras());
         self.computed.clear();
+        let mut pending = None;
         for (i, engine_hash) in st.block_hashes.iter().enumerate() {
             let tokens = &st.token_ids[i * bs as usize..(i + 1) * bs as usize];
             let extra = match extras {
@@ -183,39 +184,60 @@ impl EngineBlocks {
                 0
             };
             let hash = BlockHash::from_digest(&digest);
-            partition.store(hash, self.slot, tier);
-            let entry = self.blocks.entry(engine_hash.0).or_insert(EngineBlock {
+            // Indexed one block late, so that its slot is loaded while the next is hashed.
+            partition.prefetch(hash);
+            let done = pending.replace((*engine_hash, hash, digest, fast));
+            if let Some(block) = done {
+                self.keep_stored(&mut partition, block, part, tier);
+            }
+            parent = Some(digest);
+            parent_fast = fast;
+        }
+        if let Some(block) = pending {
+            self.keep_stored(&mut partition, block, part, tier);
+        }
+        chains.record(&self.computed);
+        Ok(n)
+    }
+
+    /// Indexes one recomputed block (`(engine hash, index hash, digest, fast key)`) for this
+    /// source in `tier`, and maps the engine's hash to it. An engine hash that named other
+    /// content before drops the old block first.
+    fn keep_stored(
+        &mut self,
+        partition: &mut Partition,
+        (engine_hash, hash, digest, fast): (BlockHash, BlockHash, Digest32, u64),
+        part: u16,
+        tier: Tier,
+    ) {
+        partition.store(hash, self.slot, tier);
+        let entry = self.blocks.entry(engine_hash.0).or_insert(EngineBlock {
+            index: hash,
+            digest,
+            fast,
+            part,
+            tiers: TierMask::EMPTY,
+        });
+        if entry.index != hash {
+            // the engine reused a hash for other content: the old block is gone
+            let old = *entry;
+            if let Some((_, p)) = self.parts.get(usize::from(old.part)) {
+                if old.part == part {
+                    partition.remove_all_tiers(old.index, self.slot);
+                    partition.store(hash, self.slot, tier);
+                } else {
+                    p.write().remove_all_tiers(old.index, self.slot);
+                }
+            }
+            *entry = EngineBlock {
                 index: hash,
                 digest,
                 fast,
                 part,
                 tiers: TierMask::EMPTY,
-            });
-            if entry.index != hash {
-                // the engine reused a hash for other content: the old block is gone
-                let old = *entry;
-                if let Some((_, p)) = self.parts.get(usize::from(old.part)) {
-                    if old.part == part {
-                        partition.remove_all_tiers(old.index, self.slot);
-                        partition.store(hash, self.slot, tier);
-                    } else {
-                        p.write().remove_all_tiers(old.index, self.slot);
-                    }
-                }
-                *entry = EngineBlock {
-                    index: hash,
-                    digest,
-                    fast,
-                    part,
-                    tiers: TierMask::EMPTY,
-                };
-            }
-            entry.tiers = entry.tiers.with(tier);
-            parent = Some(digest);
-            parent_fast = fast;
+            };
         }
-        chains.record(&self.computed);
-        Ok(n)
+        entry.tiers = entry.tiers.with(tier);
     }
 
     /// Trust mode: recomputes the digests of stored blocks that came with their tokens, after
