@@ -15,7 +15,9 @@
 //! - [`api`], [`http`]: the RFC #1403 HTTP API in JSON and MessagePack.
 //! - [`metrics`], [`config`], [`error`]: Prometheus metrics, static sources, [`IndexerError`].
 
-#![deny(unsafe_code)] // allowed only in `index::huge` (the tables' allocator)
+// Unsafe code is allowed only in `index::huge` (the tables' allocator) and in `index::table`'s
+// prefetch hint.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod api;

@@ -10,6 +10,8 @@
 //! - `huge.rs`: [`HugePages`], the large tables' allocator (2 MiB pages).
 //! - `mod.rs`: [`Partition`] (the map and its holder lists) and [`PrefixIndex`] (partitions by
 //!   [`PartitionKey`], each behind its own lock).
+//! - `table.rs`: [`Table`], the hash table both the partitions and the chain cache keep their
+//!   blocks in, which a query can prefetch.
 //! - `query.rs`: the walk that turns a chain of hashes into per-worker, per-tier matches.
 //! - `chains.rs`: the [`ChainCache`] that gives queries the digests of blocks already hashed
 //!   without computing SHA-256 again.

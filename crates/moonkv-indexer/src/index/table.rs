@@ -10,8 +10,8 @@
 //! Layout: open addressing with linear probing over a power-of-two number of slots, at most 3/4
 //! full. A slot holds the key and the value side by side, so a lookup usually reads one cache
 //! line. Data a lookup does not need (a chain entry's full digest) can go in a *cold* array
-//! `C` beside the slots, moved with them, read only by the caller who asks for it. Key `0` marks an empty slot, so a real key `0` is kept aside.
-//! A key's home slot is a multiplicative hash of the key and a per-table random word, so keys
+//! `C` beside the slots, moved with them, read only by the caller who asks for it. Key `0`
+//! marks an empty slot, so a real key `0` is kept aside. A key's home slot is a multiplicative hash of the key and a per-table random word, so keys
 //! chosen to pile up in one place (a source can send any block hash) do not know where they
 //! land. Keys are placed Robin Hood style (a key further from its home takes the slot of one
 //! nearer to its own), so keys stored last are no further from home than any other, and a
@@ -24,7 +24,7 @@ use allocator_api2::vec::Vec;
 
 use super::HugePages;
 
-/// A slot holds at most this many keys of every four.
+/// At most 3 of every 4 slots hold a key.
 const MAX_LOAD_NUM: usize = 3;
 const MAX_LOAD_DEN: usize = 4;
 
