@@ -50,7 +50,8 @@ pub struct IndexerArgs {
     #[arg(long)]
     config: Option<String>,
     /// Blocks the chain cache keeps (fast key -> digest), so queries skip SHA-256 for blocks
-    /// already hashed; 49 bytes of table each. 0 turns the cache off.
+    /// already hashed; 64 bytes of table each (48 a slot, a quarter of slots kept free).
+    /// 0 turns the cache off.
     #[arg(long, env = moonkv_indexer::index::chains::CHAIN_CACHE_ENV,
           default_value_t = moonkv_indexer::index::chains::DEFAULT_CHAIN_CACHE_BLOCKS,
           value_parser = moonkv_indexer::index::ChainCache::parse_blocks)]

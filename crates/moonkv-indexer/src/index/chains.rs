@@ -36,8 +36,9 @@ use super::Table;
 use crate::hash::{Digest32, Extra, HashProfile};
 use crate::ids::{BlockHash, PartitionKey};
 
-/// Entries both generations hold at most by default: two generations of 1,835,008 entries,
-/// each filling a 2^21-slot table to its 3/4 limit (96 MiB each, 48 bytes a slot).
+/// Entries both generations hold at most by default: two generations of 1,572,864 entries,
+/// each filling a 2^21-slot table to its 3/4 limit (96 MiB each: 16 bytes a slot and 32 of
+/// digest).
 pub const DEFAULT_CHAIN_CACHE_BLOCKS: usize = 2 * (3 << 19);
 
 /// The environment variable that sets the chain cache's size in blocks (`0` turns it off).
