@@ -44,13 +44,6 @@ pub const DEFAULT_CHAIN_CACHE_BLOCKS: usize = 2 * (3 << 19);
 /// The environment variable that sets the chain cache's size in blocks (`0` turns it off).
 pub const CHAIN_CACHE_ENV: &str = "MOONKV_INDEXER_CHAIN_CACHE_BLOCKS";
 
-/// A remembered block.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ChainEntry {
-    /// The block's full digest.
-    pub digest: Digest32,
-}
-
 /// Two generations of a map keyed by uniformly distributed `u64`s, `per_generation` entries
 /// each at most, with cold data `C` per entry (see [`Table`]).
 #[derive(Debug)]
@@ -294,17 +287,17 @@ impl ChainCache {
         h.finish()
     }
 
-    /// Remembers computed blocks: `(fast key, entry)` pairs.
-    pub fn record(&self, blocks: &[(u64, ChainEntry)]) {
+    /// Remembers computed blocks: `(fast key, digest)` pairs.
+    pub fn record(&self, blocks: &[(u64, Digest32)]) {
         if !self.enabled || blocks.is_empty() {
             return;
         }
         let mut map = self.map.write();
-        for (i, &(k, e)) in blocks.iter().enumerate() {
+        for (i, &(k, digest)) in blocks.iter().enumerate() {
             if let Some(&(ahead, _)) = blocks.get(i + RECORD_AHEAD) {
                 map.prefetch(ahead);
             }
-            map.insert_with(k, BlockHash::from_digest(&e.digest).0, e.digest);
+            map.insert_with(k, BlockHash::from_digest(&digest).0, digest);
         }
     }
 
@@ -387,7 +380,7 @@ pub struct CachedChain<'a> {
     parent: Parent,
     next: usize,
     scratch: Vec<u8>,
-    computed: Vec<(u64, ChainEntry)>,
+    computed: Vec<(u64, Digest32)>,
     hits: u64,
     /// Fast keys of the blocks `next..ahead` (block `b` at `b % RING`).
     ring: [u64; RING],
@@ -497,7 +490,7 @@ impl<'a> CachedChain<'a> {
                 if old {
                     // used again: copied into the current generation by `finish`
                     let digest = self.cached_digest(fast);
-                    self.computed.push((fast, ChainEntry { digest }));
+                    self.computed.push((fast, digest));
                 }
                 self.parent = Parent::Cached(fast);
                 BlockHash(hash)
@@ -519,7 +512,7 @@ impl<'a> CachedChain<'a> {
                     self.profile
                         .block_with(&mut self.scratch, parent.as_ref(), block, extra);
                 if self.cache.enabled {
-                    self.computed.push((fast, ChainEntry { digest }));
+                    self.computed.push((fast, digest));
                 }
                 self.parent = Parent::Digest(digest);
                 BlockHash::from_digest(&digest)

@@ -21,7 +21,7 @@ pub mod huge;
 mod query;
 pub mod table;
 
-pub use chains::{CachedChain, ChainCache, ChainEntry};
+pub use chains::{CachedChain, ChainCache};
 pub use huge::HugePages;
 pub use query::{walk, WorkerRun, WALK_AHEAD};
 pub use table::Table;

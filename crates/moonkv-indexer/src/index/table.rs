@@ -356,6 +356,7 @@ impl<V: Default, C: Default> Table<V, C> {
     }
 
     /// Every value, in no particular order.
+    #[cfg(test)]
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.slots
             .iter()

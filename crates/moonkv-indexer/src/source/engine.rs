@@ -20,7 +20,7 @@ use crate::error::IndexerError;
 use crate::hash::{Digest32, Extra, HashProfile};
 use crate::ids::{BlockHash, PartitionKey, SourceSlot, Tier, TierMask};
 use crate::index::chains::Generations;
-use crate::index::{ChainEntry, Partition, PassThroughHasher, PrefixIndex};
+use crate::index::{Partition, PassThroughHasher, PrefixIndex};
 use crate::state::{partition_of, tenant_or_default};
 use crate::wire::{decode_batch, EngineEvent, StoredBlocks};
 
@@ -69,7 +69,7 @@ pub struct EngineBlocks {
     trusted: Generations<TrustedParent>,
     scratch: Vec<u8>,
     extra: Vec<u8>,
-    computed: Vec<(u64, ChainEntry)>,
+    computed: Vec<(u64, Digest32)>,
 }
 
 impl EngineBlocks {
@@ -161,7 +161,6 @@ impl EngineBlocks {
         let extras = st.extra_keys.as_ref().filter(|e| e.len() == n);
         let lora_key = lora.filter(|_| self.profile.hashes_extras());
         self.computed.clear();
-        let mut pending = None;
         for (i, engine_hash) in st.block_hashes.iter().enumerate() {
             let tokens = &st.token_ids[i * bs as usize..(i + 1) * bs as usize];
             let extra = match extras {
@@ -178,23 +177,20 @@ impl EngineBlocks {
                 self.extra.clear();
                 extra.encode_for(&self.profile, &mut self.extra);
                 let fast = chains.fast_key(parent_fast, tokens, &self.extra);
-                self.computed.push((fast, ChainEntry { digest }));
+                self.computed.push((fast, digest));
                 fast
             } else {
                 0
             };
             let hash = BlockHash::from_digest(&digest);
-            // Indexed one block late, so that its slot is loaded while the next is hashed.
-            partition.prefetch(hash);
-            let done = pending.replace((*engine_hash, hash, digest, fast));
-            if let Some(block) = done {
-                self.keep_stored(&mut partition, block, part, tier);
-            }
+            self.keep_stored(
+                &mut partition,
+                (*engine_hash, hash, digest, fast),
+                part,
+                tier,
+            );
             parent = Some(digest);
             parent_fast = fast;
-        }
-        if let Some(block) = pending {
-            self.keep_stored(&mut partition, block, part, tier);
         }
         chains.record(&self.computed);
         Ok(n)
@@ -288,7 +284,7 @@ impl EngineBlocks {
             self.extra.clear();
             extra.encode_for(&self.profile, &mut self.extra);
             let fast = chains.fast_key(parent_fast, tokens, &self.extra);
-            self.computed.push((fast, ChainEntry { digest }));
+            self.computed.push((fast, digest));
             self.trusted
                 .insert(engine_hash.0, TrustedParent { part, fast, digest });
             parent = Some(digest);
