@@ -44,6 +44,7 @@
 
 mod catalog;
 mod claims;
+mod copy;
 mod disk;
 pub mod failpoints;
 pub mod metrics;

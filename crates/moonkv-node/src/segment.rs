@@ -321,7 +321,7 @@ impl SegmentMemory {
         out: &mut [u8],
     ) -> std::result::Result<(), DataStatus> {
         let view = self.read_view(address, out.len() as u64).await?;
-        out.copy_from_slice(&view);
+        crate::copy::out_of_store(out, &view);
         Ok(())
     }
 
@@ -332,7 +332,7 @@ impl SegmentMemory {
         data: &[u8],
     ) -> std::result::Result<(), DataStatus> {
         let mut view = self.write_view(address, data.len() as u64).await?;
-        view.copy_from_slice(data);
+        crate::copy::into_store(&mut view, data);
         Ok(())
     }
 }

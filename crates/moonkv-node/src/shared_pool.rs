@@ -175,17 +175,20 @@ impl SharedPools {
             return false;
         };
         let mut at = 0;
+        let level = crate::copy::level();
         for (place, len) in places {
             // SAFETY: `place` starts `len` bytes inside a live mapping (`resolve`), and
             // `at + len <= total` (`places` checked the sum); the node's slice (written only
             // through the exclusive `In` borrow) and the shared mapping never overlap.
             unsafe {
                 match local {
+                    // Out of the segment into the caller's pool (a get), or from the pool
+                    // into the segment (a put: streaming stores, `crate::copy`).
                     Local::Out(src) => {
-                        std::ptr::copy_nonoverlapping(src.as_ptr().add(at), place, len)
+                        crate::copy::copy_raw(level, place, src.as_ptr().add(at), len, false)
                     }
                     Local::In(dst) => {
-                        std::ptr::copy_nonoverlapping(place, dst.as_mut_ptr().add(at), len)
+                        crate::copy::copy_raw(level, dst.as_mut_ptr().add(at), place, len, true)
                     }
                 }
             }
