@@ -27,7 +27,9 @@
 //! - `server`: the data-plane listener and the request loop of a connection (bounds, grants,
 //!   auth), split by operation: `requests`, `handshake`, `memory`, `same_host`, `file`.
 //! - `same_host`: the node's side of same-host copies — verifying the process that attaches a
-//!   connection, then copying between segment memory and that process's memory.
+//!   connection, then copying between segment memory and that process's memory;
+//!   `shared_pool`: callers' pools that the node maps and copies with its own loops (`copy`:
+//!   AVX2, streaming stores into the store).
 //! - `disk`: the disk tier — replica files, their format and checksums, capacity accounting,
 //!   the directory's lock and free space.
 //! - `offload`: the agent that copies evicted memory replicas to disk when the master asks.
@@ -37,8 +39,9 @@
 //! The wire it speaks is `moonkv-dataplane`; the master connection is `moonkv-client`'s
 //! `MasterClient`.
 //!
-//! Unsafe code is denied crate-wide; only `segment` (the raw segment allocation and its views)
-//! and `same_host` (cross-process copies) allow it, each stating why its unsafe is sound.
+//! Unsafe code is denied crate-wide; only `segment` (the raw segment allocation and its views),
+//! `same_host` (cross-process copies), `shared_pool` (mapped pools) and `copy` (SIMD copy
+//! loops) allow it, each stating why its unsafe is sound.
 
 #![deny(unsafe_code)]
 

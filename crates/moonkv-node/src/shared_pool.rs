@@ -176,6 +176,7 @@ impl SharedPools {
         };
         let mut at = 0;
         let level = crate::copy::level();
+        let stream = total >= crate::copy::STREAM_MIN;
         for (place, len) in places {
             // SAFETY: `place` starts `len` bytes inside a live mapping (`resolve`), and
             // `at + len <= total` (`places` checked the sum); the node's slice (written only
@@ -183,12 +184,12 @@ impl SharedPools {
             unsafe {
                 match local {
                     // Out of the segment into the caller's pool (a get), or from the pool
-                    // into the segment (a put: streaming stores, `crate::copy`).
+                    // into the segment (a put: streaming stores for a long request).
                     Local::Out(src) => {
                         crate::copy::copy_raw(level, place, src.as_ptr().add(at), len, false)
                     }
                     Local::In(dst) => {
-                        crate::copy::copy_raw(level, dst.as_mut_ptr().add(at), place, len, true)
+                        crate::copy::copy_raw(level, dst.as_mut_ptr().add(at), place, len, stream)
                     }
                 }
             }
