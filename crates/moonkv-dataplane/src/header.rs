@@ -77,17 +77,25 @@ pub struct LocalPlan {
     pub deadline_ns: u64,
     /// Caller ranges `(address, length)`, in order.
     pub ranges: Vec<(u64, u64)>,
+    /// Hints about the call the request belongs to ([`LocalPlan::LONG_CALL`]); a node ignores
+    /// bits it does not know.
+    pub flags: u32,
 }
 
 impl LocalPlan {
     /// Fixed part of the encoding.
     pub const FIXED_LEN: usize = 16;
 
+    /// Flag: the request is part of a call whose same-host bytes reach
+    /// [`crate::same_host::LONG_CALL_BYTES`]. Bytes that large rarely stay in a cache, so the
+    /// node writes them into its segment with streaming stores.
+    pub const LONG_CALL: u32 = 1;
+
     /// Appends the encoding to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.deadline_ns.to_be_bytes());
         out.extend_from_slice(&(self.ranges.len() as u32).to_be_bytes());
-        out.extend_from_slice(&0u32.to_be_bytes());
+        out.extend_from_slice(&self.flags.to_be_bytes());
         for (address, len) in &self.ranges {
             out.extend_from_slice(&address.to_be_bytes());
             out.extend_from_slice(&len.to_be_bytes());
@@ -109,6 +117,7 @@ impl LocalPlan {
                 .chunks_exact(16)
                 .map(|pair| (be_u64(pair, 0), be_u64(pair, 8)))
                 .collect(),
+            flags: u32::from_be_bytes([fixed[12], fixed[13], fixed[14], fixed[15]]),
         };
         let total = plan.ranges.iter().try_fold(0u64, |sum, (address, len)| {
             address.checked_add(*len)?;
@@ -508,5 +517,28 @@ mod tests {
     fn unknown_status_bytes_read_as_bad_header() {
         assert_eq!(DataStatus::from_u8(0), DataStatus::Ok);
         assert_eq!(DataStatus::from_u8(200), DataStatus::BadHeader);
+    }
+
+    #[test]
+    fn a_plan_round_trips_with_its_flags_and_old_plans_read_as_unflagged() {
+        let plan = LocalPlan {
+            deadline_ns: 123_456_789,
+            ranges: vec![(4096, 100), (1 << 40, 28)],
+            flags: LocalPlan::LONG_CALL | 0x8000_0000,
+        };
+        let mut bytes = Vec::new();
+        plan.encode_into(&mut bytes);
+        assert_eq!(bytes.len(), LocalPlan::FIXED_LEN + 32);
+        let fixed: [u8; LocalPlan::FIXED_LEN] = bytes[..LocalPlan::FIXED_LEN].try_into().unwrap();
+        assert_eq!(LocalPlan::count(&fixed), Some(2));
+        let back = LocalPlan::decode(&fixed, &bytes[LocalPlan::FIXED_LEN..], 128).unwrap();
+        assert_eq!(back, plan);
+        // A plan from a caller that predates the flags carries zero there.
+        let mut old = fixed;
+        old[12..16].copy_from_slice(&[0; 4]);
+        let back = LocalPlan::decode(&old, &bytes[LocalPlan::FIXED_LEN..], 128).unwrap();
+        assert_eq!(back.flags & LocalPlan::LONG_CALL, 0);
+        // Ranges that do not add up to the length are refused, flags or not.
+        assert!(LocalPlan::decode(&fixed, &bytes[LocalPlan::FIXED_LEN..], 127).is_none());
     }
 }

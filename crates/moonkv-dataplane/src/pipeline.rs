@@ -147,6 +147,16 @@ impl DataConnection {
     /// Sends every piece back to back and collects the answers (see the module doc). The
     /// connection stays usable only if the burst completed.
     pub async fn burst(&mut self, pieces: Vec<Piece<'_>>, step: Duration) -> Burst {
+        self.burst_flagged(pieces, step, 0).await
+    }
+
+    /// [`DataConnection::burst`], with `flags` ([`LocalPlan::flags`]) on its same-host requests.
+    pub async fn burst_flagged(
+        &mut self,
+        pieces: Vec<Piece<'_>>,
+        step: Duration,
+        flags: u32,
+    ) -> Burst {
         let mut sends = Vec::with_capacity(pieces.len());
         let mut expects = Vec::with_capacity(pieces.len());
         // Same-host requests name the caller's memory instead of carrying bytes; the node copies
@@ -203,6 +213,7 @@ impl DataConnection {
                 (ranges.len() <= MAX_LOCAL_RANGES).then_some(LocalPlan {
                     deadline_ns,
                     ranges,
+                    flags,
                 })
             });
             let (op, payload, sinks, extra) = match plan {

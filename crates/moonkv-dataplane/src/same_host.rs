@@ -16,6 +16,10 @@ use std::time::Duration;
 /// few connections, each copied by its own node thread.
 pub const SAME_HOST_CHUNK: usize = 2 << 20;
 
+/// A call whose same-host bytes reach this marks its requests
+/// [`LONG_CALL`](crate::header::LocalPlan::LONG_CALL).
+pub const LONG_CALL_BYTES: usize = 8 << 20;
+
 /// Environment variable that turns same-host copies off for a store (`0`, `false`, `off`).
 pub const SAME_HOST_ENV: &str = "MOONKV_SAME_HOST";
 

@@ -7,12 +7,13 @@
 //!   `rep movsb`. On the 2-vCPU EPYC VM of `docs/benchmarks.md` that ran at 4.7 GB/s per node
 //!   thread for the 128 KiB pieces of a 32 × 128 KiB batch, where a loop of vector loads and
 //!   stores ran at 12.3 GB/s.
-//! - **Streaming stores into the store.** A put's bytes are not read again soon, and the
-//!   segment memory they land in is rarely in a cache. Non-temporal stores write whole lines
-//!   without reading them first: a 16 or 64 MiB put went from 9.4–10.0 GB/s to 13.3–13.6.
-//!   Requests under [`STREAM_MIN`] keep ordinary stores (a 1 MiB object replaced in a loop
-//!   stays in the cache, and streaming made it 10% slower). Copies out of the store (gets)
-//!   use ordinary stores: the caller reads its buffer next.
+//! - **Streaming stores into the store, for long calls.** A call that moves 8 MiB or more
+//!   (`LocalPlan::LONG_CALL`, set by the caller) rarely finds its destination in a cache.
+//!   Non-temporal stores write whole lines without reading them first: 16 and 64 MiB puts
+//!   went from 9.4–10.0 GB/s to 13.3–13.6 when memory bandwidth was scarce, and stayed even
+//!   when it was not. Smaller calls keep ordinary stores: a 4 MiB object replaced in a loop
+//!   stays in the cache, and streaming made it 20% slower. Copies out of the store (gets) use
+//!   ordinary stores: the caller reads its buffer next.
 //!
 //! Pieces under [`VECTOR_MIN`] bytes, and CPUs without AVX2, use `copy_nonoverlapping`.
 //!
@@ -27,10 +28,9 @@ use std::sync::OnceLock;
 /// Pieces shorter than this are copied by `copy_nonoverlapping`.
 pub(crate) const VECTOR_MIN: usize = 4096;
 
-/// Copies into the store of at least this many bytes (one request's, or one embedded write's)
-/// use streaming stores; smaller ones often land in memory still in a cache (an object
-/// replaced again and again), where ordinary stores are faster.
-pub(crate) const STREAM_MIN: usize = 2 << 20;
+/// An embedded segment's writes of at least this many bytes use streaming stores; the same
+/// bound as a caller's long calls (`moonkv_dataplane::same_host::LONG_CALL_BYTES`).
+pub(crate) const STREAM_MIN: usize = moonkv_dataplane::same_host::LONG_CALL_BYTES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Level {

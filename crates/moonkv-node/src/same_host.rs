@@ -97,15 +97,21 @@ impl Peer {
 
     /// Copies `src` into the caller's `ranges` (whose lengths add up to `src.len()`).
     pub(crate) fn write_to(&self, src: &[u8], ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.copy(Local::Out(src), ranges)
+        self.copy(Local::Out(src), ranges, false)
     }
 
     /// Fills `dst` from the caller's `ranges` (whose lengths add up to `dst.len()`).
-    pub(crate) fn read_from(&self, dst: &mut [u8], ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.copy(Local::In(dst), ranges)
+    pub(crate) fn read_from(
+        &self,
+        dst: &mut [u8],
+        ranges: &[(u64, u64)],
+        stream: bool,
+    ) -> io::Result<()> {
+        self.copy(Local::In(dst), ranges, stream)
     }
 
-    fn copy(&self, mut local: Local<'_>, ranges: &[(u64, u64)]) -> io::Result<()> {
+    /// `stream`: a copy from a shared pool into `local` uses streaming stores (`crate::copy`).
+    fn copy(&self, mut local: Local<'_>, ranges: &[(u64, u64)], stream: bool) -> io::Result<()> {
         let current = |at: u64| {
             let mut id = [0u8; crate::shared_pool::ID_LEN];
             self.copy_syscall(
@@ -115,7 +121,7 @@ impl Peer {
             .ok()
             .map(|()| id)
         };
-        if self.pools.copy(&mut local, ranges, current) {
+        if self.pools.copy(&mut local, ranges, current, stream) {
             return Ok(());
         }
         self.copy_syscall(local, ranges)
@@ -313,7 +319,7 @@ pub(crate) fn verify(
         return Err(AttachError::Exited(pid));
     }
     let mut seen = [0u8; 16];
-    peer.read_from(&mut seen, &[(probe_address, 16)])
+    peer.read_from(&mut seen, &[(probe_address, 16)], false)
         .map_err(|source| AttachError::Memory { pid, source })?;
     if seen != probe {
         return Err(AttachError::ProbeMismatch {
@@ -467,7 +473,7 @@ mod tests {
         assert_eq!(a, source[..30]);
         assert_eq!(b, source[30..]);
         let mut back = vec![0u8; 100];
-        attached.read_from(&mut back, &ranges).unwrap();
+        attached.read_from(&mut back, &ranges, false).unwrap();
         assert_eq!(back, source);
         // An unmapped caller range fails the copy instead of touching anything else.
         let err = attached.write_to(&source[..8], &[(8, 8)]).unwrap_err();

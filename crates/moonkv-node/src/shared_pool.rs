@@ -166,6 +166,7 @@ impl SharedPools {
         local: &mut Local<'_>,
         ranges: &[(u64, u64)],
         current: impl Fn(u64) -> Option<[u8; ID_LEN]>,
+        stream: bool,
     ) -> bool {
         let total = match local {
             Local::Out(src) => src.len(),
@@ -176,7 +177,6 @@ impl SharedPools {
         };
         let mut at = 0;
         let level = crate::copy::level();
-        let stream = total >= crate::copy::STREAM_MIN;
         for (place, len) in places {
             // SAFETY: `place` starts `len` bytes inside a live mapping (`resolve`), and
             // `at + len <= total` (`places` checked the sum); the node's slice (written only
@@ -184,7 +184,7 @@ impl SharedPools {
             unsafe {
                 match local {
                     // Out of the segment into the caller's pool (a get), or from the pool
-                    // into the segment (a put: streaming stores for a long request).
+                    // into the segment (a put: streaming stores when asked to).
                     Local::Out(src) => {
                         crate::copy::copy_raw(level, place, src.as_ptr().add(at), len, false)
                     }
@@ -404,28 +404,38 @@ mod tests {
         assert_eq!(pools.maps[0].id.map(|(id, _)| id), Some([0xA5; ID_LEN]));
         let src: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
         let ranges = [(at + 100, 1000), (at + 5000, 3096)];
-        assert!(pools.copy(&mut Local::Out(&src), &ranges, mine));
+        assert!(pools.copy(&mut Local::Out(&src), &ranges, mine, false));
         // SAFETY: inside the test's own mapping.
         let seen = unsafe { std::slice::from_raw_parts(base.add(100), 1000) };
         assert_eq!(seen, &src[..1000]);
         let mut back = vec![0u8; 4096];
-        assert!(pools.copy(&mut Local::In(&mut back), &ranges, mine));
+        assert!(pools.copy(&mut Local::In(&mut back), &ranges, mine, false));
         assert_eq!(back, src);
+        // Into the node's memory by streaming stores (a long call): the same bytes, from an
+        // odd offset and past the loops' 256-byte steps.
+        let long: Vec<u8> = (0..70_001u32).map(|i| (i * 13 + i / 997) as u8).collect();
+        let odd = [(at + 8193, 70_001)];
+        assert!(pools.copy(&mut Local::Out(&long), &odd, mine, false));
+        let mut streamed = vec![0u8; 70_001];
+        assert!(pools.copy(&mut Local::In(&mut streamed), &odd, mine, true));
+        assert_eq!(streamed, long);
         // A range that leaves the pool, or lengths that do not add up: left to the other path.
         assert!(!pools.copy(
             &mut Local::Out(&src[..16]),
             &[(at + (1 << 20) - 8, 16)],
-            mine
+            mine,
+            false
         ));
-        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(8, 16)], mine));
-        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(at, 15)], mine));
+        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(8, 16)], mine, false));
+        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(at, 15)], mine, false));
         // The caller has other memory there now (another id): nothing goes into the old file.
-        assert!(
-            !pools.copy(&mut Local::Out(&src[..16]), &[(at, 16)], |_| Some(
-                [0; ID_LEN]
-            ))
-        );
-        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(at, 16)], |_| None));
+        assert!(!pools.copy(
+            &mut Local::Out(&src[..16]),
+            &[(at, 16)],
+            |_| Some([0; ID_LEN]),
+            false
+        ));
+        assert!(!pools.copy(&mut Local::Out(&src[..16]), &[(at, 16)], |_| None, false));
         // A second attach of the same caller shares the mapping.
         let again = SharedPools::discover(me());
         assert!(again

@@ -75,6 +75,7 @@ async fn local_raw(
     LocalPlan {
         deadline_ns,
         ranges,
+        flags: 0,
     }
     .encode_into(&mut bytes);
     stream.write_all(&bytes).await.unwrap();

@@ -147,6 +147,7 @@ fn read_local(
     LocalPlan {
         deadline_ns: monotonic_now_ns() + 5_000_000_000,
         ranges: vec![(into.as_mut_ptr() as u64, into.len() as u64)],
+        flags: 0,
     }
     .encode_into(&mut bytes);
     stream.write_all(&bytes).unwrap();

@@ -5,6 +5,8 @@
 
 use super::transfer::Transfer;
 use futures_util::future::join_all;
+use moonkv_dataplane::header::LocalPlan;
+use moonkv_dataplane::same_host::LONG_CALL_BYTES;
 use moonkv_dataplane::{DataConnection, Piece};
 use moonkv_proto::types::ReplicaDescriptor;
 use moonkv_proto::{Error, ReplicaId, Result, SegmentId};
@@ -155,18 +157,30 @@ impl Transfer {
             by_node.entry(job.endpoint).or_default().push(job);
         }
         let lanes = lanes.clamp(1, self.pool_cap());
-        let (mut work, mut same_host_bytes) = (Vec::new(), 0);
+        let same_host_bytes: usize = by_node
+            .iter()
+            .filter(|(endpoint, _)| self.pool().same_host(endpoint))
+            .flat_map(|(_, jobs)| jobs.iter().map(Job::len))
+            .sum();
+        // Bytes that many rarely stay in a cache: the node writes them with streaming stores.
+        let flags = if same_host_bytes >= LONG_CALL_BYTES {
+            LocalPlan::LONG_CALL
+        } else {
+            0
+        };
+        let mut work = Vec::new();
         for (endpoint, jobs) in by_node {
-            if self.pool().same_host(endpoint) {
-                same_host_bytes += jobs.iter().map(Job::len).sum::<usize>();
-            }
             let groups = coalesce(jobs, self.chunk_for(endpoint));
             let count = lanes.min(groups.len());
             let mut dealt: Vec<Vec<Group<'_>>> = (0..count).map(|_| Vec::new()).collect();
             for (i, group) in groups.into_iter().enumerate() {
                 dealt[i % count].push(group);
             }
-            work.extend(dealt.into_iter().map(|lane| self.run_lane(endpoint, lane)));
+            work.extend(
+                dealt
+                    .into_iter()
+                    .map(|lane| self.run_lane(endpoint, lane, flags)),
+            );
         }
         // A call whose same-host copies are long keeps its waiting thread off the CPUs the
         // node copies with (see `CallerLane::block_on`).
@@ -187,6 +201,7 @@ impl Transfer {
         &self,
         endpoint: &str,
         mut groups: Vec<Group<'_>>,
+        flags: u32,
     ) -> Vec<(usize, Result<()>)> {
         let mut out = Vec::with_capacity(groups.len());
         let fail_all = |groups: &[Group<'_>], out: &mut Vec<(usize, Result<()>)>, e: &Error| {
@@ -202,7 +217,7 @@ impl Transfer {
         let mut done = 0;
         loop {
             let pieces: Vec<Piece<'_>> = groups[done..].iter_mut().map(|g| piece_of(g)).collect();
-            let burst = conn.burst(pieces, self.step_timeout()).await;
+            let burst = conn.burst_flagged(pieces, self.step_timeout(), flags).await;
             let answered = burst.results.len();
             for (group, result) in groups[done..].iter().zip(burst.results) {
                 for job in group {

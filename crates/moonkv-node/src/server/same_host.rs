@@ -58,8 +58,10 @@ pub(super) async fn serve_local(
         match segment.write_view(h.address, h.length).await {
             Ok(mut view) => {
                 let mid = crate::failpoints::WRITE_MID_PAYLOAD;
+                // Part of a long call: its bytes go into the segment by streaming stores.
+                let stream = plan.flags & LocalPlan::LONG_CALL != 0;
                 copy_local(peer, plan, view.len(), mid, |at, end, ranges| {
-                    peer.read_from(&mut view[at..end], ranges)
+                    peer.read_from(&mut view[at..end], ranges, stream)
                 })
                 .await
             }
