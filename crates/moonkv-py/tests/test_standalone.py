@@ -297,6 +297,52 @@ def test_the_node_maps_the_pool_and_copies_through_it(node, key):
         s.close()
 
 
+def test_long_calls_and_short_ones_keep_every_byte_at_odd_offsets_and_sizes(node, key):
+    """A call of 8 MiB or more makes the node write into its segment with streaming stores,
+    a shorter one with ordinary stores (`moonkv_node::copy`): both give back exactly the bytes
+    put, whatever the alignment and length of the caller's ranges."""
+    _, n = node
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(64 << 20, 1 << 20, n.data) == OK
+    try:
+        pool = s.alloc_from_mem_pool(60 << 20)
+        assert pool != 0
+        # One long object, starting 100 bytes into the pool: not aligned for the stores.
+        size = (16 << 20) + 77
+        src = pattern(f"{key}-one", size)
+        ctypes.memmove(pool + 100, src, size)
+        assert s.put_from(f"{key}-one", pool + 100, size) == OK
+        back = pool + (20 << 20) + 3
+        ctypes.memset(back, 0, size)
+        assert s.get_into(f"{key}-one", back, size) == size
+        assert ctypes.string_at(back, size) == src
+        # A long batch (three objects, 9 MiB and a few bytes) and a short one (under 8 MiB).
+        for tag, sizes in (("long", [(5 << 20) + 1, (3 << 20) + 4095, (1 << 20) + 33]),
+                           ("short", [(3 << 20) + 5, 4097, (2 << 20) - 1])):
+            keys = [f"{key}-{tag}-{i}" for i in range(len(sizes))]
+            datas = [pattern(k, z) for k, z in zip(keys, sizes)]
+            at, ptrs = pool + 64 + 1, []
+            for d in datas:
+                ctypes.memmove(at, d, len(d))
+                ptrs.append(at)
+                at += len(d) + 13
+            assert s.batch_put_from(keys, ptrs, sizes) == [OK] * len(keys), tag
+            outs = [pool + (40 << 20) + 7 + i * (6 << 20) for i in range(len(sizes))]
+            for o, z in zip(outs, sizes):
+                ctypes.memset(o, 0, z)
+            assert s.batch_get_into(keys, outs, sizes) == sizes, tag
+            for o, d in zip(outs, datas):
+                assert ctypes.string_at(o, len(d)) == d, tag
+        # Replacing a long object with a short one and back leaves the last one's bytes.
+        short = pattern(f"{key}-again", 4096 + 5)
+        ctypes.memmove(pool, short, len(short))
+        assert s.upsert_from(f"{key}-one", pool, len(short)) == OK
+        assert s.get_into(f"{key}-one", back, len(short)) == len(short)
+        assert ctypes.string_at(back, len(short)) == short
+    finally:
+        s.close()
+
+
 def test_a_pool_made_where_a_closed_one_was_gets_its_own_bytes(node, key):
     """A store whose connections attached while pool A existed, copying into pool B made at A's
     old addresses: the node sees that A is gone (its id no longer there) and copies by system
