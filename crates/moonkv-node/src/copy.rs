@@ -55,25 +55,22 @@ pub(crate) fn level() -> Level {
 
 /// Copies `src` into store memory `dst` (a put): streaming stores from [`STREAM_MIN`] bytes.
 pub(crate) fn into_store(dst: &mut [u8], src: &[u8]) {
-    assert_eq!(
-        dst.len(),
-        src.len(),
-        "copy between slices of different lengths"
-    );
-    let stream = src.len() >= STREAM_MIN;
-    // SAFETY: two live slices of `len` bytes; `&mut` and `&` cannot overlap.
-    unsafe { copy_raw(level(), dst.as_mut_ptr(), src.as_ptr(), src.len(), stream) }
+    copy_slices(dst, src, src.len() >= STREAM_MIN);
 }
 
 /// Copies store memory `src` into `dst` (a get): ordinary stores.
 pub(crate) fn out_of_store(dst: &mut [u8], src: &[u8]) {
+    copy_slices(dst, src, false);
+}
+
+fn copy_slices(dst: &mut [u8], src: &[u8], stream: bool) {
     assert_eq!(
         dst.len(),
         src.len(),
         "copy between slices of different lengths"
     );
-    // SAFETY: as in `into_store`.
-    unsafe { copy_raw(level(), dst.as_mut_ptr(), src.as_ptr(), src.len(), false) }
+    // SAFETY: two live slices of `len` bytes; `&mut` and `&` cannot overlap.
+    unsafe { copy_raw(level(), dst.as_mut_ptr(), src.as_ptr(), src.len(), stream) }
 }
 
 /// Copies `len` bytes from `src` to `dst` with the loops of `level`; `stream`: with streaming
