@@ -7,6 +7,10 @@
     worker.py flood <master> <prefix> <size> <preferred segment>
                                              puts PREFIX-0, PREFIX-1, ... forever, announcing
                                              "start I" before and "done I RC" after each put
+    worker.py long-upserts <node data address> <key> <size>
+                                             standalone mode: replaces KEY with the same
+                                             SIZE bytes from its pool forever, announcing
+                                             "go" after the first replacement
 
 Every answer is one line; the first line is the node's hostname.
 """
@@ -74,10 +78,30 @@ def flood(master: str, prefix: str, size: int, preferred: str) -> None:
         i += 1
 
 
+def long_upserts(data: str, key: str, size: int) -> None:
+    import ctypes
+
+    store = moonkv.MooncakeDistributedStore()
+    if store.setup_dummy(size + (4 << 20), 1 << 20, data) != 0:
+        print("setup_dummy failed", flush=True)
+        sys.exit(1)
+    buf = store.alloc_from_mem_pool(size)
+    value = pattern(f"{key}-new", size)
+    ctypes.memmove(buf, value, size)
+    announced = False
+    while True:
+        rc = store.upsert_from(key, buf, size)
+        if not announced:
+            print(f"go {rc}", flush=True)
+            announced = True
+
+
 if __name__ == "__main__":
     mode, master = sys.argv[1], sys.argv[2]
     if mode == "serve":
         serve(master)
+    elif mode == "long-upserts":
+        long_upserts(master, sys.argv[3], int(sys.argv[4]))
     elif mode == "exit-mid-put":
         exit_mid_put(master, sys.argv[3], int(sys.argv[4]))
     else:
