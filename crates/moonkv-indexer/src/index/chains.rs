@@ -1,15 +1,16 @@
 //! The chain cache: block digests the indexer already computed, found again without SHA-256.
 //!
 //! Every block whose digest the indexer computes from token ids (at ingest, and on the query
-//! path) is remembered under a *fast key*, a keyed SipHash chained like the digest itself:
+//! path) is remembered under a *fast key*, a keyed hash chained like the digest itself:
 //!
 //! ```text
 //! fast(-1) = SipHash_k(partition key, profile, its root digest)
-//! fast(i)  = SipHash-1-3_k'(SipHash_k(block i's extra keys as CBOR), token count,
-//!                           block i's token ids, fast(i-1))
+//! fast(i)  = F_k'(SipHash_k(block i's extra keys as CBOR), token count,
+//!                 block i's token ids, fast(i-1))
 //! ```
 //!
-//! `k` is a random key drawn once per process (`std`'s `RandomState`), `k'` derived from it.
+//! `k` is a random key drawn once per process (`std`'s `RandomState`), `k'` derived from it;
+//! `F` is NH over the token ids with folded multiplies around it ([`super::fast`]).
 //! The fast key covers everything the block's digest depends on (the profile, the parent
 //! chain, the tokens and the extra keys, byte for byte as the digest reads them), so a given
 //! fast key stands for one digest unless two keyed 64-bit hashes collide: a lookup compares its
@@ -32,6 +33,7 @@ use parking_lot::{RwLock, RwLockReadGuard};
 
 use prometheus_client::metrics::counter::Counter;
 
+use super::fast::{FastHasher, FastPrefix};
 use super::Table;
 use crate::hash::{Digest32, Extra, HashProfile};
 use crate::ids::{BlockHash, PartitionKey};
@@ -153,8 +155,8 @@ pub struct ChainStats {
 #[derive(Debug)]
 pub struct ChainCache {
     keys: std::collections::hash_map::RandomState,
-    /// SipHash-1-3 key of the fast keys, drawn from `keys`.
-    sip: [u64; 2],
+    /// The key of the fast keys' hash, drawn from `keys`.
+    fast: FastHasher,
     enabled: bool,
     map: RwLock<Generations<u64, Digest32>>,
     stats: ChainStats,
@@ -171,7 +173,7 @@ impl ChainCache {
     pub fn new(blocks: usize) -> ChainCache {
         let keys = std::collections::hash_map::RandomState::new();
         ChainCache {
-            sip: [keys.hash_one(0u64), keys.hash_one(1u64)],
+            fast: FastHasher::new(&keys),
             keys,
             enabled: blocks > 0,
             map: RwLock::new(Generations::new(blocks.div_ceil(2))),
@@ -254,37 +256,22 @@ impl ChainCache {
         self.fast_key_with(parent, tokens, self.extra_word(extra_cbor))
     }
 
-    /// [`ChainCache::fast_key`] with the extra keys' word already computed: SipHash-1-3 over
-    /// the words `extra`, the token count, the tokens two to a word, then `parent`.
+    /// [`ChainCache::fast_key`] with the extra keys' word already computed.
     pub fn fast_key_with(&self, parent: u64, tokens: &[u32], extra: u64) -> u64 {
         self.fast_key_after(&self.fast_prefix(extra, tokens.len()), parent, tokens)
     }
 
-    /// The hash state after a block's first two words (its extra keys' word and its token
-    /// count), the same for every block of a query but the first.
-    fn fast_prefix(&self, extra: u64, tokens: usize) -> Sip13 {
-        let mut h = Sip13::new(self.sip);
-        h.word(extra);
-        h.word(tokens as u64);
-        h
+    /// The start of the fast keys of blocks with this extra keys' word and token count, the
+    /// same for every block of a query but the first.
+    fn fast_prefix(&self, extra: u64, tokens: usize) -> FastPrefix {
+        self.fast.prefix(extra, tokens)
     }
 
-    /// [`ChainCache::fast_key_with`] from the state [`ChainCache::fast_prefix`] gave for this
+    /// [`ChainCache::fast_key_with`] from the prefix [`ChainCache::fast_prefix`] gave for this
     /// block's extra word and token count.
     #[inline]
-    fn fast_key_after(&self, prefix: &Sip13, parent: u64, tokens: &[u32]) -> u64 {
-        let mut h = prefix.clone();
-        let mut pairs = tokens.chunks_exact(2);
-        for p in &mut pairs {
-            h.word(u64::from(p[0]) | u64::from(p[1]) << 32);
-        }
-        if let [last] = pairs.remainder() {
-            h.word(u64::from(*last));
-        }
-        // The parent last: the rounds over the tokens do not wait for the block before, so the
-        // processor runs them while that block's key is still being computed.
-        h.word(parent);
-        h.finish()
+    fn fast_key_after(&self, prefix: &FastPrefix, parent: u64, tokens: &[u32]) -> u64 {
+        self.fast.key(*prefix, parent, tokens)
     }
 
     /// Remembers computed blocks: `(fast key, digest)` pairs.
@@ -307,63 +294,6 @@ impl ChainCache {
     }
 }
 
-/// SipHash-1-3 over a sequence of 64-bit words (the words as little-endian bytes, then the
-/// usual length block), without the byte buffering of `std`'s hasher.
-#[derive(Clone)]
-struct Sip13 {
-    v: [u64; 4],
-    words: u64,
-}
-
-impl Sip13 {
-    fn new([k0, k1]: [u64; 2]) -> Sip13 {
-        Sip13 {
-            v: [
-                k0 ^ 0x736f_6d65_7073_6575,
-                k1 ^ 0x646f_7261_6e64_6f6d,
-                k0 ^ 0x6c79_6765_6e65_7261,
-                k1 ^ 0x7465_6462_7974_6573,
-            ],
-            words: 0,
-        }
-    }
-
-    #[inline(always)]
-    fn round(&mut self) {
-        let [v0, v1, v2, v3] = &mut self.v;
-        *v0 = v0.wrapping_add(*v1);
-        *v1 = v1.rotate_left(13) ^ *v0;
-        *v0 = v0.rotate_left(32);
-        *v2 = v2.wrapping_add(*v3);
-        *v3 = v3.rotate_left(16) ^ *v2;
-        *v0 = v0.wrapping_add(*v3);
-        *v3 = v3.rotate_left(21) ^ *v0;
-        *v2 = v2.wrapping_add(*v1);
-        *v1 = v1.rotate_left(17) ^ *v2;
-        *v2 = v2.rotate_left(32);
-    }
-
-    #[inline(always)]
-    fn word(&mut self, m: u64) {
-        self.v[3] ^= m;
-        self.round();
-        self.v[0] ^= m;
-        self.words += 1;
-    }
-
-    fn finish(mut self) -> u64 {
-        let b = (self.words.wrapping_mul(8) & 0xff) << 56;
-        self.v[3] ^= b;
-        self.round();
-        self.v[0] ^= b;
-        self.v[2] ^= 0xff;
-        self.round();
-        self.round();
-        self.round();
-        self.v[0] ^ self.v[1] ^ self.v[2] ^ self.v[3]
-    }
-}
-
 /// A query's chain: like [`crate::hash::Chain`], but each block's digest is taken from the
 /// [`ChainCache`] while its fast key is there; from the first block that is not, SHA-256 is
 /// computed for it and every later block. [`CachedChain::finish`] records what was computed.
@@ -375,8 +305,8 @@ pub struct CachedChain<'a> {
     block_size: usize,
     lora_name: Option<&'a str>,
     cache_salt: Option<&'a str>,
-    prefix_first: Sip13,
-    prefix_rest: Sip13,
+    prefix_first: FastPrefix,
+    prefix_rest: FastPrefix,
     parent: Parent,
     next: usize,
     scratch: Vec<u8>,

@@ -17,6 +17,7 @@
 //!   without computing SHA-256 again.
 
 pub mod chains;
+pub mod fast;
 pub mod huge;
 mod query;
 pub mod table;
