@@ -195,7 +195,10 @@ mod tests {
         // each bit set in half of the keys, within 1% (one standard deviation is 0.08%)
         for (bit, count) in ones.iter().enumerate() {
             let share = f64::from(*count) / f64::from(n);
-            assert!((share - 0.5).abs() < 0.01, "bit {bit} set in {share} of the keys");
+            assert!(
+                (share - 0.5).abs() < 0.01,
+                "bit {bit} set in {share} of the keys"
+            );
         }
     }
 }
