@@ -36,8 +36,9 @@
 #                   VM that takes about 9 s per GiB, and the node's readiness wait must allow it)
 #
 # Layout: upstream = its metadata server, mooncake_master and mooncake_client (its storage
-# process, SEG bytes) started by cluster.sh; moonkv = `moonkv master` and one `moonkv node`
-# (SEG bytes), separate processes. Every client holds no memory of the store, so every byte goes
+# process, SEG bytes) started by cluster.sh; moonkv = `moonkv up`: its master and one node
+# (SEG bytes) in one process, what a user runs on one host (MK_SPLIT=1: `moonkv master` and
+# `moonkv node` as separate processes instead). Every client holds no memory of the store, so every byte goes
 # from the client process to the storage process or back. Five systems over those two clusters:
 #   upstream        upstream's client, setup(..., "tcp", ...): every byte over loopback TCP
 #   moonkv          moonkv's drop-in, setup(...) with global_segment_size 0: the node copies
@@ -140,12 +141,20 @@ cat "$OUT/machine.txt" >&2
 log "starting upstream"
 "$TOOLS/cluster.sh" start "$UP_DIR" >&2
 log "starting moonkv"
-"$MOONKV_BIN" master --rpc-address 127.0.0.1 --rpc-port 50051 --metrics-port 9003 \
-    >"$OUT/moonkv-master.log" 2>&1 &
-MK_MASTER=$!
-wait_port 50051 30
-"$MOONKV_BIN" node --master 127.0.0.1:50051 --segment-size "$SEG" ${PREFAULT:+--prefault} >"$OUT/moonkv-node.log" 2>&1 &
-MK_NODE=$!
+if [[ ${MK_SPLIT:-0} == 1 ]]; then
+    "$MOONKV_BIN" master --rpc-address 127.0.0.1 --rpc-port 50051 --metrics-port 9003 \
+        >"$OUT/moonkv-master.log" 2>&1 &
+    MK_MASTER=$!
+    wait_port 50051 30
+    "$MOONKV_BIN" node --master 127.0.0.1:50051 --segment-size "$SEG" ${PREFAULT:+--prefault} >"$OUT/moonkv-node.log" 2>&1 &
+    MK_NODE=$!
+else
+    # What a user runs on one host: `moonkv up`, the master and its node in one process (the
+    # event stream on, as there by default); its ready line names the node's data address.
+    "$MOONKV_BIN" up --rpc-address 127.0.0.1 --rpc-port 50051 --metrics-port 9003 \
+        --segment-size "$SEG" ${PREFAULT:+--prefault} >"$OUT/moonkv-node.log" 2>&1 &
+    MK_NODE=$!
+fi
 READY_STEPS=100
 [[ -n ${PREFAULT:-} ]] && READY_STEPS=1800
 for _ in $(seq "$READY_STEPS"); do grep -q '"event":"ready"' "$OUT/moonkv-node.log" && break; sleep 0.1; done

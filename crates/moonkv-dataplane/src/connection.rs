@@ -5,8 +5,8 @@
 
 use crate::handshake::{self, Answer, Mode, ANSWER_LEN};
 use crate::header::{
-    AttachRequest, DataOp, DataStatus, FileMeta, RequestHeader, ResponseHeader, REQUEST_LEN,
-    RESPONSE_LEN,
+    AttachRequest, DataOp, DataStatus, FileMeta, LocalPlan, RequestHeader, ResponseHeader,
+    REQUEST_LEN, RESPONSE_LEN,
 };
 use crate::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::auth::{Secret, NONCE_LEN, SECRET_ENV, SECRET_FILE_ENV};
@@ -201,6 +201,55 @@ impl DataConnection {
         self.healthy = true;
         serde_json::from_slice(&body)
             .map_err(|e| transfer_fail(&self.endpoint, &format!("stats answer is not valid: {e}")))
+    }
+
+    /// A same-host put through the node ([`DataOp::PutLocal`]): `plan` lists the caller's
+    /// memory of the objects laid end to end (`total` bytes), `body` is the encoded request.
+    /// Returns the node's answer body once it has ended or revoked every key, or the status it
+    /// refused the request with before placing anything (`LOCAL_REFUSED`: a node that does not
+    /// take such puts, or a connection not attached).
+    pub async fn put_local(
+        &mut self,
+        plan: &LocalPlan,
+        total: u64,
+        body: &[u8],
+    ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
+        let id = self.take_id();
+        let header = RequestHeader::new(DataOp::PutLocal, id, SegmentId::new(0, 0), 0, total);
+        let head = head(header, &[])?;
+        let body_len = u32::try_from(body.len())
+            .ok()
+            .filter(|n| *n <= crate::header::MAX_PUT_LOCAL_BODY)
+            .ok_or_else(|| transfer_fail(&self.endpoint, "same-host put request too long"))?;
+        let mut out =
+            Vec::with_capacity(head.len() + 16 * (plan.ranges.len() + 1) + 4 + body.len());
+        out.extend_from_slice(&head);
+        plan.encode_into(&mut out);
+        out.extend_from_slice(&body_len.to_be_bytes());
+        out.extend_from_slice(body);
+        self.healthy = false;
+        self.stream
+            .write_all(&out)
+            .await
+            .map_err(|e| self.io_fail("send same-host put", e))?;
+        let response = self.read_response(id).await?;
+        if response.status != DataStatus::Ok {
+            self.healthy = stays_in_step(response.status);
+            return Ok(Err(response.status));
+        }
+        if response.length > u64::from(crate::header::MAX_PUT_LOCAL_BODY) {
+            return Err(transfer_fail(
+                &self.endpoint,
+                "same-host put answer too long",
+            ));
+        }
+        let mut answer = vec![0u8; response.length as usize];
+        self.stream
+            .read_exact(&mut answer)
+            .await
+            .map_err(|e| self.io_fail("receive same-host put answer", e))?;
+        self.healthy = true;
+        Ok(Ok(answer))
     }
 
     /// Writes disk file `file_id` of disk `disk` holding the concatenation of `parts`; returns

@@ -43,6 +43,15 @@ pub enum DataOp {
     /// Asks the node to copy this connection's bytes straight between its segments and the
     /// caller's memory from now on; an [`AttachRequest`] carried in the header, no payload.
     Attach = 8,
+    /// Same-host put through the node: the node places the objects at its master as the
+    /// caller (start), copies them from the caller's memory at the places the [`LocalPlan`]
+    /// lists into its own segments, and ends them (or revokes them). A `u32` body length and a
+    /// MessagePack body (`(upsert: bool, moonkv_proto::msg::BatchPutStartRequest)`) follow the
+    /// plan; `length` is the objects' bytes, laid end to end in the plan. Answered with a
+    /// MessagePack `Vec<ItemResult<()>>`, one per key; a key the node could not write itself
+    /// (a replica elsewhere) comes back `NOT_SUPPORTED`, revoked. Only on an attached
+    /// connection, and only by a node that says so in STATS ([`NodeStats::put_local`]).
+    PutLocal = 9,
 }
 
 impl DataOp {
@@ -61,6 +70,9 @@ impl DataOp {
         op == DataOp::ReadLocal as u8 || op == DataOp::WriteLocal as u8
     }
 }
+
+/// Largest body of a [`DataOp::PutLocal`] request, and of its answer.
+pub const MAX_PUT_LOCAL_BODY: u32 = 16 << 20;
 
 /// Most caller ranges one [`LocalPlan`] may list (the kernel's `IOV_MAX`).
 pub const MAX_LOCAL_RANGES: usize = 1024;
@@ -185,6 +197,10 @@ pub struct NodeStats {
     /// The master this node mounts its segments on (`host:port`, or an `etcd://` cluster).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master: Option<String>,
+    /// The node takes same-host puts whole ([`DataOp::PutLocal`]): it starts and ends them at
+    /// its master itself, so a caller's put crosses processes once.
+    #[serde(default)]
+    pub put_local: bool,
 }
 
 /// Largest STATS answer a caller accepts.

@@ -86,6 +86,9 @@ pub struct NodeConfig {
     pub refuse_same_host: bool,
     /// Attach same-host callers of another user too (see `Access::same_host_other_users`).
     pub same_host_other_users: bool,
+    /// The master as a call in this process (`moonkv up`): puts taken whole from same-host
+    /// callers (PUT_LOCAL) start and end through it instead of through a socket.
+    pub in_process_master: Option<Arc<dyn moonkv_proto::local::InProcessMaster>>,
 }
 
 impl NodeConfig {
@@ -106,6 +109,7 @@ impl NodeConfig {
             disk_poll_interval: Duration::from_millis(100),
             prefault: false,
             huge_pages: true,
+            in_process_master: None,
             local_segments: LocalSegments::new(),
             auth_secret: None,
             grant_secret: None,
@@ -317,6 +321,7 @@ impl Node {
             handle.master.clone(),
             catalog_table,
             handle.catalog.clone(),
+            config.in_process_master.clone(),
         )));
         for segment in handle.segments.clone() {
             if let Err(e) = handle.master.mount(segment.clone()).await {
@@ -326,6 +331,10 @@ impl Node {
                     format!("mounting segment {}: {}", segment.name, e.message),
                 ));
             }
+        }
+        // Mounted: same-host callers may now hand this node whole puts (PUT_LOCAL).
+        if let Some(server) = &handle.server {
+            server.take_puts_through(handle.master.clone(), config.in_process_master.clone());
         }
         if let (Some((store, files)), Some(info)) = (opened, handle.disk.clone()) {
             let agent = offload::DiskAgent {

@@ -21,6 +21,7 @@ pub mod frame;
 pub mod grant;
 pub mod ha;
 pub mod ids;
+pub mod local;
 pub mod msg;
 pub mod tls;
 pub mod types;

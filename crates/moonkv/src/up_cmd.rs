@@ -79,7 +79,12 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     node_config.secret_error = None;
     node_config.tls = tls;
     node_config.master_tls = master_tls;
-    let node = match Node::start(node_config).await {
+    // The node reaches this master by calls, not through a socket, for the puts it takes whole.
+    node_config.in_process_master = Some(master.in_process());
+    // The node runs on a runtime of its own, as it would in its own process: its copies then
+    // never hold the master's answers back on a shared worker.
+    let node_runtime = NodeRuntime::new()?;
+    let node = match node_runtime.run(Node::start(node_config)).await {
         Ok(node) => node,
         Err(e) => {
             master.shutdown().await;
@@ -90,7 +95,7 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
         Some(addr) => match crate::node_cmd::serve_node_metrics(addr, &node).await {
             Ok(served) => Some(served),
             Err(e) => {
-                node.shutdown().await;
+                node_runtime.run(node.shutdown()).await;
                 master.shutdown().await;
                 return Err(e);
             }
@@ -130,7 +135,38 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     if let Some((_, task)) = node_metrics {
         task.abort();
     }
-    node.shutdown().await;
+    node_runtime.run(node.shutdown()).await;
     master.shutdown().await;
     Ok(())
+}
+
+/// The embedded node's own runtime (see [`run`]).
+struct NodeRuntime(Option<tokio::runtime::Runtime>);
+
+impl NodeRuntime {
+    fn new() -> anyhow::Result<NodeRuntime> {
+        Ok(NodeRuntime(Some(moonkv_client::util::runtime(0)?)))
+    }
+
+    /// Runs `work` to its end on the node's runtime.
+    async fn run<F>(&self, work: F) -> F::Output
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let runtime = self.0.as_ref().expect("only Drop takes the runtime");
+        match runtime.spawn(work).await {
+            Ok(out) => out,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+impl Drop for NodeRuntime {
+    fn drop(&mut self) {
+        // Dropped inside the master's runtime: let its threads go without blocking there.
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }

@@ -138,6 +138,62 @@ impl Store {
         if keys.len() != objects.len() {
             return mismatch(keys, objects.len(), "values");
         }
+        if self.config.put_local_node.is_some() {
+            let valid = check_keys(keys).valid.len() == keys.len()
+                && objects
+                    .iter()
+                    .all(|parts| check_size(parts.iter().map(|p| p.len() as u64).sum()).is_ok());
+            if valid {
+                if let Some(answers) = self.put_through_node(kind, keys, objects, config).await {
+                    return self
+                        .finish_elsewhere(kind, keys, objects, config, answers)
+                        .await;
+                }
+            }
+        }
+        self.batch_write_usual(kind, keys, objects, config).await
+    }
+
+    /// The keys a put through the node left over ([`Store::put_through_node`]), written the
+    /// usual way; every key's result.
+    async fn finish_elsewhere(
+        &self,
+        kind: WriteKind,
+        keys: &[&str],
+        objects: &[&[&[u8]]],
+        config: &ReplicateConfig,
+        answers: super::put_local::NodeAnswers,
+    ) -> Vec<Result<()>> {
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| answers[i].is_none()).collect();
+        let mut results: Vec<Result<()>> =
+            answers.into_iter().map(|a| a.unwrap_or(Ok(()))).collect();
+        if rest.is_empty() {
+            return results;
+        }
+        let sub_keys: Vec<&str> = rest.iter().map(|&i| keys[i]).collect();
+        let sub_objects: Vec<&[&[u8]]> = rest.iter().map(|&i| objects[i]).collect();
+        let mut sub_config = config.clone();
+        if let Some(groups) = &config.group_ids {
+            if groups.len() == keys.len() {
+                sub_config.group_ids = Some(rest.iter().map(|&i| groups[i].clone()).collect());
+            }
+        }
+        let written =
+            Box::pin(self.batch_write_usual(kind, &sub_keys, &sub_objects, &sub_config)).await;
+        for (i, result) in rest.into_iter().zip(written) {
+            results[i] = result;
+        }
+        results
+    }
+
+    /// [`Store::batch_write`] through the master and the data plane, with failover.
+    async fn batch_write_usual(
+        &self,
+        kind: WriteKind,
+        keys: &[&str],
+        objects: &[&[&[u8]]],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<()>> {
         let mut window = failover::Window::start(self);
         let (mut results, mut retry) = self.batch_write_once(kind, keys, objects, config).await;
         loop {

@@ -15,6 +15,7 @@ mod failover;
 mod in_flight;
 mod lanes;
 mod parts;
+mod put_local;
 mod standalone;
 pub(crate) mod transfer;
 
@@ -73,6 +74,9 @@ pub struct StoreConfig {
     /// (`docs/data-plane.md`, *Same-host copies*); on unless `MOONKV_SAME_HOST=0`. Never over
     /// TLS.
     pub same_host: bool,
+    /// A node on this machine that takes whole puts (`docs/data-plane.md`, *Puts through the
+    /// node*): set by [`Store::connect_via_node`] when the node says it does.
+    pub put_local_node: Option<String>,
 }
 
 impl StoreConfig {
@@ -95,6 +99,7 @@ impl StoreConfig {
             auth_secret: crate::util::secret_from_env(),
             tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
             same_host: moonkv_dataplane::same_host::enabled_by_env().unwrap_or(true),
+            put_local_node: None,
         }
     }
 }
@@ -405,6 +410,17 @@ impl Store {
         value: &[u8],
         config: &ReplicateConfig,
     ) -> Result<()> {
+        if self.config.put_local_node.is_some()
+            && check_key(key).is_ok()
+            && check_value(value).is_ok()
+        {
+            let answers = self
+                .put_through_node(kind, &[key], &[&[value]], config)
+                .await;
+            if let Some(Some(result)) = answers.and_then(|mut a| a.pop()) {
+                return result;
+            }
+        }
         self.write_counted(kind, key, value, config, None)
             .await
             .map(drop)

@@ -42,6 +42,7 @@ const SWEEP_PERIOD: Duration = Duration::from_secs(1);
 
 /// A running master. Drop does not stop it; call [`MasterHandle::shutdown`].
 pub struct MasterHandle {
+    rpc: Arc<rpc::RpcShared>,
     rpc_addr: SocketAddr,
     admin_addr: SocketAddr,
     gate: Arc<Gate>,
@@ -52,7 +53,28 @@ pub struct MasterHandle {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// The master as a call in this process ([`MasterHandle::in_process`]).
+struct InProcess(Arc<rpc::RpcShared>);
+
+impl std::fmt::Debug for InProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InProcess")
+    }
+}
+
+impl moonkv_proto::local::InProcessMaster for InProcess {
+    fn answer(&self, request: moonkv_proto::msg::Request) -> moonkv_proto::local::AnswerFuture {
+        Box::pin(rpc::answer_in_process(self.0.clone(), request))
+    }
+}
+
 impl MasterHandle {
+    /// This master as a call in the same process, answered as on a node's connection: for the
+    /// node `moonkv up` runs beside it.
+    pub fn in_process(&self) -> Arc<dyn moonkv_proto::local::InProcessMaster> {
+        Arc::new(InProcess(self.rpc.clone()))
+    }
+
     /// Address the RPC server listens on.
     pub fn rpc_addr(&self) -> SocketAddr {
         self.rpc_addr
@@ -214,7 +236,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle, StartError> {
         tls,
         catalog,
     });
-    let rpc_task = tokio::spawn(rpc::serve(rpc_listener, shared, stop_rx.clone()));
+    let rpc_task = tokio::spawn(rpc::serve(rpc_listener, shared.clone(), stop_rx.clone()));
 
     let state = admin::AdminState {
         gate: gate.clone(),
@@ -257,6 +279,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle, StartError> {
     let tls_on = config.tls().is_some();
     tracing::info!(%rpc_addr, %admin_addr, tls = tls_on, events = ?events.endpoint(), "master ready");
     Ok(MasterHandle {
+        rpc: shared,
         rpc_addr,
         admin_addr,
         gate,

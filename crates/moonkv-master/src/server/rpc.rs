@@ -703,6 +703,78 @@ fn process_input(
     result
 }
 
+/// One request answered in this process, as on a connection of a node (`moonkv up`'s own
+/// node): the same admission, dispatch, space waits and fences, without a socket. The answer
+/// frame carries request id 0.
+pub(crate) async fn answer_in_process(shared: Arc<RpcShared>, request: Request) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut serving = Serving::new(&shared.gate);
+    if let Err(refusal) = serving.admit(&shared.gate, Instant::now(), 0) {
+        frame::encode_err(&mut out, 0, &refusal);
+        return out;
+    }
+    let (term, engine) = (serving.term, serving.engine.clone());
+    let op = request.op();
+    if let Request::SyncCatalog(req) = &request {
+        let started = Instant::now();
+        let reply = sync_catalog(&shared, &engine, req).await;
+        let encoded = respond(&mut out, 0, &reply);
+        shared
+            .metrics
+            .record_reply(&request, &reply, encoded, started.elapsed());
+        seal_deferred(&shared, term, 0, &mut out);
+        return out;
+    }
+    if is_scan(op) {
+        // Scans hold the engine for long: on a blocking thread, as for a connection.
+        let (shared2, request2) = (shared.clone(), request.clone());
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let before = engine.deletion_seq();
+            let ((), fence) =
+                crate::engine::fence_scope(|| dispatch(&shared2, &engine, 0, &request2, &mut out));
+            super::space_wait::wait_for_deletions_blocking(&engine, before);
+            (out, fence, engine)
+        })
+        .await;
+        let Ok((mut out, fence, engine)) = joined else {
+            frame::encode_err(
+                &mut out,
+                0,
+                &Error::new(ErrorCode::INTERNAL_ERROR, "a scan's thread failed"),
+            );
+            return out;
+        };
+        wait_fence(&shared, &engine, fence).await;
+        seal_deferred(&shared, term, 0, &mut out);
+        return out;
+    }
+    if !super::space_wait::may_delete_files(op) {
+        dispatch(&shared, &engine, 0, &request, &mut out);
+        seal_deferred(&shared, term, 0, &mut out);
+        return out;
+    }
+    let (answer, fence) =
+        crate::engine::fence_scope(|| super::space_wait::answer(&shared, &engine, 0, &request));
+    let fence = if is_fenced(op) {
+        fence
+    } else {
+        crate::engine::CatalogFence::default()
+    };
+    let mut out = match answer {
+        super::space_wait::Answer::Done(out) => out,
+        super::space_wait::Answer::HeldDeletion(answer) => answer.await,
+        super::space_wait::Answer::HeldStart(answer) => {
+            let (out, held) = answer.await;
+            wait_fence(&shared, &engine, held).await;
+            out
+        }
+    };
+    wait_fence(&shared, &engine, fence).await;
+    seal_deferred(&shared, term, 0, &mut out);
+    out
+}
+
 /// A connection's view of the gate: the engine of the term it last saw, and which terms the
 /// answers waiting in its output buffer were admitted under.
 struct Serving {

@@ -12,11 +12,13 @@
 //! - `handshake`: the authentication hello and proof, and ATTACH (same-host copies).
 //! - `memory`: READ / WRITE of segment bytes over the socket.
 //! - `same_host`: READ_LOCAL / WRITE_LOCAL, copied straight to and from the caller's memory.
+//! - `put_local`: PUT_LOCAL, a same-host put the node starts and ends at its master itself.
 //! - `file`: FILE_READ / FILE_WRITE of the disk tier's files.
 
 mod file;
 mod handshake;
 mod memory;
+mod put_local;
 mod requests;
 mod same_host;
 
@@ -88,6 +90,29 @@ pub(crate) struct Served {
     access: Access,
     pub(crate) counters: Counters,
     pub(crate) metrics: crate::metrics::DataMetrics,
+    /// The node's own master client, once it has one: set, it takes same-host puts whole
+    /// (PUT_LOCAL) when it checks no secrets and no grants.
+    master: std::sync::OnceLock<PutsThrough>,
+}
+
+/// How the node reaches its master for the puts it takes whole: its own client, and the master
+/// as a call when it runs in this process.
+pub(crate) struct PutsThrough {
+    pub(crate) client: moonkv_client::master_client::MasterClient,
+    pub(crate) in_process: Option<Arc<dyn moonkv_proto::local::InProcessMaster>>,
+}
+
+impl PutsThrough {
+    /// Sends `request` to the master and decodes its answer.
+    pub(crate) async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        request: moonkv_proto::msg::Request,
+    ) -> moonkv_proto::Result<T> {
+        match &self.in_process {
+            Some(master) => moonkv_proto::local::decode_answer(&master.answer(request).await),
+            None => self.client.call(request).await,
+        }
+    }
 }
 
 /// The node's data-plane counters (answered to STATS requests).
@@ -107,6 +132,7 @@ impl Counters {
             requests: self.requests.load(Ordering::Relaxed),
             same_host_requests: self.same_host.load(Ordering::Relaxed),
             master: None,
+            put_local: false,
         }
     }
 }
@@ -121,6 +147,14 @@ impl Drop for OpenConnection {
 }
 
 impl Served {
+    /// The master client PUT_LOCAL goes through, when this node takes such puts.
+    pub(crate) fn put_local_master(&self) -> Option<&PutsThrough> {
+        let open = self.access.secret.is_none()
+            && self.access.grant_key.is_none()
+            && !self.access.refuse_same_host;
+        self.master.get().filter(|_| open)
+    }
+
     fn segment(&self, id: SegmentId) -> Option<Arc<SegmentMemory>> {
         self.segments.read().get(&id).cloned()
     }
@@ -160,6 +194,7 @@ impl DataServer {
             access,
             counters: Counters::default(),
             metrics: Default::default(),
+            master: std::sync::OnceLock::new(),
         });
         let task = tokio::spawn(accept_loop(listener, served.clone(), stopped));
         Ok(DataServer {
@@ -170,6 +205,17 @@ impl DataServer {
         })
     }
 
+    /// Takes same-host puts whole from now on (PUT_LOCAL), starting and ending them through
+    /// `in_process` when the master runs in this process, else through `client` (when the
+    /// node checks no secrets and no grants; else nothing changes).
+    pub fn take_puts_through(
+        &self,
+        client: moonkv_client::master_client::MasterClient,
+        in_process: Option<Arc<dyn moonkv_proto::local::InProcessMaster>>,
+    ) {
+        let _ = self.served.master.set(PutsThrough { client, in_process });
+    }
+
     /// Address the listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
@@ -177,7 +223,9 @@ impl DataServer {
 
     /// Connections accepted and open, requests answered.
     pub(crate) fn stats(&self) -> NodeStats {
-        self.served.counters.snapshot()
+        let mut stats = self.served.counters.snapshot();
+        stats.put_local = self.served.put_local_master().is_some();
+        stats
     }
 
     /// The node's Prometheus metrics (data plane, range locks, disk).

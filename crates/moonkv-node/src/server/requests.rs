@@ -4,11 +4,14 @@
 use super::file::{serve_file_read, serve_file_write};
 use super::handshake::{attach, greet, refuse_connection};
 use super::memory::{serve_read, serve_write};
+use super::put_local::serve_put_local;
 use super::same_host::{read_plan, serve_local};
 use super::{refuse, respond, Conn, Served};
 use crate::claims::Claims;
 use moonkv_dataplane::handshake::HELLO_MAGIC;
-use moonkv_dataplane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, REQUEST_LEN};
+use moonkv_dataplane::header::{
+    DataOp, DataStatus, RequestHeader, ResponseHeader, MAX_PUT_LOCAL_BODY, REQUEST_LEN,
+};
 use moonkv_proto::auth::Secret;
 use moonkv_proto::grant::{self, Grant, Refusal, GRANT_LEN};
 use std::io;
@@ -100,7 +103,7 @@ pub(super) async fn serve_requests(
             attached = attach(stream, &header, ends, served).await?;
             continue;
         }
-        let plan = if DataOp::is_local(header.op) {
+        let plan = if DataOp::is_local(header.op) || header.op == DataOp::PutLocal as u8 {
             match read_plan(stream, &header).await? {
                 Ok(plan) => Some(plan),
                 Err(status) => {
@@ -114,7 +117,8 @@ pub(super) async fn serve_requests(
         let mut granted_file_size = None;
         // STATS names no range, so it needs no grant: the handshake (when the node has a
         // secret) is what admits it. Standalone clients learn their master from it.
-        let needs_grant = header.op != DataOp::Stats as u8;
+        // PUT_LOCAL carries none either: only a node that checks no grants takes it.
+        let needs_grant = header.op != DataOp::Stats as u8 && header.op != DataOp::PutLocal as u8;
         if let Some(key) = served.access.grant_key.as_ref().filter(|_| needs_grant) {
             match check_grant(key, &served.access.claims, &header, &grant[..grant_len]) {
                 Ok(size) => granted_file_size = size,
@@ -159,6 +163,22 @@ pub(super) async fn serve_requests(
                 }
                 ok
             }
+            op if op == DataOp::PutLocal as u8 => {
+                let plan = plan.as_ref().expect("read with the header");
+                let Some(body) = read_body(stream).await? else {
+                    respond(stream, DataStatus::BadHeader, header.request_id).await?;
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "same-host put body too long",
+                    ));
+                };
+                let ok = serve_put_local(stream, &header, served, attached.as_ref(), plan, &body)
+                    .await?;
+                if ok {
+                    served.counters.same_host.fetch_add(1, Ordering::Relaxed);
+                }
+                ok
+            }
             op if op == DataOp::FileRead as u8 => {
                 serve_file_read(stream, &header, served.disk(id)).await?
             }
@@ -174,6 +194,20 @@ pub(super) async fn serve_requests(
             .metrics
             .served(header.op, ok, header.length, started.elapsed());
     }
+}
+
+/// The length-prefixed body of a PUT_LOCAL; `None` when it is longer than
+/// [`MAX_PUT_LOCAL_BODY`] (the stream can then not be kept in step).
+async fn read_body(stream: &mut Conn) -> io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len);
+    if len > MAX_PUT_LOCAL_BODY {
+        return Ok(None);
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).await?;
+    Ok(Some(body))
 }
 
 /// Whether the next request's bytes are already here (a pipelined burst): its answers can keep
@@ -253,6 +287,7 @@ async fn serve_stats(stream: &mut Conn, h: &RequestHeader, served: &Served) -> i
     }
     let mut stats = served.counters.snapshot();
     stats.master = served.access.master_addr.clone();
+    stats.put_local = served.put_local_master().is_some();
     let body = serde_json::to_vec(&stats).map_err(io::Error::other)?;
     let ok = ResponseHeader {
         status: DataStatus::Ok,

@@ -88,7 +88,7 @@ pub(super) async fn serve_local(
 /// Runs `step(from, to, caller ranges)` over `len` bytes in steps of at most [`LOCAL_STEP`];
 /// with fault points compiled in, a step ends half-way and passes `mid` there, as the socket
 /// path does.
-async fn copy_local(
+pub(super) async fn copy_local(
     peer: &crate::same_host::Peer,
     plan: &LocalPlan,
     len: usize,
@@ -132,7 +132,7 @@ async fn copy_local(
 }
 
 /// The part of `ranges` (laid end to end) covering bytes `[from, from + len)`.
-fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
+pub(super) fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
     let (end, mut pos) = (from + len, 0u64);
     let mut out = Vec::new();
     for &(address, size) in ranges {

@@ -1,0 +1,286 @@
+//! PUT_LOCAL: a same-host put taken whole by the node (`docs/data-plane.md`, *Puts through
+//! the node*). The caller names its keys, sizes and memory once; the node starts the write at
+//! its master as that caller, copies the bytes from the caller's memory into its own
+//! segments, and ends it, so the caller's put crosses processes once instead of three times.
+//! In `moonkv up` the master runs in the node's process, and the start and end never leave it.
+//!
+//! Taken only on an attached connection, by a node that checks no secrets and no grants (its
+//! master trusts what a node asks in a caller's name, so a node that must check callers leaves
+//! them on the three-step path). A key whose replicas the master placed anywhere but this
+//! node's memory segments is revoked and answered `NOT_SUPPORTED`, so the caller writes it the
+//! usual way. The copy follows the same rules as WRITE_LOCAL: nothing after the caller's
+//! deadline, nothing once the caller is gone or gave up; a key not wholly copied is revoked,
+//! never ended.
+
+use super::same_host::{copy_local, ranges_between};
+use super::{respond, Conn, PutsThrough, Served};
+use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
+use moonkv_proto::msg::{
+    BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, Request, RevokeItem,
+};
+use moonkv_proto::{
+    Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaType,
+};
+use std::io;
+use tokio::io::AsyncWriteExt;
+
+/// Most keys one PUT_LOCAL may carry.
+pub(crate) const MAX_KEYS: usize = 4096;
+
+/// Serves one PUT_LOCAL whose plan and body were read.
+pub(super) async fn serve_put_local(
+    stream: &mut Conn,
+    h: &RequestHeader,
+    served: &Served,
+    peer: Option<&crate::same_host::Peer>,
+    plan: &LocalPlan,
+    body: &[u8],
+) -> io::Result<bool> {
+    let (Some(peer), Some(master)) = (peer, served.put_local_master()) else {
+        return respond(stream, DataStatus::LocalRefused, h.request_id)
+            .await
+            .map(|()| false);
+    };
+    let Some((upsert, request)) = decode(body, h.length) else {
+        return respond(stream, DataStatus::OutOfRange, h.request_id)
+            .await
+            .map(|()| false);
+    };
+    let results = put(served, master, peer, plan, upsert, request).await;
+    let ok = results.iter().all(|r| r.0.is_ok());
+    let answer = rmp_serde::to_vec_named(&results).map_err(io::Error::other)?;
+    let header = ResponseHeader {
+        status: DataStatus::Ok,
+        request_id: h.request_id,
+        length: answer.len() as u64,
+    };
+    stream.write_all(&header.encode()).await?;
+    stream.write_all(&answer).await.map(|()| ok)
+}
+
+/// The body, when it is well formed: as many sizes as keys (at least one, at most
+/// [`MAX_KEYS`]), adding up to the header's length.
+fn decode(body: &[u8], length: u64) -> Option<(bool, BatchPutStartRequest)> {
+    let (upsert, request): (bool, BatchPutStartRequest) = rmp_serde::from_slice(body).ok()?;
+    let n = request.keys.len();
+    let total = request
+        .sizes
+        .iter()
+        .try_fold(0u64, |sum, size| sum.checked_add(*size))?;
+    (n > 0 && n <= MAX_KEYS && request.sizes.len() == n && total == length)
+        .then_some((upsert, request))
+}
+
+/// Start, copy, end (or revoke): one result per key.
+async fn put(
+    served: &Served,
+    master: &PutsThrough,
+    peer: &crate::same_host::Peer,
+    plan: &LocalPlan,
+    upsert: bool,
+    request: BatchPutStartRequest,
+) -> Vec<ItemResult<()>> {
+    let n = request.keys.len();
+    let (client_id, tenant) = (request.client_id, request.tenant.clone());
+    let keys = request.keys.clone();
+    let sizes = request.sizes.clone();
+    let start = if upsert {
+        Request::BatchUpsertStart(request)
+    } else {
+        Request::BatchPutStart(request)
+    };
+    let started: Vec<Result<Vec<ReplicaDescriptor>, Error>> = match master
+        .call::<Vec<ItemResult<Vec<ReplicaDescriptor>>>>(start)
+        .await
+    {
+        Ok(items) if items.len() == n => items.into_iter().map(|i| i.0).collect(),
+        Ok(items) => {
+            let why = format!("the master answered {} items for {n} keys", items.len());
+            vec![Err(Error::new(ErrorCode::INTERNAL_ERROR, why)); n]
+        }
+        Err(e) => vec![Err(e); n],
+    };
+
+    let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
+    // Keys to end and keys to revoke, with their replica ids.
+    let mut ended: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
+    let mut revoked: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
+    let mut offset = 0u64;
+    for (i, outcome) in started.into_iter().enumerate() {
+        let size = sizes[i];
+        let at = offset;
+        offset += size;
+        let replicas = match outcome {
+            Ok(replicas) => replicas,
+            Err(e) => {
+                results.push(Err(e));
+                continue;
+            }
+        };
+        let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
+        let written = write_key(served, peer, plan, &replicas, at, size).await;
+        match written {
+            Ok(()) => {
+                results.push(Ok(()));
+                ended.push((i, ids));
+            }
+            Err(e) => {
+                results.push(Err(e));
+                revoked.push((i, ids));
+            }
+        }
+    }
+    // The caller gave up (or its time ran out) while this node copied: whatever was copied may
+    // have changed under the copy, so none of it is ended.
+    if !ended.is_empty() && !still_waiting(peer, plan) {
+        for (i, ids) in ended.drain(..) {
+            results[i] = Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                "the caller stopped waiting before its put was ended; revoked",
+            ));
+            revoked.push((i, ids));
+        }
+    }
+    if !ended.is_empty() {
+        let items = ended
+            .iter()
+            .map(|(i, ids)| EndItem {
+                key: keys[*i].clone(),
+                replica_ids: ids.clone(),
+                checksum: None,
+            })
+            .collect();
+        let end = BatchEndRequest {
+            client_id,
+            tenant: tenant.clone(),
+            replica_type: ReplicaType::All,
+            items,
+        };
+        let request = if upsert {
+            Request::BatchUpsertEnd(end)
+        } else {
+            Request::BatchPutEnd(end)
+        };
+        let answers: Vec<Result<(), Error>> =
+            match master.call::<Vec<ItemResult<()>>>(request).await {
+                Ok(items) if items.len() == ended.len() => items.into_iter().map(|i| i.0).collect(),
+                Ok(items) => {
+                    let why = format!(
+                        "the master answered {} items for {} keys",
+                        items.len(),
+                        ended.len()
+                    );
+                    vec![Err(Error::new(ErrorCode::INTERNAL_ERROR, why)); ended.len()]
+                }
+                Err(e) => vec![Err(e); ended.len()],
+            };
+        for ((i, ids), answer) in ended.into_iter().zip(answers) {
+            if let Err(e) = answer {
+                results[i] = Err(e);
+                revoked.push((i, ids));
+            }
+        }
+    }
+    if !revoked.is_empty() {
+        let items = revoked
+            .iter()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(i, ids)| RevokeItem {
+                key: keys[*i].clone(),
+                replica_ids: ids.clone(),
+                unsettled: false,
+            })
+            .collect::<Vec<_>>();
+        if !items.is_empty() {
+            let revoke = BatchRevokeRequest {
+                client_id,
+                tenant,
+                replica_type: ReplicaType::All,
+                items,
+            };
+            let request = if upsert {
+                Request::BatchUpsertRevoke(revoke)
+            } else {
+                Request::BatchPutRevoke(revoke)
+            };
+            if let Err(e) = master.call::<Vec<ItemResult<()>>>(request).await {
+                // The master frees them at its release timeout.
+                tracing::debug!(error = %e, "revoking a same-host put's keys failed");
+            }
+        }
+    }
+    results.into_iter().map(ItemResult).collect()
+}
+
+/// Copies one key's bytes (at `at` in the plan's ranges laid end to end) into each of its
+/// replicas, all of which must be memory replicas in this node's segments.
+async fn write_key(
+    served: &Served,
+    peer: &crate::same_host::Peer,
+    plan: &LocalPlan,
+    replicas: &[ReplicaDescriptor],
+    at: u64,
+    size: u64,
+) -> Result<(), Error> {
+    if replicas.is_empty() {
+        return Err(Error::new(
+            ErrorCode::NO_AVAILABLE_HANDLE,
+            "the master placed no replica",
+        ));
+    }
+    let mut segments = Vec::with_capacity(replicas.len());
+    for r in replicas {
+        match served.segment(r.segment_id) {
+            Some(segment) if r.kind == ReplicaKind::Memory && r.size == size => {
+                segments.push((segment, r.address))
+            }
+            _ => return Err(Error::new(
+                ErrorCode::NOT_SUPPORTED,
+                format!(
+                    "a replica is not in this node's memory ({:?} on {}): written by the caller",
+                    r.kind, r.endpoint
+                ),
+            )),
+        }
+    }
+    let sub = LocalPlan {
+        deadline_ns: plan.deadline_ns,
+        ranges: ranges_between(&plan.ranges, at, size),
+        flags: plan.flags,
+    };
+    let stream = plan.flags & LocalPlan::LONG_CALL != 0;
+    for (segment, address) in segments {
+        let copied = match segment.write_view(address, size).await {
+            Ok(mut view) => {
+                let len = view.len();
+                copy_local(
+                    peer,
+                    &sub,
+                    len,
+                    crate::failpoints::WRITE_MID_PAYLOAD,
+                    |from, to, ranges| peer.read_from(&mut view[from..to], ranges, stream),
+                )
+                .await
+            }
+            Err(status) => Err(status),
+        };
+        if let Err(status) = copied {
+            return Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!(
+                    "the node could not copy the caller's bytes: {}",
+                    status.describe()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The caller still waits for the answer: its deadline has not passed, it runs, and it has not
+/// shut its side of the connection.
+fn still_waiting(peer: &crate::same_host::Peer, plan: &LocalPlan) -> bool {
+    moonkv_dataplane::same_host::monotonic_now_ns() < plan.deadline_ns
+        && peer.alive()
+        && !peer.gave_up()
+}

@@ -1,0 +1,267 @@
+//! Puts taken whole by the node (PUT_LOCAL, `docs/data-plane.md`, *Puts through the node*):
+//! a standalone store hands its node keys, sizes and memory; the node starts, copies and ends
+//! at the master, through a call when the master runs in its process (`moonkv up`) or through
+//! its own connection otherwise. Real master and nodes on 127.0.0.1; the caller is this
+//! process.
+
+use moonkv_client::{Store, StoreConfig};
+use moonkv_dataplane::header::{
+    AttachRequest, DataOp, DataStatus, LocalPlan, RequestHeader, ResponseHeader,
+    MAX_PUT_LOCAL_BODY, RESPONSE_LEN,
+};
+use moonkv_dataplane::same_host::monotonic_now_ns;
+use moonkv_master::server::{self, MasterConfig, MasterHandle};
+use moonkv_node::{Node, NodeConfig, NodeHandle};
+use moonkv_proto::msg::BatchPutStartRequest;
+use moonkv_proto::{ClientId, ErrorCode, ReplicateConfig};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MIB: u64 = 1 << 20;
+
+async fn master() -> MasterHandle {
+    server::start(MasterConfig::ephemeral())
+        .await
+        .expect("master starts")
+}
+
+/// A node of `master`; `in_process`: reaching it by calls, as in `moonkv up`.
+async fn node(master: &MasterHandle, in_process: bool) -> NodeHandle {
+    let mut config = NodeConfig::new(master.rpc_addr().to_string(), 64 * MIB);
+    config.huge_pages = false;
+    if in_process {
+        config.in_process_master = Some(master.in_process());
+    }
+    Node::start(config).await.expect("node starts")
+}
+
+/// The value of counter `name` on the master's `/metrics`.
+async fn counter(master: &MasterHandle, name: &str) -> u64 {
+    let mut s = TcpStream::connect(master.admin_addr()).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn pattern(tag: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ tag).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_through_the_node_keep_every_byte_and_every_answer_of_the_usual_path() {
+    for in_process in [true, false] {
+        let m = master().await;
+        let n = node(&m, in_process).await;
+        let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
+            .await
+            .unwrap();
+        let cfg = ReplicateConfig::default();
+        // The first call attaches the pool's connection; every later one goes through the node.
+        store.put("warm", b"w", &cfg).await.unwrap();
+        let starts = counter(&m, "master_put_start_requests_total").await;
+        let batch_starts = counter(&m, "master_batch_put_start_requests_total").await;
+
+        let one = pattern(1, (3 * MIB + 77) as usize);
+        store.put_from("one", &one, &cfg).await.unwrap();
+        assert_eq!(
+            store.get("one").await.unwrap(),
+            one,
+            "in_process={in_process}"
+        );
+        // First writer wins, with the usual code.
+        let again = store.put("one", b"other", &cfg).await.unwrap_err();
+        assert_eq!(again.code, ErrorCode::OBJECT_ALREADY_EXISTS, "{again}");
+        // A replacement, longer and then shorter.
+        let two = pattern(2, (5 * MIB) as usize);
+        store.upsert("one", &two, &cfg).await.unwrap();
+        assert_eq!(store.get("one").await.unwrap(), two);
+        store.upsert("one", b"short", &cfg).await.unwrap();
+        assert_eq!(store.get("one").await.unwrap(), b"short");
+
+        // A batch from one buffer at odd offsets, with a key that exists already.
+        let big = pattern(3, 40_000 * 9);
+        let values: Vec<&[u8]> = (0..9)
+            .map(|i| &big[i * 40_000..(i + 1) * 40_000 - i])
+            .collect();
+        let mut keys: Vec<String> = (0..9).map(|i| format!("b{i}")).collect();
+        keys[4] = "one".into();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let results = store.batch_put_from(&refs, &values, &cfg).await;
+        for (i, r) in results.iter().enumerate() {
+            if i == 4 {
+                assert_eq!(
+                    r.as_ref().unwrap_err().code,
+                    ErrorCode::OBJECT_ALREADY_EXISTS
+                );
+            } else {
+                r.as_ref().unwrap();
+                assert_eq!(store.get(refs[i]).await.unwrap(), values[i], "key {i}");
+            }
+        }
+        // The batch form of the replacement writes them all.
+        let results = store.batch_upsert_from(&refs, &values, &cfg).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(store.get("one").await.unwrap(), values[4]);
+
+        // None of that took the three-step path.
+        assert_eq!(
+            counter(&m, "master_put_start_requests_total").await,
+            starts,
+            "in_process={in_process}"
+        );
+        assert!(counter(&m, "master_batch_put_start_requests_total").await >= batch_starts + 3);
+        n.shutdown().await;
+        m.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_node_does_not_take_puts_writes_the_usual_way() {
+    let m = master().await;
+    let mut config = NodeConfig::new(m.rpc_addr().to_string(), 16 * MIB);
+    config.huge_pages = false;
+    config.refuse_same_host = true;
+    let n = Node::start(config).await.unwrap();
+    assert!(!n.data_plane_stats().put_local);
+    let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
+        .await
+        .unwrap();
+    let value = pattern(9, 100_000);
+    store
+        .put("k", &value, &ReplicateConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(store.get("k").await.unwrap(), value);
+    assert_eq!(counter(&m, "master_put_start_requests_total").await, 1);
+    n.shutdown().await;
+    m.shutdown().await;
+}
+
+async fn answer(stream: &mut TcpStream) -> ResponseHeader {
+    let mut raw = [0u8; RESPONSE_LEN];
+    stream.read_exact(&mut raw).await.unwrap();
+    ResponseHeader::decode(&raw).unwrap()
+}
+
+/// A PUT_LOCAL of `length` bytes whose plan lists `ranges` and whose body is `body`.
+fn put_local(id: u64, length: u64, ranges: Vec<(u64, u64)>, body: &[u8]) -> Vec<u8> {
+    let mut bytes = RequestHeader::new(
+        DataOp::PutLocal,
+        id,
+        moonkv_proto::SegmentId::new(0, 0),
+        0,
+        length,
+    )
+    .encode()
+    .to_vec();
+    LocalPlan {
+        deadline_ns: monotonic_now_ns() + 5_000_000_000,
+        ranges,
+        flags: 0,
+    }
+    .encode_into(&mut bytes);
+    bytes.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+fn body(keys: &[&str], sizes: &[u64]) -> Vec<u8> {
+    let request = BatchPutStartRequest {
+        client_id: ClientId::random(),
+        tenant: String::new(),
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        sizes: sizes.to_vec(),
+        config: ReplicateConfig::default(),
+    };
+    rmp_serde::to_vec_named(&(false, &request)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_unattached_puts_are_refused_and_place_nothing() {
+    let m = master().await;
+    let n = node(&m, true).await;
+    assert!(n.data_plane_stats().put_local);
+    let value = pattern(5, 4096);
+    let range = vec![(value.as_ptr() as u64, 4096)];
+    let mut s = TcpStream::connect(n.endpoint()).await.unwrap();
+
+    // Not attached: refused, and the connection stays in step.
+    s.write_all(&put_local(1, 4096, range.clone(), &body(&["x"], &[4096])))
+        .await
+        .unwrap();
+    assert_eq!(answer(&mut s).await.status, DataStatus::LocalRefused);
+
+    let probe: Box<[u8; 16]> = Box::new(rand::random());
+    let attach = AttachRequest {
+        pid: std::process::id(),
+        probe_address: probe.as_ptr() as u64,
+        probe: *probe,
+    };
+    s.write_all(&attach.header(2).encode()).await.unwrap();
+    assert_eq!(answer(&mut s).await.status, DataStatus::Ok);
+
+    // A body that is not a request, sizes that do not add up to the length, no key, and more
+    // sizes than keys: refused one after the other on the same connection.
+    let bad: Vec<Vec<u8>> = vec![
+        b"\xc1 not msgpack".to_vec(),
+        body(&["x"], &[4000]),
+        body(&[], &[]),
+        body(&["x"], &[2048, 2048]),
+    ];
+    for (i, b) in bad.iter().enumerate() {
+        s.write_all(&put_local(10 + i as u64, 4096, range.clone(), b))
+            .await
+            .unwrap();
+        let a = answer(&mut s).await;
+        assert_eq!(a.request_id, 10 + i as u64);
+        assert_eq!(a.status, DataStatus::OutOfRange, "case {i}");
+    }
+    // Then a good one on the same connection.
+    s.write_all(&put_local(20, 4096, range.clone(), &body(&["x"], &[4096])))
+        .await
+        .unwrap();
+    let a = answer(&mut s).await;
+    assert_eq!(a.status, DataStatus::Ok);
+    let mut items = vec![0u8; a.length as usize];
+    s.read_exact(&mut items).await.unwrap();
+    let items: Vec<moonkv_proto::ItemResult<()>> = rmp_serde::from_slice(&items).unwrap();
+    assert!(items[0].0.is_ok(), "{:?}", items[0].0);
+    drop(probe);
+
+    // A body longer than the limit cannot be skipped: answered, then the connection closes.
+    let mut head = RequestHeader::new(
+        DataOp::PutLocal,
+        30,
+        moonkv_proto::SegmentId::new(0, 0),
+        0,
+        4096,
+    )
+    .encode()
+    .to_vec();
+    LocalPlan {
+        deadline_ns: monotonic_now_ns() + 5_000_000_000,
+        ranges: range,
+        flags: 0,
+    }
+    .encode_into(&mut head);
+    head.extend_from_slice(&(MAX_PUT_LOCAL_BODY + 1).to_be_bytes());
+    s.write_all(&head).await.unwrap();
+    assert_eq!(answer(&mut s).await.status, DataStatus::BadHeader);
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+    assert!(matches!(closed, Ok(Ok(0))), "{closed:?}");
+
+    // Only the good put placed anything, and the node still serves.
+    let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
+        .await
+        .unwrap();
+    assert_eq!(store.get("x").await.unwrap(), value);
+    n.shutdown().await;
+    m.shutdown().await;
+}
