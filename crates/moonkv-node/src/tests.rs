@@ -124,7 +124,7 @@ async fn refused_requests_get_a_status_and_the_connection_keeps_serving() {
         }
         // An unknown op.
         let mut raw = RequestHeader::new(DataOp::Read, 60, id, base, 1).encode();
-        raw[5] = 9;
+        raw[5] = 200;
         s.write_all(&raw).await.unwrap();
         assert_eq!(answer(&mut s).await.status, DataStatus::BadOp);
         // Still serving on the same connection; nothing was written by the refused writes.

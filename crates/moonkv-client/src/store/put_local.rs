@@ -65,9 +65,9 @@ impl Store {
             config: config.clone(),
         };
         let body = rmp_serde::to_vec_named(&(kind == WriteKind::Upsert, &request)).ok()?;
-        // The node copies nothing after this; the caller waits longer, for the node's start
-        // and end at the master on either side of the copy.
-        let copy_time = self.transfer.step_timeout();
+        // The node copies nothing after this (its start at the master, then the copy); the
+        // caller waits longer, for the node's end at the master after the copy.
+        let copy_time = self.config.rpc_timeout + self.transfer.step_timeout();
         let plan = LocalPlan {
             deadline_ns: monotonic_now_ns().saturating_add(copy_time.as_nanos() as u64),
             ranges,
@@ -77,7 +77,7 @@ impl Store {
                 0
             },
         };
-        let wait = copy_time + 2 * self.config.rpc_timeout + Duration::from_secs(1);
+        let wait = copy_time + self.config.rpc_timeout + Duration::from_secs(1);
         let _quiet = (total as usize >= QUIET_BYTES).then(|| self.transfer.quiet_wait());
         let (mut conn, mut reused) = match self.transfer.pool().checkout(endpoint).await {
             Ok(checked_out) => checked_out,

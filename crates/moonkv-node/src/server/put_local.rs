@@ -234,13 +234,15 @@ async fn write_key(
             Some(segment) if r.kind == ReplicaKind::Memory && r.size == size => {
                 segments.push((segment, r.address))
             }
-            _ => return Err(Error::new(
-                ErrorCode::NOT_SUPPORTED,
-                format!(
+            _ => {
+                return Err(Error::new(
+                    ErrorCode::NOT_SUPPORTED,
+                    format!(
                     "a replica is not in this node's memory ({:?} on {}): written by the caller",
                     r.kind, r.endpoint
                 ),
-            )),
+                ))
+            }
         }
     }
     let sub = LocalPlan {

@@ -1,0 +1,161 @@
+"""Standalone callers of `moonkv up`: the node takes their puts whole (PUT_LOCAL) and reaches the
+master in its own process by calls. Real processes; the answers and bytes must be those of the
+three-step path, and a caller killed mid-put must leave whole values or none."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+import time
+import urllib.request
+
+import moonkv
+import pytest
+from conftest import Server, pattern, python_child
+
+OK = 0
+REPLICA_IS_NOT_READY = -703
+OBJECT_NOT_FOUND = -704
+
+
+class Up(Server):
+    """A `moonkv up` child process (events off, so tests may run side by side)."""
+
+    def __init__(self, size: str = "256MiB") -> None:
+        super().__init__(
+            "up", "--rpc-port", "0", "--metrics-port", "0", "--segment-size", size,
+            "--enable-kv-events", "false",
+        )
+        self.data: str = self.ready["data"]
+        self.admin: str = self.ready["admin"]
+
+    def counter(self, name: str) -> int:
+        with urllib.request.urlopen(f"http://{self.admin}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return int(float(line.split()[1]))
+        return 0
+
+
+@pytest.fixture(scope="module")
+def up():
+    u = Up()
+    yield u
+    u.stop()
+
+
+def test_puts_and_batches_through_the_node_keep_bytes_and_answers(up, key):
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(64 << 20, 1 << 20, up.data) == OK
+    try:
+        pool = s.alloc_from_mem_pool(24 << 20)
+        back = s.alloc_from_mem_pool(8 << 20)
+        assert s.put_from(f"{key}-warm", pool, 64) == OK  # attaches the pool's connection
+        singles = up.counter("master_put_start_requests_total")
+        sizes = [1, 4096 + 3, 1 << 20, (3 << 20) + 77]
+        for i, size in enumerate(sizes):
+            data = pattern(f"{key}-{i}", size)
+            ctypes.memmove(pool + 11, data, size)
+            assert s.put_from(f"{key}-{i}", pool + 11, size) == OK
+            # A second put: 0 as upstream answers, and the first writer's bytes stay.
+            ctypes.memset(pool + 11, 0x5A, size)
+            assert s.put_from(f"{key}-{i}", pool + 11, size) == OK
+            assert s.get_into(f"{key}-{i}", back, size) == size
+            assert ctypes.string_at(back, size) == data
+            new = pattern(f"{key}-{i}-new", size)
+            ctypes.memmove(pool + 11, new, size)
+            assert s.upsert_from(f"{key}-{i}", pool + 11, size) == OK
+            assert s.get_into(f"{key}-{i}", back, size) == size
+            assert ctypes.string_at(back, size) == new
+        # A batch with one key that exists already (0, and its bytes stay), then its
+        # replacement.
+        kept = pattern(f"{key}-0-new", 1)
+        keys = [f"{key}-b{i}" for i in range(6)] + [f"{key}-0"]
+        lens = [1000 * (i + 1) + i for i in range(7)]
+        ptrs, at, datas = [], 0, []
+        for k, n in zip(keys, lens):
+            d = pattern(k, n)
+            ctypes.memmove(pool + at, d, n)
+            ptrs.append(pool + at)
+            datas.append(d)
+            at += n
+        assert s.batch_put_from(keys, ptrs, lens) == [OK] * 7
+        assert s.get_into(f"{key}-0", back, 1) == 1
+        assert ctypes.string_at(back, 1) == kept
+        assert s.batch_upsert_from(keys, ptrs, lens) == [OK] * 7
+        outs = [back + sum(lens[:i]) for i in range(7)]
+        assert s.batch_get_into(keys, outs, lens) == lens
+        for o, d in zip(outs, datas):
+            assert ctypes.string_at(o, len(d)) == d
+        # None of it took the three-step path.
+        assert up.counter("master_put_start_requests_total") == singles
+        assert up.counter("master_batch_put_start_requests_total") > 0
+    finally:
+        s.close()
+
+
+def test_threads_sharing_a_store_put_through_the_node_at_once(up, key):
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(64 << 20, 1 << 20, up.data) == OK
+    n, size = 8, 256 << 10
+    barrier = threading.Barrier(n)
+    errors: list = []
+    bufs = [s.alloc_from_mem_pool(size) for _ in range(n)]
+
+    def worker(t: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            for j in range(20):
+                d = pattern(f"{key}-{t}-{j}", size)
+                ctypes.memmove(bufs[t], d, size)
+                assert s.upsert_from(f"{key}-{t}", bufs[t], size) == OK
+                ctypes.memset(bufs[t], 0, size)
+                assert s.get_into(f"{key}-{t}", bufs[t], size) == size
+                assert ctypes.string_at(bufs[t], size) == d
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    s.close()
+    assert not errors, errors
+
+
+def test_a_caller_killed_mid_put_leaves_whole_values_or_none(up, key):
+    size = 16 << 20
+    old = pattern(f"{key}-old", size)
+    new = pattern(f"{key}-new", size)
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(48 << 20, 1 << 20, up.data) == OK
+    try:
+        buf = s.alloc_from_mem_pool(size)
+        ctypes.memmove(buf, old, size)
+        assert s.put_from(key, buf, size) == OK
+        for delay in (0.0, 0.01, 0.03, 0.07):
+            child = python_child("worker.py", "long-upserts", up.data, key, str(size))
+            try:
+                assert child.stdout.readline().split() == ["go", "0"]
+                time.sleep(delay)
+            finally:
+                child.kill()
+                child.wait(timeout=10)
+            ctypes.memset(buf, 0, size)
+            rc = s.get_into(key, buf, size)
+            if rc == size:
+                assert ctypes.string_at(buf, size) in (old, new), f"a mix after {delay} s"
+            else:
+                # The node saw its caller die and revoked the write (the replaced value went
+                # at its start), or the write is still in flight.
+                assert rc in (OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY), rc
+            ctypes.memmove(buf, old, size)
+            assert s.upsert_from(key, buf, size) == OK
+            ctypes.memset(buf, 0, size)
+            assert s.get_into(key, buf, size) == size
+            assert ctypes.string_at(buf, size) == old
+    finally:
+        s.close()
