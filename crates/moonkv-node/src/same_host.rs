@@ -54,6 +54,10 @@ const NO_WAIT: Timespec = Timespec {
     tv_nsec: 0,
 };
 
+/// The caller's pool ids as read once for one request (see [`Peer::read_from_seen`]).
+#[derive(Default)]
+pub(crate) struct PoolIds(parking_lot::Mutex<Vec<(u64, [u8; crate::shared_pool::ID_LEN])>>);
+
 /// An attached caller process.
 #[derive(Debug)]
 pub(crate) struct Peer {
@@ -110,9 +114,31 @@ impl Peer {
         self.copy(Local::In(dst), ranges, stream)
     }
 
+    /// [`Peer::read_from`] for one of many copies serving a single request (a PUT_LOCAL's
+    /// keys): the caller's pool ids are read once for all of them (`seen`), not once each.
+    pub(crate) fn read_from_seen(
+        &self,
+        dst: &mut [u8],
+        ranges: &[(u64, u64)],
+        stream: bool,
+        seen: &PoolIds,
+    ) -> io::Result<()> {
+        self.copy_seen(Local::In(dst), ranges, stream, Some(seen))
+    }
+
     /// `stream`: a copy from a shared pool into `local` uses streaming stores (`crate::copy`).
-    fn copy(&self, mut local: Local<'_>, ranges: &[(u64, u64)], stream: bool) -> io::Result<()> {
-        let current = |at: u64| {
+    fn copy(&self, local: Local<'_>, ranges: &[(u64, u64)], stream: bool) -> io::Result<()> {
+        self.copy_seen(local, ranges, stream, None)
+    }
+
+    fn copy_seen(
+        &self,
+        mut local: Local<'_>,
+        ranges: &[(u64, u64)],
+        stream: bool,
+        seen: Option<&PoolIds>,
+    ) -> io::Result<()> {
+        let read_id = |at: u64| {
             let mut id = [0u8; crate::shared_pool::ID_LEN];
             self.copy_syscall(
                 Local::In(&mut id),
@@ -120,6 +146,17 @@ impl Peer {
             )
             .ok()
             .map(|()| id)
+        };
+        let current = |at: u64| match seen {
+            None => read_id(at),
+            Some(seen) => {
+                if let Some((_, id)) = seen.0.lock().iter().find(|(a, _)| *a == at) {
+                    return Some(*id);
+                }
+                let id = read_id(at)?;
+                seen.0.lock().push((at, id));
+                Some(id)
+            }
         };
         if self.pools.copy(&mut local, ranges, current, stream) {
             return Ok(());

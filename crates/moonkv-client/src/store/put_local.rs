@@ -53,10 +53,15 @@ impl Store {
             }
             sizes.push(size);
         }
-        if ranges.len() > MAX_LOCAL_RANGES || sizes.contains(&0) {
+        let total: u64 = sizes.iter().sum();
+        // A long call goes the usual way: its copy requests spread over the node's threads,
+        // where one request is copied by one thread, and its round trips cost it little.
+        if ranges.len() > MAX_LOCAL_RANGES
+            || sizes.contains(&0)
+            || total as usize >= LONG_CALL_BYTES
+        {
             return None;
         }
-        let total: u64 = sizes.iter().sum();
         let request = BatchPutStartRequest {
             client_id: self.master.client_id(),
             tenant: self.tenant.clone(),
@@ -71,11 +76,7 @@ impl Store {
         let plan = LocalPlan {
             deadline_ns: monotonic_now_ns().saturating_add(copy_time.as_nanos() as u64),
             ranges,
-            flags: if total as usize >= LONG_CALL_BYTES {
-                LocalPlan::LONG_CALL
-            } else {
-                0
-            },
+            flags: 0,
         };
         let wait = copy_time + self.config.rpc_timeout + Duration::from_secs(1);
         let _quiet = (total as usize >= QUIET_BYTES).then(|| self.transfer.quiet_wait());

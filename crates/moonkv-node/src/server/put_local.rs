@@ -12,7 +12,7 @@
 //! deadline, nothing once the caller is gone or gave up; a key not wholly copied is revoked,
 //! never ended.
 
-use super::same_host::{copy_local, ranges_between};
+use super::same_host::{copy_local, ranges_between, LOCAL_STEP};
 use super::{respond, Conn, PutsThrough, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
 use moonkv_proto::msg::{
@@ -106,6 +106,12 @@ async fn put(
     let mut ended: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
     let mut revoked: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
     let mut offset = 0u64;
+    // Bytes copied since the caller was last looked at (its deadline, process, connection):
+    // once per step of copying, not once per key, so a batch of small keys costs no more
+    // system calls than one object of its size.
+    let mut unchecked = usize::MAX;
+    // The caller's pool ids, read once for all the keys of this request.
+    let pool_ids = crate::same_host::PoolIds::default();
     for (i, outcome) in started.into_iter().enumerate() {
         let size = sizes[i];
         let at = offset;
@@ -118,7 +124,19 @@ async fn put(
             }
         };
         let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
-        let written = write_key(served, peer, plan, &replicas, at, size).await;
+        if unchecked >= LOCAL_STEP {
+            if !still_waiting(peer, plan) {
+                results.push(Err(Error::new(
+                    ErrorCode::TRANSFER_FAIL,
+                    "the caller stopped waiting before its bytes were copied; revoked",
+                )));
+                revoked.push((i, ids));
+                continue;
+            }
+            unchecked = 0;
+        }
+        unchecked = unchecked.saturating_add(size as usize * replicas.len().max(1));
+        let written = write_key(served, peer, plan, &replicas, at, size, &pool_ids).await;
         match written {
             Ok(()) => {
                 results.push(Ok(()));
@@ -221,6 +239,7 @@ async fn write_key(
     replicas: &[ReplicaDescriptor],
     at: u64,
     size: u64,
+    pool_ids: &crate::same_host::PoolIds,
 ) -> Result<(), Error> {
     if replicas.is_empty() {
         return Err(Error::new(
@@ -253,6 +272,13 @@ async fn write_key(
     let stream = plan.flags & LocalPlan::LONG_CALL != 0;
     for (segment, address) in segments {
         let copied = match segment.write_view(address, size).await {
+            // Short: one copy, the caller looked at by `put` (see `unchecked` there).
+            Ok(mut view) if view.len() <= LOCAL_STEP => peer
+                .read_from_seen(&mut view[..], &sub.ranges, stream, pool_ids)
+                .map_err(|e| {
+                    tracing::debug!(error = %e, "same-host put copy failed");
+                    DataStatus::LocalRefused
+                }),
             Ok(mut view) => {
                 let len = view.len();
                 copy_local(

@@ -31,7 +31,7 @@ pub(super) async fn read_plan(
 }
 
 /// Bytes a same-host copy moves between two looks at the caller's deadline and the runtime.
-const LOCAL_STEP: usize = 4 << 20;
+pub(super) const LOCAL_STEP: usize = 4 << 20;
 
 /// Serves READ_LOCAL / WRITE_LOCAL: the range is checked and locked exactly as for READ / WRITE,
 /// then copied straight between segment memory and the caller's ranges, in steps, each only
