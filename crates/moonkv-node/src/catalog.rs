@@ -41,11 +41,11 @@ pub struct CatalogState {
 
 /// Polls the master for notices and applies them until the task is aborted.
 pub(crate) async fn run_sync(
-    master: MasterClient,
+    route: crate::server::MasterRoute,
     segments: SegmentTable,
     state: Arc<CatalogState>,
-    in_process: Option<Arc<dyn moonkv_proto::local::InProcessMaster>>,
 ) {
+    let master = &route.client;
     let mut epoch = 0u64;
     let mut acked = 0u64;
     let mut failures = 0u32;
@@ -57,24 +57,11 @@ pub(crate) async fn run_sync(
             wait_ms: POLL_WAIT_MS,
         });
         let timeout = Duration::from_millis(u64::from(POLL_WAIT_MS)) + master.config().rpc_timeout;
-        // Through a call when the master runs in this process (`moonkv up`): a notice then
-        // reaches the node, and its acknowledgement the master, without a socket.
-        let answered = match &in_process {
-            Some(local) => tokio::time::timeout(timeout, local.answer(request))
-                .await
-                .map_err(|_| {
-                    moonkv_proto::Error::new(
-                        moonkv_proto::ErrorCode::RPC_TIMEOUT,
-                        "the in-process master did not answer the catalog poll",
-                    )
-                })
-                .and_then(|frame| moonkv_proto::local::decode_answer(&frame)),
-            None => {
-                master
-                    .call_with_timeout::<SyncCatalogResponse>(request, timeout)
-                    .await
-            }
-        };
+        // By a call when the master runs in this process (`moonkv up`): a notice then reaches
+        // the node, and its acknowledgement the master, without a socket.
+        let answered = route
+            .call_with_timeout::<SyncCatalogResponse>(request, timeout)
+            .await;
         match answered {
             Ok(answer) => {
                 failures = 0;

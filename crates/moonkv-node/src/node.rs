@@ -317,11 +317,15 @@ impl Node {
                 segments: catalog_table.clone(),
                 state: handle.catalog.clone(),
             }));
+        // The master by calls when it runs in this process, else through the node's client.
+        let route = crate::server::MasterRoute {
+            client: handle.master.clone(),
+            in_process: config.in_process_master.clone(),
+        };
         handle.catalog_task = Some(tokio::spawn(crate::catalog::run_sync(
-            handle.master.clone(),
+            route.clone(),
             catalog_table,
             handle.catalog.clone(),
-            config.in_process_master.clone(),
         )));
         for segment in handle.segments.clone() {
             if let Err(e) = handle.master.mount(segment.clone()).await {
@@ -334,7 +338,7 @@ impl Node {
         }
         // Mounted: same-host callers may now hand this node whole puts (PUT_LOCAL).
         if let Some(server) = &handle.server {
-            server.take_puts_through(handle.master.clone(), config.in_process_master.clone());
+            server.take_puts_through(route);
         }
         if let (Some((store, files)), Some(info)) = (opened, handle.disk.clone()) {
             let agent = offload::DiskAgent {

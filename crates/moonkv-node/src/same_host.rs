@@ -93,6 +93,14 @@ impl Peer {
                 .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
     }
 
+    /// Whether the caller still waits for a request whose deadline is `deadline_ns`: the
+    /// deadline has not passed, it runs, and it has not given up the connection.
+    pub(crate) fn waiting(&self, deadline_ns: u64) -> bool {
+        moonkv_dataplane::same_host::monotonic_now_ns() < deadline_ns
+            && self.alive()
+            && !self.gave_up()
+    }
+
     /// Whether the caller process still runs (its pidfd is not yet readable).
     pub(crate) fn alive(&self) -> bool {
         let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];

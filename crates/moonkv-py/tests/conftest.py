@@ -243,6 +243,47 @@ def python_child(script: str, *args: str) -> subprocess.Popen:
     )
 
 
+def kill_long_upserters(data: str, key: str, size: int = 16 << 20) -> None:
+    """Against the node at `data`, standalone: a child process replacing `key` (SIZE bytes) in
+    a loop is SIGKILLed mid-call, several times. Readers then see the old bytes or the new ones
+    whole, or no value (a node that took the put whole revoked it when its caller died: the
+    replaced value went at the start), or the write still in flight (-703), never a mix; a live
+    writer takes the key over at once, and the node keeps serving long calls."""
+    import moonkv
+
+    old = pattern(f"{key}-old", size)
+    new = pattern(f"{key}-new", size)
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(size * 3, 1 << 20, data) == 0
+    try:
+        buf = s.alloc_from_mem_pool(size)
+        ctypes.memmove(buf, old, size)
+        assert s.put_from(key, buf, size) == 0
+        for delay in (0.0, 0.01, 0.03, 0.07):
+            child = python_child("worker.py", "long-upserts", data, key, str(size))
+            try:
+                assert child.stdout.readline().split() == ["go", "0"]
+                time.sleep(delay)
+            finally:
+                child.kill()
+                child.wait(timeout=10)
+            ctypes.memset(buf, 0, size)
+            rc = s.get_into(key, buf, size)
+            if rc == size:
+                got = ctypes.string_at(buf, size)
+                assert got in (old, new), f"a mix of two values after a kill {delay} s in"
+            else:
+                # REPLICA_IS_NOT_READY (in flight until reclaimed) or OBJECT_NOT_FOUND.
+                assert rc in (-703, -704), rc
+            ctypes.memmove(buf, old, size)
+            assert s.upsert_from(key, buf, size) == 0
+            ctypes.memset(buf, 0, size)
+            assert s.get_into(key, buf, size) == size
+            assert ctypes.string_at(buf, size) == old
+    finally:
+        s.close()
+
+
 def within(seconds: float, fn, *args):
     """Runs fn and asserts it returned within `seconds`; returns (result, elapsed)."""
     started = time.monotonic()

@@ -10,12 +10,10 @@ import time
 
 import moonkv
 import pytest
-from conftest import Master, Node, Pool, pattern, python_child, segments
+from conftest import Master, Node, Pool, kill_long_upserters, pattern, segments
 
 OK = 0
 INVALID_PARAMS = -600
-REPLICA_IS_NOT_READY = -703
-OBJECT_NOT_FOUND = -704
 
 
 @pytest.fixture(scope="module")
@@ -352,42 +350,7 @@ def test_a_caller_killed_during_long_replacements_leaves_whole_objects_and_a_ser
     ones, whole, or the write still in flight, never a mix; a live writer takes the key over
     at once, and the node keeps serving long calls."""
     _, n = node
-    size = 16 << 20
-    old = pattern(f"{key}-old", size)
-    new = pattern(f"{key}-new", size)
-    s = moonkv.MooncakeDistributedStore()
-    assert s.setup_dummy(48 << 20, 1 << 20, n.data) == OK
-    try:
-        buf = s.alloc_from_mem_pool(size)
-        ctypes.memmove(buf, old, size)
-        assert s.put_from(key, buf, size) == OK
-        for delay in (0.0, 0.01, 0.03, 0.07):
-            child = python_child("worker.py", "long-upserts", n.data, key, str(size))
-            try:
-                assert child.stdout.readline().split() == ["go", "0"]
-                time.sleep(delay)
-            finally:
-                child.kill()
-                child.wait(timeout=10)
-            ctypes.memset(buf, 0, size)
-            rc = s.get_into(key, buf, size)
-            if rc == size:
-                got = ctypes.string_at(buf, size)
-                assert got in (old, new), f"a mix of two values after a kill {delay} s in"
-            else:
-                # Killed between its start and its end: the write is in flight until reclaimed
-                # (its own three steps), or the node that took the put whole saw its caller die
-                # and revoked it (the replaced value went at the start, so the key is free).
-                assert rc in (REPLICA_IS_NOT_READY, OBJECT_NOT_FOUND), rc
-            # A live writer takes the key over at once, and the node still takes and gives
-            # back long calls.
-            ctypes.memmove(buf, old, size)
-            assert s.upsert_from(key, buf, size) == OK
-            ctypes.memset(buf, 0, size)
-            assert s.get_into(key, buf, size) == size
-            assert ctypes.string_at(buf, size) == old
-    finally:
-        s.close()
+    kill_long_upserters(n.data, key)
 
 
 def test_a_pool_made_where_a_closed_one_was_gets_its_own_bytes(node, key):

@@ -170,14 +170,7 @@ impl Store {
         if rest.is_empty() {
             return results;
         }
-        let sub_keys: Vec<&str> = rest.iter().map(|&i| keys[i]).collect();
-        let sub_objects: Vec<&[&[u8]]> = rest.iter().map(|&i| objects[i]).collect();
-        let mut sub_config = config.clone();
-        if let Some(groups) = &config.group_ids {
-            if groups.len() == keys.len() {
-                sub_config.group_ids = Some(rest.iter().map(|&i| groups[i].clone()).collect());
-            }
-        }
+        let (sub_keys, sub_objects, sub_config) = part_of(&rest, keys, objects, config);
         let written =
             Box::pin(self.batch_write_usual(kind, &sub_keys, &sub_objects, &sub_config)).await;
         for (i, result) in rest.into_iter().zip(written) {
@@ -209,14 +202,7 @@ impl Store {
             down.dedup();
             tracing::debug!(keys = again.len(), nodes = ?down, "target nodes unreachable; placing those keys again");
             self.report_unreachable(down).await;
-            let sub_keys: Vec<&str> = again.iter().map(|&i| keys[i]).collect();
-            let sub_objects: Vec<&[&[u8]]> = again.iter().map(|&i| objects[i]).collect();
-            let mut sub_config = config.clone();
-            if let Some(groups) = &config.group_ids {
-                if groups.len() == keys.len() {
-                    sub_config.group_ids = Some(again.iter().map(|&i| groups[i].clone()).collect());
-                }
-            }
+            let (sub_keys, sub_objects, sub_config) = part_of(&again, keys, objects, config);
             let (sub_results, sub_retry) = self
                 .batch_write_once(kind, &sub_keys, &sub_objects, &sub_config)
                 .await;
@@ -596,6 +582,25 @@ impl Store {
 }
 
 /// One result per item of a batch End/Revoke answer, or the call's error for each.
+/// The keys and objects at `positions` of a batch write, and its config with their group ids
+/// (when it has one per key).
+fn part_of<'k, 'o>(
+    positions: &[usize],
+    keys: &[&'k str],
+    objects: &[&'o [&'o [u8]]],
+    config: &ReplicateConfig,
+) -> (Vec<&'k str>, Vec<&'o [&'o [u8]]>, ReplicateConfig) {
+    let mut sub_config = config.clone();
+    if let Some(groups) = config.group_ids.as_ref().filter(|g| g.len() == keys.len()) {
+        sub_config.group_ids = Some(positions.iter().map(|&i| groups[i].clone()).collect());
+    }
+    (
+        positions.iter().map(|&i| keys[i]).collect(),
+        positions.iter().map(|&i| objects[i]).collect(),
+        sub_config,
+    )
+}
+
 fn spread_answer(answer: Result<Vec<ItemResult<()>>>, expected: usize) -> Vec<Result<()>> {
     match answer {
         Ok(items) if items.len() == expected => items.into_iter().map(|i| i.0).collect(),

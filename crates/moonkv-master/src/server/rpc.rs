@@ -726,27 +726,16 @@ pub(crate) async fn answer_in_process(shared: Arc<RpcShared>, request: Request) 
         return out;
     }
     if is_scan(op) {
-        // Scans hold the engine for long: on a blocking thread, as for a connection.
-        let (shared2, request2) = (shared.clone(), request.clone());
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            let before = engine.deletion_seq();
-            let ((), fence) =
-                crate::engine::fence_scope(|| dispatch(&shared2, &engine, 0, &request2, &mut out));
-            super::space_wait::wait_for_deletions_blocking(&engine, before);
-            (out, fence, engine)
-        })
-        .await;
-        let Ok((mut out, fence, engine)) = joined else {
-            frame::encode_err(
-                &mut out,
-                0,
-                &Error::new(ErrorCode::INTERNAL_ERROR, "a scan's thread failed"),
-            );
-            return out;
-        };
-        wait_fence(&shared, &engine, fence).await;
-        seal_deferred(&shared, term, 0, &mut out);
+        // A scan holds the engine for long; a connection runs it on a blocking thread. The
+        // node asks in process only for writes and catalog polls.
+        frame::encode_err(
+            &mut out,
+            0,
+            &Error::new(
+                ErrorCode::NOT_SUPPORTED,
+                format!("{op:?} is answered on a connection, not by a call in process"),
+            ),
+        );
         return out;
     }
     if !super::space_wait::may_delete_files(op) {

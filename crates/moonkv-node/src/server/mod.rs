@@ -92,25 +92,42 @@ pub(crate) struct Served {
     pub(crate) metrics: crate::metrics::DataMetrics,
     /// The node's own master client, once it has one: set, it takes same-host puts whole
     /// (PUT_LOCAL) when it checks no secrets and no grants.
-    master: std::sync::OnceLock<PutsThrough>,
+    master: std::sync::OnceLock<MasterRoute>,
 }
 
-/// How the node reaches its master for the puts it takes whole: its own client, and the master
-/// as a call when it runs in this process.
-pub(crate) struct PutsThrough {
+/// How the node reaches its master for the puts it takes whole and for its catalog polls: its
+/// own client, or the master as a call when it runs in this process (`moonkv up`).
+#[derive(Clone)]
+pub(crate) struct MasterRoute {
     pub(crate) client: moonkv_client::master_client::MasterClient,
     pub(crate) in_process: Option<Arc<dyn moonkv_proto::local::InProcessMaster>>,
 }
 
-impl PutsThrough {
-    /// Sends `request` to the master and decodes its answer.
+impl MasterRoute {
+    /// Sends `request` to the master and decodes its answer, within the client's RPC timeout.
     pub(crate) async fn call<T: serde::de::DeserializeOwned>(
         &self,
         request: moonkv_proto::msg::Request,
     ) -> moonkv_proto::Result<T> {
-        match &self.in_process {
-            Some(master) => moonkv_proto::local::decode_answer(&master.answer(request).await),
-            None => self.client.call(request).await,
+        self.call_with_timeout(request, self.client.config().rpc_timeout)
+            .await
+    }
+
+    /// Sends `request` to the master and decodes its answer, within `timeout`.
+    pub(crate) async fn call_with_timeout<T: serde::de::DeserializeOwned>(
+        &self,
+        request: moonkv_proto::msg::Request,
+        timeout: std::time::Duration,
+    ) -> moonkv_proto::Result<T> {
+        let Some(master) = &self.in_process else {
+            return self.client.call_with_timeout(request, timeout).await;
+        };
+        match tokio::time::timeout(timeout, master.answer(request)).await {
+            Ok(frame) => moonkv_proto::local::decode_answer(&frame),
+            Err(_) => Err(moonkv_proto::Error::new(
+                moonkv_proto::ErrorCode::RPC_TIMEOUT,
+                format!("the master in this process did not answer within {timeout:?}"),
+            )),
         }
     }
 }
@@ -148,11 +165,20 @@ impl Drop for OpenConnection {
 
 impl Served {
     /// The master client PUT_LOCAL goes through, when this node takes such puts.
-    pub(crate) fn put_local_master(&self) -> Option<&PutsThrough> {
+    pub(crate) fn put_local_master(&self) -> Option<&MasterRoute> {
         let open = self.access.secret.is_none()
             && self.access.grant_key.is_none()
             && !self.access.refuse_same_host;
         self.master.get().filter(|_| open)
+    }
+
+    /// What a STATS request is answered with: the counters, the master, whether puts are
+    /// taken whole.
+    fn stats(&self) -> NodeStats {
+        let mut stats = self.counters.snapshot();
+        stats.master = self.access.master_addr.clone();
+        stats.put_local = self.put_local_master().is_some();
+        stats
     }
 
     fn segment(&self, id: SegmentId) -> Option<Arc<SegmentMemory>> {
@@ -206,14 +232,9 @@ impl DataServer {
     }
 
     /// Takes same-host puts whole from now on (PUT_LOCAL), starting and ending them through
-    /// `in_process` when the master runs in this process, else through `client` (when the
-    /// node checks no secrets and no grants; else nothing changes).
-    pub fn take_puts_through(
-        &self,
-        client: moonkv_client::master_client::MasterClient,
-        in_process: Option<Arc<dyn moonkv_proto::local::InProcessMaster>>,
-    ) {
-        let _ = self.served.master.set(PutsThrough { client, in_process });
+    /// `master` (when the node checks no secrets and no grants; else nothing changes).
+    pub(crate) fn take_puts_through(&self, master: MasterRoute) {
+        let _ = self.served.master.set(master);
     }
 
     /// Address the listener is bound to.
@@ -223,9 +244,7 @@ impl DataServer {
 
     /// Connections accepted and open, requests answered.
     pub(crate) fn stats(&self) -> NodeStats {
-        let mut stats = self.served.counters.snapshot();
-        stats.put_local = self.served.put_local_master().is_some();
-        stats
+        self.served.stats()
     }
 
     /// The node's Prometheus metrics (data plane, range locks, disk).

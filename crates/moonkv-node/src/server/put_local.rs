@@ -13,7 +13,7 @@
 //! never ended.
 
 use super::same_host::{copy_local, ranges_between, LOCAL_STEP};
-use super::{respond, Conn, PutsThrough, Served};
+use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
 use moonkv_proto::msg::{
     BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, Request, RevokeItem,
@@ -74,7 +74,7 @@ fn decode(body: &[u8], length: u64) -> Option<(bool, BatchPutStartRequest)> {
 /// Start, copy, end (or revoke): one result per key.
 async fn put(
     served: &Served,
-    master: &PutsThrough,
+    master: &MasterRoute,
     peer: &crate::same_host::Peer,
     plan: &LocalPlan,
     upsert: bool,
@@ -89,17 +89,7 @@ async fn put(
     } else {
         Request::BatchPutStart(request)
     };
-    let started: Vec<Result<Vec<ReplicaDescriptor>, Error>> = match master
-        .call::<Vec<ItemResult<Vec<ReplicaDescriptor>>>>(start)
-        .await
-    {
-        Ok(items) if items.len() == n => items.into_iter().map(|i| i.0).collect(),
-        Ok(items) => {
-            let why = format!("the master answered {} items for {n} keys", items.len());
-            vec![Err(Error::new(ErrorCode::INTERNAL_ERROR, why)); n]
-        }
-        Err(e) => vec![Err(e); n],
-    };
+    let started = per_key::<Vec<ReplicaDescriptor>>(master.call(start).await, n);
 
     let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
     // Keys to end and keys to revoke, with their replica ids.
@@ -125,7 +115,7 @@ async fn put(
         };
         let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
         if unchecked >= LOCAL_STEP {
-            if !still_waiting(peer, plan) {
+            if !peer.waiting(plan.deadline_ns) {
                 results.push(Err(Error::new(
                     ErrorCode::TRANSFER_FAIL,
                     "the caller stopped waiting before its bytes were copied; revoked",
@@ -150,7 +140,7 @@ async fn put(
     }
     // The caller gave up (or its time ran out) while this node copied: whatever was copied may
     // have changed under the copy, so none of it is ended.
-    if !ended.is_empty() && !still_waiting(peer, plan) {
+    if !ended.is_empty() && !peer.waiting(plan.deadline_ns) {
         for (i, ids) in ended.drain(..) {
             results[i] = Err(Error::new(
                 ErrorCode::TRANSFER_FAIL,
@@ -179,19 +169,7 @@ async fn put(
         } else {
             Request::BatchPutEnd(end)
         };
-        let answers: Vec<Result<(), Error>> =
-            match master.call::<Vec<ItemResult<()>>>(request).await {
-                Ok(items) if items.len() == ended.len() => items.into_iter().map(|i| i.0).collect(),
-                Ok(items) => {
-                    let why = format!(
-                        "the master answered {} items for {} keys",
-                        items.len(),
-                        ended.len()
-                    );
-                    vec![Err(Error::new(ErrorCode::INTERNAL_ERROR, why)); ended.len()]
-                }
-                Err(e) => vec![Err(e); ended.len()],
-            };
+        let answers = per_key::<()>(master.call(request).await, ended.len());
         for ((i, ids), answer) in ended.into_iter().zip(answers) {
             if let Err(e) = answer {
                 results[i] = Err(e);
@@ -305,10 +283,17 @@ async fn write_key(
     Ok(())
 }
 
-/// The caller still waits for the answer: its deadline has not passed, it runs, and it has not
-/// shut its side of the connection.
-fn still_waiting(peer: &crate::same_host::Peer, plan: &LocalPlan) -> bool {
-    moonkv_dataplane::same_host::monotonic_now_ns() < plan.deadline_ns
-        && peer.alive()
-        && !peer.gave_up()
+/// A batch answer of the master as one result per key (`n` of them): the whole call's error
+/// for every key, or an error for every key when the count is off.
+fn per_key<T>(answer: Result<Vec<ItemResult<T>>, Error>, n: usize) -> Vec<Result<T, Error>> {
+    match answer {
+        Ok(items) if items.len() == n => items.into_iter().map(|i| i.0).collect(),
+        Ok(items) => {
+            let why = format!("the master answered {} items for {n} keys", items.len());
+            (0..n)
+                .map(|_| Err(Error::new(ErrorCode::INTERNAL_ERROR, why.clone())))
+                .collect()
+        }
+        Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+    }
 }

@@ -285,9 +285,7 @@ async fn serve_stats(stream: &mut Conn, h: &RequestHeader, served: &Served) -> i
             .await
             .map(|()| false);
     }
-    let mut stats = served.counters.snapshot();
-    stats.master = served.access.master_addr.clone();
-    stats.put_local = served.put_local_master().is_some();
+    let stats = served.stats();
     let body = serde_json::to_vec(&stats).map_err(io::Error::other)?;
     let ok = ResponseHeader {
         status: DataStatus::Ok,

@@ -103,10 +103,7 @@ pub(super) async fn copy_local(
     while at < len {
         // Past the deadline, the caller gone, or the caller shut its side of the connection
         // (it gave up the call and waits for this node to let go of its memory): no more steps.
-        if moonkv_dataplane::same_host::monotonic_now_ns() >= plan.deadline_ns
-            || !peer.alive()
-            || peer.gave_up()
-        {
+        if !peer.waiting(plan.deadline_ns) {
             return Err(DataStatus::LocalRefused);
         }
         // The worst moment to be descheduled: checks passed, copy not started.
