@@ -214,13 +214,49 @@ impl DataConnection {
         total: u64,
         body: &[u8],
     ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
+        self.through_node(DataOp::PutLocal, plan, total, body).await
+    }
+
+    /// A same-host get through the node ([`DataOp::GetLocal`]): `plan` lists the caller's
+    /// buffers laid end to end (`total` bytes), `body` is the encoded request. The buffers are
+    /// lent to the node until it answers: should this future be dropped first, dropping it
+    /// waits until the node provably let go of them (see `crate::same_host`). Returns the
+    /// node's answer body, or the status it refused the request with before writing anything.
+    /// On a connection that is not attached, nothing is sent and `LOCAL_REFUSED` comes back.
+    pub async fn get_local(
+        &mut self,
+        plan: &LocalPlan,
+        total: u64,
+        body: &[u8],
+    ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
+        let Some(socket) = self.lend_socket.clone() else {
+            return Ok(Err(DataStatus::LocalRefused));
+        };
+        let lent = crate::same_host::Lent::new(socket, plan.deadline_ns);
+        let answer = self.through_node(DataOp::GetLocal, plan, total, body).await;
+        // Answered: the node no longer writes into the buffers. A broken connection, or this
+        // future dropped, leaves `lent` to wait until the node let go.
+        if answer.is_ok() {
+            lent.returned();
+        }
+        answer
+    }
+
+    /// Sends a request the node serves whole (PUT_LOCAL, GET_LOCAL) and reads its answer body.
+    async fn through_node(
+        &mut self,
+        op: DataOp,
+        plan: &LocalPlan,
+        total: u64,
+        body: &[u8],
+    ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
         let id = self.take_id();
-        let header = RequestHeader::new(DataOp::PutLocal, id, SegmentId::new(0, 0), 0, total);
+        let header = RequestHeader::new(op, id, SegmentId::new(0, 0), 0, total);
         let head = head(header, &[])?;
         let body_len = u32::try_from(body.len())
             .ok()
             .filter(|n| *n <= crate::header::MAX_PUT_LOCAL_BODY)
-            .ok_or_else(|| transfer_fail(&self.endpoint, "same-host put request too long"))?;
+            .ok_or_else(|| transfer_fail(&self.endpoint, "same-host request too long"))?;
         let mut out =
             Vec::with_capacity(head.len() + 16 * (plan.ranges.len() + 1) + 4 + body.len());
         out.extend_from_slice(&head);
@@ -231,23 +267,20 @@ impl DataConnection {
         self.stream
             .write_all(&out)
             .await
-            .map_err(|e| self.io_fail("send same-host put", e))?;
+            .map_err(|e| self.io_fail("send same-host request", e))?;
         let response = self.read_response(id).await?;
         if response.status != DataStatus::Ok {
             self.healthy = stays_in_step(response.status);
             return Ok(Err(response.status));
         }
         if response.length > u64::from(crate::header::MAX_PUT_LOCAL_BODY) {
-            return Err(transfer_fail(
-                &self.endpoint,
-                "same-host put answer too long",
-            ));
+            return Err(transfer_fail(&self.endpoint, "same-host answer too long"));
         }
         let mut answer = vec![0u8; response.length as usize];
         self.stream
             .read_exact(&mut answer)
             .await
-            .map_err(|e| self.io_fail("receive same-host put answer", e))?;
+            .map_err(|e| self.io_fail("receive same-host answer", e))?;
         self.healthy = true;
         Ok(Ok(answer))
     }

@@ -52,6 +52,18 @@ pub enum DataOp {
     /// (a replica elsewhere) comes back `NOT_SUPPORTED`, revoked. Only on an attached
     /// connection, and only by a node that says so in STATS ([`NodeStats::put_local`]).
     PutLocal = 9,
+    /// Same-host get through the node: the node asks its master for the keys' replicas in the
+    /// caller's tenant, copies each object held in its own memory segments into the caller's
+    /// buffers, at the places the [`LocalPlan`] lists (every key's buffer laid end to end, each
+    /// filled from its start), and confirms with the master any read whose lease ran out. A
+    /// `u32` body length and a MessagePack body (`(tenant: String, keys: Vec<String>,
+    /// capacities: Vec<u64>)`, each key's buffer size) follow the plan; `length` is the
+    /// buffers' bytes. Answered with a MessagePack `Vec<ItemResult<u64>>`, each key's size; a
+    /// key the node could not read itself (no replica in its memory, a buffer too small) comes
+    /// back `NOT_SUPPORTED`, with nothing written. The caller's memory is lent until the
+    /// answer. Only on an attached connection, and only by a node that says so in STATS
+    /// ([`NodeStats::get_local`]).
+    GetLocal = 10,
 }
 
 impl DataOp {
@@ -71,7 +83,7 @@ impl DataOp {
     }
 }
 
-/// Largest body of a [`DataOp::PutLocal`] request, and of its answer.
+/// Largest body of a [`DataOp::PutLocal`] or [`DataOp::GetLocal`] request, and of its answer.
 pub const MAX_PUT_LOCAL_BODY: u32 = 16 << 20;
 
 /// Most caller ranges one [`LocalPlan`] may list (the kernel's `IOV_MAX`).
@@ -201,6 +213,10 @@ pub struct NodeStats {
     /// its master itself, so a caller's put crosses processes once.
     #[serde(default)]
     pub put_local: bool,
+    /// The node takes same-host gets whole ([`DataOp::GetLocal`]): it asks its master for the
+    /// replicas itself, so a caller's get crosses processes once.
+    #[serde(default)]
+    pub get_local: bool,
 }
 
 /// Largest STATS answer a caller accepts.

@@ -20,6 +20,10 @@ pub const SAME_HOST_CHUNK: usize = 2 << 20;
 /// [`LONG_CALL`](crate::header::LocalPlan::LONG_CALL).
 pub const LONG_CALL_BYTES: usize = 8 << 20;
 
+/// An object at least this large, in a request the node serves whole (PUT_LOCAL, GET_LOCAL),
+/// is copied by two of the node's threads at once, as a long call's copy requests are.
+pub const SPLIT_COPY_BYTES: usize = 8 << 20;
+
 /// Environment variable that turns same-host copies off for a store (`0`, `false`, `off`).
 pub const SAME_HOST_ENV: &str = "MOONKV_SAME_HOST";
 

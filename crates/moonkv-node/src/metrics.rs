@@ -20,13 +20,14 @@ use std::time::Duration;
 /// The data-plane operations, with their `op` label.
 /// Same-host reads and writes count as reads and writes (`node_data_same_host_requests` tells
 /// them apart).
-const OPS: [(DataOp, &str); 6] = [
+const OPS: [(DataOp, &str); 7] = [
     (DataOp::Read, "read"),
     (DataOp::Write, "write"),
     (DataOp::FileRead, "file_read"),
     (DataOp::FileWrite, "file_write"),
     (DataOp::Stats, "stats"),
     (DataOp::PutLocal, "put_local"),
+    (DataOp::GetLocal, "get_local"),
 ];
 
 /// Why a grant was refused, with its `reason` label.

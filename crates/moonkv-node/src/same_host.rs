@@ -112,6 +112,17 @@ impl Peer {
         self.copy(Local::Out(src), ranges, false)
     }
 
+    /// [`Peer::write_to`] for one of many copies serving a single request (a GET_LOCAL's
+    /// keys): the caller's pool ids are read once for all of them (`seen`), not once each.
+    pub(crate) fn write_to_seen(
+        &self,
+        src: &[u8],
+        ranges: &[(u64, u64)],
+        seen: &PoolIds,
+    ) -> io::Result<()> {
+        self.copy_seen(Local::Out(src), ranges, false, Some(seen))
+    }
+
     /// Fills `dst` from the caller's `ranges` (whose lengths add up to `dst.len()`).
     pub(crate) fn read_from(
         &self,

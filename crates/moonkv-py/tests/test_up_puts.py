@@ -1,6 +1,7 @@
-"""Standalone callers of `moonkv up`: the node takes their puts whole (PUT_LOCAL) and reaches the
-master in its own process by calls. Real processes; the answers and bytes must be those of the
-three-step path, and a caller killed mid-put must leave whole values or none."""
+"""Standalone callers of `moonkv up`: the node takes their puts and gets whole (PUT_LOCAL,
+GET_LOCAL) and reaches the master in its own process by calls. Real processes; the answers and
+bytes must be those of the usual path, and a caller killed mid-put must leave whole values or
+none."""
 
 from __future__ import annotations
 
@@ -91,6 +92,43 @@ def test_puts_and_batches_through_the_node_keep_bytes_and_answers(up, key):
         s.close()
 
 
+def test_gets_through_the_node_keep_bytes_and_answers(up, key):
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(64 << 20, 1 << 20, up.data) == OK
+    try:
+        src = s.alloc_from_mem_pool(8 << 20)
+        dst = s.alloc_from_mem_pool(8 << 20)
+        sizes = [1, 4096 + 3, 128 << 10, (3 << 20) + 77]
+        keys = [f"{key}-{i}" for i in range(len(sizes))]
+        datas = [pattern(k, n) for k, n in zip(keys, sizes)]
+        for k, d in zip(keys, datas):
+            ctypes.memmove(src, d, len(d))
+            assert s.put_from(k, src, len(d)) == OK
+        assert s.get_into(keys[0], dst, 1) == 1  # attaches the connection
+        singles = up.counter("master_get_replica_list_requests_total")
+        for k, d in zip(keys, datas):
+            # A buffer larger than the object: its size, its bytes, nothing after them.
+            ctypes.memset(dst, 0xEE, len(d) + 64)
+            assert s.get_into(k, dst + 5, len(d) + 50) == len(d)
+            assert ctypes.string_at(dst + 5, len(d)) == d
+            assert ctypes.string_at(dst + 5 + len(d), 50) == b"\xee" * 50
+        # Upstream's codes: a missing key, and (taken the usual way) a buffer too small.
+        assert s.get_into(f"{key}-missing", dst, 4096) == -704
+        assert s.get_into(keys[1], dst, 100) == -600
+        assert up.counter("master_get_replica_list_requests_total") == singles + 1
+        # A batch at odd offsets, with the same two kinds of failure among the keys.
+        names = keys + [f"{key}-missing", keys[2]]
+        lens = sizes + [10, 1000]
+        outs = [dst + 3 + sum(lens[:i]) + 7 * i for i in range(len(names))]
+        got = s.batch_get_into(names, outs, lens)
+        assert got == sizes + [-704, -600]
+        for o, d in zip(outs, datas):
+            assert ctypes.string_at(o, len(d)) == d
+        assert bytes(s.get_buffer(keys[1])) == datas[1]  # other read forms still work
+    finally:
+        s.close()
+
+
 def test_threads_sharing_a_store_put_through_the_node_at_once(up, key):
     s = moonkv.MooncakeDistributedStore()
     assert s.setup_dummy(64 << 20, 1 << 20, up.data) == OK
@@ -123,7 +161,7 @@ def test_threads_sharing_a_store_put_through_the_node_at_once(up, key):
 
 
 def test_a_caller_killed_mid_put_leaves_whole_values_or_none(up, key):
-    """A caller SIGKILLed mid-upsert (1 MiB: one request the node takes whole, and 16 MiB:
-    the three-step path) leaves whole values or none, never a mix."""
+    """A caller SIGKILLed mid-upsert (1 MiB: one request the node copies on one thread, and
+    16 MiB: one request it copies on two) leaves whole values or none, never a mix."""
     kill_long_upserters(up.data, f"{key}-1m", 1 << 20)
     kill_long_upserters(up.data, key)

@@ -250,7 +250,37 @@ async fn memory_of_a_cancelled_same_host_call_is_never_touched_after_the_call_is
     let store = Store::connect(StoreConfig::new(m.field("rpc")))
         .await
         .unwrap();
-    let size = 8 << 20;
+    // Calls of 8 MiB and more: copy requests spread over the node's connections.
+    cancel_calls(&store, 8 << 20, 8 << 20, stall).await;
+}
+
+/// As above for a standalone store, whose node takes its puts and gets whole (PUT_LOCAL,
+/// GET_LOCAL): objects of 3 MiB (the node copies them in one step; two of them in one batch
+/// get), and puts of 16 MiB (copied by two of the node's threads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_of_a_cancelled_call_through_the_node_is_never_touched_after_the_call_is_dropped() {
+    let m = MOONKV.master(&[]);
+    let stall = Duration::from_millis(400);
+    let n = MOONKV.node_with_failpoints(
+        &m.field("rpc"),
+        "seg-lent-whole",
+        "256MiB",
+        &format!(
+            "{}=sleep({})",
+            moonkv_node::failpoints::LOCAL_STEP_STALL,
+            stall.as_millis()
+        ),
+    );
+    let store = Store::connect_via_node(&n.field("data"), StoreConfig::new("unused"))
+        .await
+        .unwrap();
+    cancel_calls(&store, 3 << 20, 16 << 20, stall).await;
+}
+
+/// Gives up gets of `size`-byte objects and puts of `size` and `put_size` bytes after 50 ms,
+/// while the node stalls `stall` before every copy step, and checks that none of the memory
+/// changes afterwards and that no put commits what was written after it.
+async fn cancel_calls(store: &Store, size: usize, put_size: usize, stall: Duration) {
     let value = pattern(size, 7);
     store
         .put("lent", &value, &ReplicateConfig::default())
@@ -297,21 +327,23 @@ async fn memory_of_a_cancelled_same_host_call_is_never_touched_after_the_call_is
         assert!(a.iter().all(|x| *x == 0xAB) && b.iter().all(|x| *x == 0xAC));
 
         // put: what the caller writes into its buffer after giving up is never committed.
-        let key = format!("cancelled-{round}");
-        let mut source = pattern(size, 9);
-        let cancelled = tokio::time::timeout(
-            give_up,
-            store.put(&key, &source, &ReplicateConfig::default()),
-        )
-        .await;
-        assert!(cancelled.is_err());
-        source.fill(0xBB);
-        tokio::time::sleep(settle).await;
-        if let Ok(got) = store.get(&key).await {
-            assert!(
-                !got.contains(&0xBB),
-                "a cancelled put committed bytes written after it was dropped"
-            );
+        for (n, len) in [size, put_size].into_iter().enumerate() {
+            let key = format!("cancelled-{round}-{n}");
+            let mut source = pattern(len, 9);
+            let cancelled = tokio::time::timeout(
+                give_up,
+                store.put(&key, &source, &ReplicateConfig::default()),
+            )
+            .await;
+            assert!(cancelled.is_err());
+            source.fill(0xBB);
+            tokio::time::sleep(settle).await;
+            if let Ok(got) = store.get(&key).await {
+                assert!(
+                    !got.contains(&0xBB),
+                    "a cancelled put committed bytes written after it was dropped"
+                );
+            }
         }
     }
     // The object itself is intact and readable once the node is left alone.

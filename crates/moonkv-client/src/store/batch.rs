@@ -444,10 +444,8 @@ impl Store {
         if keys.len() != bufs.len() {
             return mismatch(keys, bufs.len(), "buffers");
         }
-        let (started, lists) = self.batch_lists(keys).await;
-        let targets: Vec<Option<Vec<&mut [u8]>>> =
-            bufs.iter_mut().map(|b| Some(vec![&mut **b])).collect();
-        self.read_batch(keys, lists, started, targets).await
+        let targets = bufs.iter_mut().map(|b| vec![&mut **b]).collect();
+        self.read_keys_into(keys, targets).await
     }
 
     /// Reads each key into a new buffer.

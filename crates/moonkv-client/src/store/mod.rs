@@ -12,6 +12,7 @@
 mod batch;
 mod caller;
 mod failover;
+mod get_local;
 mod in_flight;
 mod lanes;
 mod parts;
@@ -77,7 +78,14 @@ pub struct StoreConfig {
     /// A node on this machine that takes whole puts (`docs/data-plane.md`, *Puts through the
     /// node*): set by [`Store::connect_via_node`] when the node says it does.
     pub put_local_node: Option<String>,
+    /// A node on this machine that takes whole gets (`docs/data-plane.md`, *Gets through the
+    /// node*): set by [`Store::connect_via_node`] when the node says it does.
+    pub get_local_node: Option<String>,
 }
+
+/// Most keys one request through the node carries (the node's limit); larger calls take the
+/// usual path.
+pub(crate) const MAX_KEYS_THROUGH_NODE: usize = 4096;
 
 impl StoreConfig {
     /// Defaults: tenant `default`, 5 s requests, 10 s per chunk, 4 connections, 512 KiB chunks
@@ -100,6 +108,7 @@ impl StoreConfig {
             tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
             same_host: moonkv_dataplane::same_host::enabled_by_env().unwrap_or(true),
             put_local_node: None,
+            get_local_node: None,
         }
     }
 }
@@ -298,6 +307,12 @@ impl Store {
     /// Reads the object into `buf` and returns its size; `buf` must be at least that large.
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
         check_key(key)?;
+        if self.config.get_local_node.is_some() {
+            let answer = self.get_through_node(&[key], &[vec![&mut *buf]]).await;
+            if let Some(Some(answer)) = answer.and_then(|a| a.into_iter().next()) {
+                return answer.map_err(|e| self.about(key, e));
+            }
+        }
         let started = Instant::now();
         let list = self
             .master

@@ -56,11 +56,10 @@ impl Store {
         if keys.len() != bufs.len() {
             return mismatch(keys, bufs.len(), "buffer lists");
         }
-        let (started, lists) = self.batch_lists(keys).await;
         let targets = bufs
             .iter_mut()
-            .map(|parts| Some(parts.iter_mut().map(|p| &mut **p).collect()))
+            .map(|parts| parts.iter_mut().map(|p| &mut **p).collect())
             .collect();
-        self.read_batch(keys, lists, started, targets).await
+        self.read_keys_into(keys, targets).await
     }
 }

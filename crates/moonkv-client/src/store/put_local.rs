@@ -10,15 +10,12 @@
 //! `NOT_SUPPORTED`, already revoked).
 
 use super::lanes::QUIET_BYTES;
-use super::{Store, WriteKind};
+use super::{Store, WriteKind, MAX_KEYS_THROUGH_NODE};
 use moonkv_dataplane::header::{LocalPlan, MAX_LOCAL_RANGES};
-use moonkv_dataplane::same_host::{monotonic_now_ns, LONG_CALL_BYTES};
+use moonkv_dataplane::same_host::{monotonic_now_ns, LONG_CALL_BYTES, SPLIT_COPY_BYTES};
 use moonkv_proto::msg::BatchPutStartRequest;
 use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicateConfig, Result};
 use std::time::Duration;
-
-/// Most keys one request carries (the node's limit); larger calls take the usual path.
-const MAX_KEYS: usize = 4096;
 
 /// One answer per key: `None` for a key the node left to the usual path.
 pub(crate) type NodeAnswers = Vec<Option<Result<()>>>;
@@ -36,7 +33,10 @@ impl Store {
         config: &ReplicateConfig,
     ) -> Option<NodeAnswers> {
         let endpoint = self.config.put_local_node.as_deref()?;
-        if keys.is_empty() || keys.len() > MAX_KEYS || !self.transfer.pool().same_host(endpoint) {
+        if keys.is_empty()
+            || keys.len() > MAX_KEYS_THROUGH_NODE
+            || !self.transfer.pool().same_host(endpoint)
+        {
             return None;
         }
         let mut ranges: Vec<(u64, u64)> = Vec::new();
@@ -54,11 +54,14 @@ impl Store {
             sizes.push(size);
         }
         let total: u64 = sizes.iter().sum();
-        // A long call goes the usual way: its copy requests spread over the node's threads,
-        // where one request is copied by one thread, and its round trips cost it little.
+        // A long call of smaller objects goes the usual way: its copy requests spread over
+        // the node's threads, where the node copies one request's small objects on one thread,
+        // and its round trips cost it little. Objects of `SPLIT_COPY_BYTES` or more the node
+        // copies on two threads itself.
+        let long = total as usize >= LONG_CALL_BYTES;
         if ranges.len() > MAX_LOCAL_RANGES
             || sizes.contains(&0)
-            || total as usize >= LONG_CALL_BYTES
+            || (long && sizes.iter().any(|s| (*s as usize) < SPLIT_COPY_BYTES))
         {
             return None;
         }
@@ -76,7 +79,7 @@ impl Store {
         let plan = LocalPlan {
             deadline_ns: monotonic_now_ns().saturating_add(copy_time.as_nanos() as u64),
             ranges,
-            flags: 0,
+            flags: if long { LocalPlan::LONG_CALL } else { 0 },
         };
         let wait = copy_time + self.config.rpc_timeout + Duration::from_secs(1);
         let _quiet = (total as usize >= QUIET_BYTES).then(|| self.transfer.quiet_wait());

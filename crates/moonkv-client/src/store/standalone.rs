@@ -11,13 +11,17 @@ use moonkv_proto::{Error, ErrorCode, Result};
 impl Store {
     /// Connects through the node at `node_endpoint`: its STATS answer names its master, which
     /// replaces `config.master_addr`.
-    /// A node that takes whole puts (`put_local` in its STATS) gets them
-    /// ([`StoreConfig::put_local_node`]) while same-host copies are on.
+    /// A node that takes whole puts or gets (`put_local`, `get_local` in its STATS) gets them
+    /// ([`StoreConfig::put_local_node`], [`StoreConfig::get_local_node`]) while same-host
+    /// copies are on.
     pub async fn connect_via_node(node_endpoint: &str, mut config: StoreConfig) -> Result<Store> {
         let stats = node_stats(node_endpoint, &config).await?;
         config.master_addr = master_in(node_endpoint, &stats)?;
         if stats.put_local && config.same_host {
             config.put_local_node = Some(node_endpoint.to_string());
+        }
+        if stats.get_local && config.same_host {
+            config.get_local_node = Some(node_endpoint.to_string());
         }
         Store::connect(config).await
     }

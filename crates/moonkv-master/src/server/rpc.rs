@@ -727,7 +727,7 @@ pub(crate) async fn answer_in_process(shared: Arc<RpcShared>, request: Request) 
     }
     if is_scan(op) {
         // A scan holds the engine for long; a connection runs it on a blocking thread. The
-        // node asks in process only for writes and catalog polls.
+        // node asks in process only for writes, replica lists and catalog polls.
         frame::encode_err(
             &mut out,
             0,

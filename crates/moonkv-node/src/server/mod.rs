@@ -13,9 +13,11 @@
 //! - `memory`: READ / WRITE of segment bytes over the socket.
 //! - `same_host`: READ_LOCAL / WRITE_LOCAL, copied straight to and from the caller's memory.
 //! - `put_local`: PUT_LOCAL, a same-host put the node starts and ends at its master itself.
+//! - `get_local`: GET_LOCAL, a same-host get whose replicas the node asks its master for.
 //! - `file`: FILE_READ / FILE_WRITE of the disk tier's files.
 
 mod file;
+mod get_local;
 mod handshake;
 mod memory;
 mod put_local;
@@ -150,6 +152,7 @@ impl Counters {
             same_host_requests: self.same_host.load(Ordering::Relaxed),
             master: None,
             put_local: false,
+            get_local: false,
         }
     }
 }
@@ -164,7 +167,7 @@ impl Drop for OpenConnection {
 }
 
 impl Served {
-    /// The master client PUT_LOCAL goes through, when this node takes such puts.
+    /// The master client PUT_LOCAL and GET_LOCAL go through, when this node takes them.
     pub(crate) fn put_local_master(&self) -> Option<&MasterRoute> {
         let open = self.access.secret.is_none()
             && self.access.grant_key.is_none()
@@ -172,12 +175,13 @@ impl Served {
         self.master.get().filter(|_| open)
     }
 
-    /// What a STATS request is answered with: the counters, the master, whether puts are
-    /// taken whole.
+    /// What a STATS request is answered with: the counters, the master, whether puts and gets
+    /// are taken whole.
     fn stats(&self) -> NodeStats {
         let mut stats = self.counters.snapshot();
         stats.master = self.access.master_addr.clone();
         stats.put_local = self.put_local_master().is_some();
+        stats.get_local = stats.put_local;
         stats
     }
 

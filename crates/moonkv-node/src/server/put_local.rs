@@ -12,9 +12,10 @@
 //! deadline, nothing once the caller is gone or gave up; a key not wholly copied is revoked,
 //! never ended.
 
-use super::same_host::{copy_local, ranges_between, LOCAL_STEP};
+use super::same_host::{copy_local, copy_local_split, ranges_between, LOCAL_STEP, SPLIT_PIECE};
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
+use moonkv_dataplane::same_host::SPLIT_COPY_BYTES;
 use moonkv_proto::msg::{
     BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, Request, RevokeItem,
 };
@@ -251,12 +252,29 @@ async fn write_key(
     for (segment, address) in segments {
         let copied = match segment.write_view(address, size).await {
             // Short: one copy, the caller looked at by `put` (see `unchecked` there).
-            Ok(mut view) if view.len() <= LOCAL_STEP => peer
-                .read_from_seen(&mut view[..], &sub.ranges, stream, pool_ids)
-                .map_err(|e| {
-                    tracing::debug!(error = %e, "same-host put copy failed");
-                    DataStatus::LocalRefused
-                }),
+            Ok(mut view) if view.len() <= LOCAL_STEP => {
+                crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
+                peer.read_from_seen(&mut view[..], &sub.ranges, stream, pool_ids)
+                    .map_err(|e| {
+                        tracing::debug!(error = %e, "same-host put copy failed");
+                        DataStatus::LocalRefused
+                    })
+            }
+            // Large: two threads, as a long call's copy requests are spread.
+            Ok(mut view) if view.len() >= SPLIT_COPY_BYTES => {
+                let pieces = view[..]
+                    .chunks_mut(SPLIT_PIECE)
+                    .enumerate()
+                    .map(|(i, piece)| (i * SPLIT_PIECE, piece))
+                    .collect();
+                copy_local_split(
+                    peer,
+                    &sub,
+                    pieces,
+                    |piece, ranges| peer.read_from(piece, ranges, stream),
+                    |piece| piece.len(),
+                )
+            }
             Ok(mut view) => {
                 let len = view.len();
                 copy_local(
@@ -285,7 +303,10 @@ async fn write_key(
 
 /// A batch answer of the master as one result per key (`n` of them): the whole call's error
 /// for every key, or an error for every key when the count is off.
-fn per_key<T>(answer: Result<Vec<ItemResult<T>>, Error>, n: usize) -> Vec<Result<T, Error>> {
+pub(super) fn per_key<T>(
+    answer: Result<Vec<ItemResult<T>>, Error>,
+    n: usize,
+) -> Vec<Result<T, Error>> {
     match answer {
         Ok(items) if items.len() == n => items.into_iter().map(|i| i.0).collect(),
         Ok(items) => {

@@ -2,6 +2,7 @@
 //! grant, dispatches by operation and answers STATS itself.
 
 use super::file::{serve_file_read, serve_file_write};
+use super::get_local::serve_get_local;
 use super::handshake::{attach, greet, refuse_connection};
 use super::memory::{serve_read, serve_write};
 use super::put_local::serve_put_local;
@@ -103,7 +104,8 @@ pub(super) async fn serve_requests(
             attached = attach(stream, &header, ends, served).await?;
             continue;
         }
-        let plan = if DataOp::is_local(header.op) || header.op == DataOp::PutLocal as u8 {
+        let whole = header.op == DataOp::PutLocal as u8 || header.op == DataOp::GetLocal as u8;
+        let plan = if DataOp::is_local(header.op) || whole {
             match read_plan(stream, &header).await? {
                 Ok(plan) => Some(plan),
                 Err(status) => {
@@ -117,8 +119,9 @@ pub(super) async fn serve_requests(
         let mut granted_file_size = None;
         // STATS names no range, so it needs no grant: the handshake (when the node has a
         // secret) is what admits it. Standalone clients learn their master from it.
-        // PUT_LOCAL carries none either: only a node that checks no grants takes it.
-        let needs_grant = header.op != DataOp::Stats as u8 && header.op != DataOp::PutLocal as u8;
+        // PUT_LOCAL and GET_LOCAL carry none either: only a node that checks no grants takes
+        // them.
+        let needs_grant = header.op != DataOp::Stats as u8 && !whole;
         if let Some(key) = served.access.grant_key.as_ref().filter(|_| needs_grant) {
             match check_grant(key, &served.access.claims, &header, &grant[..grant_len]) {
                 Ok(size) => granted_file_size = size,
@@ -163,17 +166,21 @@ pub(super) async fn serve_requests(
                 }
                 ok
             }
-            op if op == DataOp::PutLocal as u8 => {
+            op if whole => {
                 let plan = plan.as_ref().expect("read with the header");
                 let Some(body) = read_body(stream).await? else {
                     respond(stream, DataStatus::BadHeader, header.request_id).await?;
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
-                        "same-host put body too long",
+                        "same-host request body too long",
                     ));
                 };
-                let ok = serve_put_local(stream, &header, served, attached.as_ref(), plan, &body)
-                    .await?;
+                let peer = attached.as_ref();
+                let ok = if op == DataOp::PutLocal as u8 {
+                    serve_put_local(stream, &header, served, peer, plan, &body).await?
+                } else {
+                    serve_get_local(stream, &header, served, peer, plan, &body).await?
+                };
                 if ok {
                     served.counters.same_host.fetch_add(1, Ordering::Relaxed);
                 }
@@ -196,7 +203,7 @@ pub(super) async fn serve_requests(
     }
 }
 
-/// The length-prefixed body of a PUT_LOCAL; `None` when it is longer than
+/// The length-prefixed body of a PUT_LOCAL or GET_LOCAL; `None` when it is longer than
 /// [`MAX_PUT_LOCAL_BODY`] (the stream can then not be kept in step).
 async fn read_body(stream: &mut Conn) -> io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];

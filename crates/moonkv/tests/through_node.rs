@@ -1,6 +1,7 @@
-//! Puts taken whole by the node (PUT_LOCAL, `docs/data-plane.md`, *Puts through the node*):
-//! a standalone store hands its node keys, sizes and memory; the node starts, copies and ends
-//! at the master, through a call when the master runs in its process (`moonkv up`) or through
+//! Puts and gets taken whole by the node (PUT_LOCAL and GET_LOCAL, `docs/data-plane.md`,
+//! *Puts through the node*, *Gets through the node*): a standalone store hands its node keys,
+//! sizes and memory; the node asks the master (start and end, or the replica lists), copies,
+//! and answers, through a call when the master runs in its process (`moonkv up`) or through
 //! its own connection otherwise. Real master and nodes on 127.0.0.1; the caller is this
 //! process.
 
@@ -83,6 +84,11 @@ async fn puts_through_the_node_keep_every_byte_and_every_answer_of_the_usual_pat
         assert_eq!(store.get("one").await.unwrap(), two);
         store.upsert("one", b"short", &cfg).await.unwrap();
         assert_eq!(store.get("one").await.unwrap(), b"short");
+        // An object the node copies on two threads, in pieces, one of them short.
+        let large = pattern(4, (20 * MIB + 4097) as usize);
+        store.put_from("large", &large, &cfg).await.unwrap();
+        assert!(store.get("large").await.unwrap() == large);
+        store.remove("large", true).await.unwrap();
 
         // A batch from one buffer at odd offsets, with a key that exists already.
         let big = pattern(3, 40_000 * 9);
@@ -122,13 +128,14 @@ async fn puts_through_the_node_keep_every_byte_and_every_answer_of_the_usual_pat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_whose_node_does_not_take_puts_writes_the_usual_way() {
+async fn a_store_whose_node_does_not_take_puts_or_gets_uses_the_usual_way() {
     let m = master().await;
     let mut config = NodeConfig::new(m.rpc_addr().to_string(), 16 * MIB);
     config.huge_pages = false;
     config.refuse_same_host = true;
     let n = Node::start(config).await.unwrap();
     assert!(!n.data_plane_stats().put_local);
+    assert!(!n.data_plane_stats().get_local);
     let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
         .await
         .unwrap();
@@ -138,7 +145,14 @@ async fn a_store_whose_node_does_not_take_puts_writes_the_usual_way() {
         .await
         .unwrap();
     assert_eq!(store.get("k").await.unwrap(), value);
+    let mut buf = vec![0u8; value.len()];
+    assert_eq!(store.get_into("k", &mut buf).await.unwrap(), value.len());
+    assert_eq!(buf, value);
     assert_eq!(counter(&m, "master_put_start_requests_total").await, 1);
+    assert_eq!(
+        counter(&m, "master_get_replica_list_requests_total").await,
+        2
+    );
     n.shutdown().await;
     m.shutdown().await;
 }
@@ -262,6 +276,194 @@ async fn malformed_or_unattached_puts_are_refused_and_place_nothing() {
         .await
         .unwrap();
     assert_eq!(store.get("x").await.unwrap(), value);
+    n.shutdown().await;
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gets_through_the_node_return_every_byte_and_every_answer_of_the_usual_path() {
+    for in_process in [true, false] {
+        let m = master().await;
+        let n = node(&m, in_process).await;
+        assert!(n.data_plane_stats().get_local);
+        let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
+            .await
+            .unwrap();
+        let cfg = ReplicateConfig::default();
+        let values: Vec<Vec<u8>> = [1usize, 4099, 128 << 10, (3 << 20) + 5]
+            .iter()
+            .enumerate()
+            .map(|(i, len)| pattern(i as u8, *len))
+            .collect();
+        let keys: Vec<String> = (0..values.len()).map(|i| format!("g{i}")).collect();
+        for (k, v) in keys.iter().zip(&values) {
+            store.put(k, v, &cfg).await.unwrap();
+        }
+        // The first get attaches its connection; count from there.
+        let mut warm = [0u8; 1];
+        store.get_into("g0", &mut warm).await.unwrap();
+        let singles = counter(&m, "master_get_replica_list_requests_total").await;
+        let batches = counter(&m, "master_batch_get_replica_list_requests_total").await;
+
+        // Single gets into buffers larger than the object: the size, and the bytes at the start.
+        for (k, v) in keys.iter().zip(&values) {
+            let mut buf = vec![0xEEu8; v.len() + 100];
+            assert_eq!(store.get_into(k, &mut buf).await.unwrap(), v.len());
+            assert_eq!(&buf[..v.len()], &v[..], "{k} in_process={in_process}");
+            assert!(buf[v.len()..].iter().all(|b| *b == 0xEE));
+        }
+        // A missing key: the usual code and a message naming it.
+        let mut buf = vec![0u8; 64];
+        let missing = store.get_into("nope", &mut buf).await.unwrap_err();
+        assert_eq!(missing.code, ErrorCode::OBJECT_NOT_FOUND, "{missing}");
+        assert!(missing.message.contains("nope"), "{missing}");
+        // None of those asked for a single replica list.
+        assert_eq!(
+            counter(&m, "master_get_replica_list_requests_total").await,
+            singles,
+            "in_process={in_process}"
+        );
+
+        // A batch into one buffer at odd offsets, with a missing key and a buffer too small.
+        let mut big = vec![0u8; 5 << 20];
+        let mut names: Vec<&str> = keys.iter().map(String::as_str).collect();
+        names.push("nope");
+        names.push("g2");
+        let mut lens: Vec<usize> = values.iter().map(Vec::len).collect();
+        lens.push(10);
+        lens.push(1000);
+        let mut bufs: Vec<&mut [u8]> = Vec::new();
+        let mut rest = &mut big[3..];
+        for len in &lens {
+            let (this, after) = rest.split_at_mut(*len);
+            bufs.push(this);
+            rest = &mut after[7..];
+        }
+        let results = store.batch_get_into(&names, &mut bufs).await;
+        for (i, v) in values.iter().enumerate() {
+            assert_eq!(*results[i].as_ref().unwrap(), v.len(), "key {i}");
+            assert_eq!(&bufs[i][..], &v[..], "key {i}");
+        }
+        assert_eq!(
+            results[4].as_ref().unwrap_err().code,
+            ErrorCode::OBJECT_NOT_FOUND
+        );
+        // Too small for the node: read the usual way, which answers as it always did.
+        assert_eq!(
+            results[5].as_ref().unwrap_err().code,
+            ErrorCode::INVALID_PARAMS
+        );
+        // The node's question plus the usual path's for the one key it left.
+        assert_eq!(
+            counter(&m, "master_batch_get_replica_list_requests_total").await,
+            batches + keys.len() as u64 + 1 + 2,
+            "in_process={in_process}"
+        );
+        n.shutdown().await;
+        m.shutdown().await;
+    }
+}
+
+/// A GET_LOCAL of `length` bytes whose plan lists `ranges` and whose body is `body`.
+fn get_local(id: u64, length: u64, ranges: Vec<(u64, u64)>, body: &[u8]) -> Vec<u8> {
+    let mut bytes = put_local(id, length, ranges, body);
+    bytes[5] = DataOp::GetLocal as u8;
+    bytes
+}
+
+fn get_body(keys: &[&str], capacities: &[u64]) -> Vec<u8> {
+    rmp_serde::to_vec(&("", keys, capacities)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_unattached_gets_are_refused_and_write_nothing() {
+    let m = master().await;
+    let n = node(&m, true).await;
+    let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
+        .await
+        .unwrap();
+    let value = pattern(6, 4096);
+    store
+        .put("x", &value, &ReplicateConfig::default())
+        .await
+        .unwrap();
+    let mut target = vec![0u8; 4096];
+    let range = vec![(target.as_mut_ptr() as u64, 4096)];
+    let mut s = TcpStream::connect(n.endpoint()).await.unwrap();
+
+    // Not attached: refused, and the connection stays in step.
+    s.write_all(&get_local(
+        1,
+        4096,
+        range.clone(),
+        &get_body(&["x"], &[4096]),
+    ))
+    .await
+    .unwrap();
+    let a = answer(&mut s).await;
+    assert_eq!((a.request_id, a.status), (1, DataStatus::LocalRefused));
+
+    let probe: Box<[u8; 16]> = Box::new(rand::random());
+    let attach = AttachRequest {
+        pid: std::process::id(),
+        probe_address: probe.as_ptr() as u64,
+        probe: *probe,
+    };
+    s.write_all(&attach.header(2).encode()).await.unwrap();
+    assert_eq!(answer(&mut s).await.status, DataStatus::Ok);
+
+    // Not a request, capacities that do not add up to the length, no key, more capacities
+    // than keys: refused one after the other on the same connection.
+    let bad: Vec<Vec<u8>> = vec![
+        b"\xc1 not msgpack".to_vec(),
+        get_body(&["x"], &[4000]),
+        get_body(&[], &[]),
+        get_body(&["x"], &[2048, 2048]),
+    ];
+    for (i, b) in bad.iter().enumerate() {
+        s.write_all(&get_local(10 + i as u64, 4096, range.clone(), b))
+            .await
+            .unwrap();
+        let a = answer(&mut s).await;
+        assert_eq!(a.request_id, 10 + i as u64);
+        assert_eq!(a.status, DataStatus::OutOfRange, "case {i}");
+    }
+    assert!(target.iter().all(|b| *b == 0), "nothing written so far");
+
+    // A good one on the same connection: the size, and the bytes.
+    s.write_all(&get_local(
+        19,
+        4096,
+        range.clone(),
+        &get_body(&["x"], &[4096]),
+    ))
+    .await
+    .unwrap();
+    let a = answer(&mut s).await;
+    assert_eq!(a.status, DataStatus::Ok);
+    let mut items = vec![0u8; a.length as usize];
+    s.read_exact(&mut items).await.unwrap();
+    let items: Vec<moonkv_proto::ItemResult<u64>> = rmp_serde::from_slice(&items).unwrap();
+    assert_eq!(items[0].0, Ok(4096));
+    assert_eq!(target, value);
+
+    // A buffer smaller than the object: left to the caller, nothing written.
+    let small = vec![(target.as_mut_ptr() as u64, 100)];
+    target.fill(0);
+    s.write_all(&get_local(20, 100, small, &get_body(&["x"], &[100])))
+        .await
+        .unwrap();
+    let a = answer(&mut s).await;
+    assert_eq!(a.status, DataStatus::Ok);
+    let mut items = vec![0u8; a.length as usize];
+    s.read_exact(&mut items).await.unwrap();
+    let items: Vec<moonkv_proto::ItemResult<u64>> = rmp_serde::from_slice(&items).unwrap();
+    assert_eq!(
+        items[0].0.as_ref().unwrap_err().code,
+        ErrorCode::NOT_SUPPORTED
+    );
+    assert!(target.iter().all(|b| *b == 0), "nothing written");
+    drop(probe);
     n.shutdown().await;
     m.shutdown().await;
 }

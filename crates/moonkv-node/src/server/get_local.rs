@@ -1,0 +1,238 @@
+//! GET_LOCAL: a same-host get taken whole by the node (`docs/data-plane.md`, *Gets through
+//! the node*). The caller names its keys and its buffers once; the node asks its master for
+//! the replicas in the caller's tenant, copies each object it holds in its own memory into the
+//! caller's buffer, and confirms with the master the reads whose lease ran out, so the
+//! caller's get crosses processes once instead of twice. In `moonkv up` the master runs in the
+//! node's process, and that question never leaves it.
+//!
+//! Taken only on an attached connection, by a node that checks no secrets and no grants (as
+//! PUT_LOCAL). A key the node cannot read itself (no complete replica in its memory segments,
+//! a buffer too small, an object the master lists without a size) is answered
+//! `NOT_SUPPORTED` with nothing written, so the caller reads it the usual way, which also
+//! gives the usual errors. A master error for a key (not found, not ready) is that key's
+//! answer. The copy follows the rules of READ_LOCAL: nothing after the caller's deadline,
+//! nothing once the caller is gone or gave up.
+
+use super::same_host::{copy_local, ranges_between, LOCAL_STEP};
+use super::{respond, Conn, MasterRoute, Served};
+use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
+use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
+use moonkv_proto::types::GetReplicaListResponse;
+use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaKind, ReplicaStatus};
+use std::io;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+/// Most keys one GET_LOCAL may carry.
+pub(crate) const MAX_KEYS: usize = 4096;
+
+/// Serves one GET_LOCAL whose plan and body were read.
+pub(super) async fn serve_get_local(
+    stream: &mut Conn,
+    h: &RequestHeader,
+    served: &Served,
+    peer: Option<&crate::same_host::Peer>,
+    plan: &LocalPlan,
+    body: &[u8],
+) -> io::Result<bool> {
+    let (Some(peer), Some(master)) = (peer, served.put_local_master()) else {
+        return respond(stream, DataStatus::LocalRefused, h.request_id)
+            .await
+            .map(|()| false);
+    };
+    let Some((tenant, keys, capacities)) = decode(body, h.length) else {
+        return respond(stream, DataStatus::OutOfRange, h.request_id)
+            .await
+            .map(|()| false);
+    };
+    let results = get(served, master, peer, plan, tenant, keys, &capacities).await;
+    let ok = results.iter().all(|r| r.0.is_ok());
+    let answer = rmp_serde::to_vec_named(&results).map_err(io::Error::other)?;
+    let header = ResponseHeader {
+        status: DataStatus::Ok,
+        request_id: h.request_id,
+        length: answer.len() as u64,
+    };
+    stream.write_all(&header.encode()).await?;
+    stream.write_all(&answer).await.map(|()| ok)
+}
+
+/// The body, when it is well formed: as many buffer sizes as keys (at least one, at most
+/// [`MAX_KEYS`]), adding up to the header's length.
+fn decode(body: &[u8], length: u64) -> Option<(String, Vec<String>, Vec<u64>)> {
+    let (tenant, keys, capacities): (String, Vec<String>, Vec<u64>) =
+        rmp_serde::from_slice(body).ok()?;
+    let n = keys.len();
+    let total = capacities
+        .iter()
+        .try_fold(0u64, |sum, size| sum.checked_add(*size))?;
+    (n > 0 && n <= MAX_KEYS && capacities.len() == n && total == length)
+        .then_some((tenant, keys, capacities))
+}
+
+/// The answer for a key this node leaves to the caller.
+fn elsewhere(why: &str) -> Error {
+    Error::new(
+        ErrorCode::NOT_SUPPORTED,
+        format!("{why}: read by the caller"),
+    )
+}
+
+/// Replica lists, copies, revalidation: one result per key (its size).
+async fn get(
+    served: &Served,
+    master: &MasterRoute,
+    peer: &crate::same_host::Peer,
+    plan: &LocalPlan,
+    tenant: String,
+    keys: Vec<String>,
+    capacities: &[u64],
+) -> Vec<ItemResult<u64>> {
+    let n = keys.len();
+    let started = Instant::now();
+    let request = Request::BatchGetReplicaList(KeysRequest {
+        tenant: tenant.clone(),
+        keys: keys.clone(),
+    });
+    let lists = super::put_local::per_key::<GetReplicaListResponse>(master.call(request).await, n);
+    let mut results: Vec<Result<u64, Error>> = Vec::with_capacity(n);
+    // Keys read, with the replica read and their lease.
+    let mut read: Vec<(usize, ReplicaDescriptor, u64)> = Vec::new();
+    let mut offset = 0u64;
+    // Bytes copied since the caller was last looked at: once per step, as in PUT_LOCAL.
+    let mut unchecked = usize::MAX;
+    let pool_ids = crate::same_host::PoolIds::default();
+    for (i, list) in lists.into_iter().enumerate() {
+        let at = offset;
+        offset += capacities[i];
+        let list = match list {
+            Ok(list) => list,
+            Err(e) => {
+                results.push(Err(e));
+                continue;
+            }
+        };
+        let Some(replica) = readable_here(served, &list.replicas) else {
+            results.push(Err(elsewhere("no complete replica in this node's memory")));
+            continue;
+        };
+        if replica.size > capacities[i] {
+            results.push(Err(elsewhere("the buffer is too small")));
+            continue;
+        }
+        if unchecked >= LOCAL_STEP {
+            if !peer.waiting(plan.deadline_ns) {
+                results.push(Err(Error::new(
+                    ErrorCode::TRANSFER_FAIL,
+                    "the caller stopped waiting before its bytes were copied",
+                )));
+                continue;
+            }
+            unchecked = 0;
+        }
+        unchecked = unchecked.saturating_add(replica.size as usize);
+        match read_key(served, peer, plan, replica, at, &pool_ids).await {
+            Ok(()) => {
+                results.push(Ok(replica.size));
+                read.push((i, replica.clone(), list.lease_ttl_ms));
+            }
+            Err(e) => results.push(Err(e)),
+        }
+    }
+    // Reads whose lease ran out while this node copied: still current only if the master
+    // says the replica read is.
+    let expired: Vec<&(usize, ReplicaDescriptor, u64)> = read
+        .iter()
+        .filter(|(_, _, lease_ms)| started.elapsed() >= Duration::from_millis(*lease_ms))
+        .collect();
+    if !expired.is_empty() {
+        let request = Request::RevalidateReplicas(RevalidateRequest {
+            tenant,
+            items: expired
+                .iter()
+                .map(|(i, replica, _)| RevalidateItem {
+                    key: keys[*i].clone(),
+                    replica_ids: vec![replica.id],
+                })
+                .collect(),
+        });
+        let verdicts = super::put_local::per_key::<()>(master.call(request).await, expired.len());
+        for ((i, _, _), verdict) in expired.into_iter().zip(verdicts) {
+            if let Err(e) = verdict {
+                results[*i] = Err(Error::new(
+                    ErrorCode::LEASE_EXPIRED,
+                    format!(
+                        "the read lease of '{}' expired during the copy and the replica read is no longer current ({e})",
+                        keys[*i]
+                    ),
+                ));
+            }
+        }
+    }
+    results.into_iter().map(ItemResult).collect()
+}
+
+/// The replica this node reads a key from: the first complete memory replica in one of its
+/// own segments.
+fn readable_here<'r>(
+    served: &Served,
+    replicas: &'r [ReplicaDescriptor],
+) -> Option<&'r ReplicaDescriptor> {
+    replicas.iter().find(|r| {
+        r.status == ReplicaStatus::Complete
+            && r.kind == ReplicaKind::Memory
+            && served.segment(r.segment_id).is_some()
+    })
+}
+
+/// Copies one replica's bytes into the caller's buffer that starts at `at` in the plan's
+/// ranges laid end to end.
+async fn read_key(
+    served: &Served,
+    peer: &crate::same_host::Peer,
+    plan: &LocalPlan,
+    replica: &ReplicaDescriptor,
+    at: u64,
+    pool_ids: &crate::same_host::PoolIds,
+) -> Result<(), Error> {
+    let Some(segment) = served.segment(replica.segment_id) else {
+        return Err(elsewhere("the replica's segment is no longer mounted here"));
+    };
+    let size = replica.size;
+    let sub = LocalPlan {
+        deadline_ns: plan.deadline_ns,
+        ranges: ranges_between(&plan.ranges, at, size),
+        flags: plan.flags,
+    };
+    let copied = match segment.read_view(replica.address, size).await {
+        // Short: one copy, the caller looked at by `get` (see `unchecked` there).
+        Ok(view) if view.len() <= LOCAL_STEP => {
+            crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
+            peer.write_to_seen(&view[..], &sub.ranges, pool_ids)
+                .map_err(|e| {
+                    tracing::debug!(error = %e, "same-host get copy failed");
+                    DataStatus::LocalRefused
+                })
+        }
+        Ok(view) => {
+            copy_local(
+                peer,
+                &sub,
+                view.len(),
+                crate::failpoints::READ_MID_PAYLOAD,
+                |from, to, ranges| peer.write_to(&view[from..to], ranges),
+            )
+            .await
+        }
+        Err(status) => Err(status),
+    };
+    copied.map_err(|status| {
+        Error::new(
+            ErrorCode::TRANSFER_FAIL,
+            format!(
+                "the node could not copy into the caller's buffer: {}",
+                status.describe()
+            ),
+        )
+    })
+}
