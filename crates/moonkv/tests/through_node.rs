@@ -163,6 +163,39 @@ async fn answer(stream: &mut TcpStream) -> ResponseHeader {
     ResponseHeader::decode(&raw).unwrap()
 }
 
+/// Sends `request` (id 1) on a connection not attached yet, checks that it is refused and the
+/// connection stays in step, then attaches the connection. The probe must outlive its use.
+async fn refused_then_attach(s: &mut TcpStream, request: &[u8]) -> Box<[u8; 16]> {
+    s.write_all(request).await.unwrap();
+    let a = answer(s).await;
+    assert_eq!((a.request_id, a.status), (1, DataStatus::LocalRefused));
+    let probe: Box<[u8; 16]> = Box::new(rand::random());
+    let attach = AttachRequest {
+        pid: std::process::id(),
+        probe_address: probe.as_ptr() as u64,
+        probe: *probe,
+    };
+    s.write_all(&attach.header(2).encode()).await.unwrap();
+    assert_eq!(answer(s).await.status, DataStatus::Ok);
+    probe
+}
+
+/// Sends `count` malformed requests (`request(id, i)`, ids from 10) one after the other on the
+/// same connection, and checks that each is refused with `OUT_OF_RANGE`.
+async fn each_out_of_range(
+    s: &mut TcpStream,
+    request: impl Fn(u64, usize) -> Vec<u8>,
+    count: usize,
+) {
+    for i in 0..count {
+        let id = 10 + i as u64;
+        s.write_all(&request(id, i)).await.unwrap();
+        let a = answer(s).await;
+        assert_eq!(a.request_id, id);
+        assert_eq!(a.status, DataStatus::OutOfRange, "case {i}");
+    }
+}
+
 /// A PUT_LOCAL of `length` bytes whose plan lists `ranges` and whose body is `body`.
 fn put_local(id: u64, length: u64, ranges: Vec<(u64, u64)>, body: &[u8]) -> Vec<u8> {
     let mut bytes = RequestHeader::new(
@@ -205,37 +238,22 @@ async fn malformed_or_unattached_puts_are_refused_and_place_nothing() {
     let range = vec![(value.as_ptr() as u64, 4096)];
     let mut s = TcpStream::connect(n.endpoint()).await.unwrap();
 
-    // Not attached: refused, and the connection stays in step.
-    s.write_all(&put_local(1, 4096, range.clone(), &body(&["x"], &[4096])))
-        .await
-        .unwrap();
-    assert_eq!(answer(&mut s).await.status, DataStatus::LocalRefused);
-
-    let probe: Box<[u8; 16]> = Box::new(rand::random());
-    let attach = AttachRequest {
-        pid: std::process::id(),
-        probe_address: probe.as_ptr() as u64,
-        probe: *probe,
-    };
-    s.write_all(&attach.header(2).encode()).await.unwrap();
-    assert_eq!(answer(&mut s).await.status, DataStatus::Ok);
-
+    let unattached = put_local(1, 4096, range.clone(), &body(&["x"], &[4096]));
+    let probe = refused_then_attach(&mut s, &unattached).await;
     // A body that is not a request, sizes that do not add up to the length, no key, and more
     // sizes than keys: refused one after the other on the same connection.
-    let bad: Vec<Vec<u8>> = vec![
+    let bad = [
         b"\xc1 not msgpack".to_vec(),
         body(&["x"], &[4000]),
         body(&[], &[]),
         body(&["x"], &[2048, 2048]),
     ];
-    for (i, b) in bad.iter().enumerate() {
-        s.write_all(&put_local(10 + i as u64, 4096, range.clone(), b))
-            .await
-            .unwrap();
-        let a = answer(&mut s).await;
-        assert_eq!(a.request_id, 10 + i as u64);
-        assert_eq!(a.status, DataStatus::OutOfRange, "case {i}");
-    }
+    each_out_of_range(
+        &mut s,
+        |id, i| put_local(id, 4096, range.clone(), &bad[i]),
+        bad.len(),
+    )
+    .await;
     // Then a good one on the same connection.
     s.write_all(&put_local(20, 4096, range.clone(), &body(&["x"], &[4096])))
         .await
@@ -391,43 +409,22 @@ async fn malformed_or_unattached_gets_are_refused_and_write_nothing() {
     let range = vec![(target.as_mut_ptr() as u64, 4096)];
     let mut s = TcpStream::connect(n.endpoint()).await.unwrap();
 
-    // Not attached: refused, and the connection stays in step.
-    s.write_all(&get_local(
-        1,
-        4096,
-        range.clone(),
-        &get_body(&["x"], &[4096]),
-    ))
-    .await
-    .unwrap();
-    let a = answer(&mut s).await;
-    assert_eq!((a.request_id, a.status), (1, DataStatus::LocalRefused));
-
-    let probe: Box<[u8; 16]> = Box::new(rand::random());
-    let attach = AttachRequest {
-        pid: std::process::id(),
-        probe_address: probe.as_ptr() as u64,
-        probe: *probe,
-    };
-    s.write_all(&attach.header(2).encode()).await.unwrap();
-    assert_eq!(answer(&mut s).await.status, DataStatus::Ok);
-
+    let unattached = get_local(1, 4096, range.clone(), &get_body(&["x"], &[4096]));
+    let probe = refused_then_attach(&mut s, &unattached).await;
     // Not a request, capacities that do not add up to the length, no key, more capacities
     // than keys: refused one after the other on the same connection.
-    let bad: Vec<Vec<u8>> = vec![
+    let bad = [
         b"\xc1 not msgpack".to_vec(),
         get_body(&["x"], &[4000]),
         get_body(&[], &[]),
         get_body(&["x"], &[2048, 2048]),
     ];
-    for (i, b) in bad.iter().enumerate() {
-        s.write_all(&get_local(10 + i as u64, 4096, range.clone(), b))
-            .await
-            .unwrap();
-        let a = answer(&mut s).await;
-        assert_eq!(a.request_id, 10 + i as u64);
-        assert_eq!(a.status, DataStatus::OutOfRange, "case {i}");
-    }
+    each_out_of_range(
+        &mut s,
+        |id, i| get_local(id, 4096, range.clone(), &bad[i]),
+        bad.len(),
+    )
+    .await;
     assert!(target.iter().all(|b| *b == 0), "nothing written so far");
 
     // A good one on the same connection: the size, and the bytes.

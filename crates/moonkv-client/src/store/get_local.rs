@@ -9,12 +9,11 @@
 //! could not read itself (answered `NOT_SUPPORTED`, nothing written), which the usual path
 //! reads or answers with its own errors.
 
-use super::lanes::QUIET_BYTES;
+use super::node_call::{laid_end_to_end, left_to_caller, NodeAnswer, Whole};
 use super::{Store, MAX_KEYS_THROUGH_NODE};
-use moonkv_dataplane::header::{LocalPlan, MAX_LOCAL_RANGES};
-use moonkv_dataplane::same_host::{monotonic_now_ns, LONG_CALL_BYTES};
-use moonkv_proto::{Error, ErrorCode, ItemResult, Result};
-use std::time::Duration;
+use moonkv_dataplane::header::MAX_LOCAL_RANGES;
+use moonkv_dataplane::same_host::LONG_CALL_BYTES;
+use moonkv_proto::{Error, ErrorCode, Result};
 
 /// One answer per key: `None` for a key the node left to the usual path.
 pub(crate) type NodeReads = Vec<Option<Result<usize>>>;
@@ -37,20 +36,11 @@ impl Store {
         {
             return None;
         }
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        let mut capacities = Vec::with_capacity(keys.len());
-        for parts in targets {
-            let mut capacity = 0u64;
-            for part in parts.iter().filter(|p| !p.is_empty()) {
-                let (address, len) = (part.as_ptr() as u64, part.len() as u64);
-                match ranges.last_mut() {
-                    Some((a, l)) if *a + *l == address => *l += len,
-                    _ => ranges.push((address, len)),
-                }
-                capacity += len;
-            }
-            capacities.push(capacity);
-        }
+        let (ranges, capacities) = laid_end_to_end(
+            targets
+                .iter()
+                .map(|parts| parts.iter().map(|p| (p.as_ptr() as u64, p.len() as u64))),
+        );
         let total: u64 = capacities.iter().sum();
         // A long call goes the usual way: its copy requests spread over the node's threads,
         // and its round trips cost it little. (Copied by the node on two threads, large gets
@@ -63,89 +53,35 @@ impl Store {
             return None;
         }
         let body = rmp_serde::to_vec(&(&self.tenant, keys, &capacities)).ok()?;
-        // The node copies nothing after this (its question to the master, then the copy); the
-        // caller waits longer, for a revalidation after the copy.
-        let copy_time = self.config.rpc_timeout + self.transfer.step_timeout();
-        let plan = LocalPlan {
-            deadline_ns: monotonic_now_ns().saturating_add(copy_time.as_nanos() as u64),
-            ranges,
-            flags: 0,
-        };
-        let wait = copy_time + self.config.rpc_timeout + Duration::from_secs(1);
-        let _quiet = (total as usize >= QUIET_BYTES).then(|| self.transfer.quiet_wait());
-        let (mut conn, mut reused) = match self.transfer.pool().checkout(endpoint).await {
-            Ok(checked_out) => checked_out,
-            Err(_) => return None,
-        };
-        let failed = |e: Error| Some(keys.iter().map(|_| Some(Err(e.clone()))).collect());
-        loop {
-            // Dropping this future (a timeout here, or the caller's) waits, inside, until the
-            // node let go of the buffers.
-            let answer = match tokio::time::timeout(wait, conn.get_local(&plan, total, &body)).await
-            {
-                Err(_) => {
-                    return failed(Error::new(
-                        ErrorCode::TRANSFER_FAIL,
-                        format!("node {endpoint} did not answer a same-host get within {wait:?}"),
-                    ))
-                }
-                // An idle connection the node had already closed: it saw nothing of the
-                // request, so it goes again on a fresh one.
-                Ok(Err(_)) if reused => {
-                    reused = false;
-                    if self.transfer.pool().redial(&mut conn).await.is_err() {
-                        return None;
-                    }
-                    continue;
-                }
-                Ok(Err(e)) => return failed(e),
-                // Refused before anything was read: the usual path does it all.
-                Ok(Ok(Err(_status))) => {
-                    self.transfer.pool().checkin(conn);
-                    return None;
-                }
-                Ok(Ok(Ok(answer))) => answer,
-            };
-            self.transfer.pool().checkin(conn);
-            let items: Vec<ItemResult<u64>> = match rmp_serde::from_slice(&answer) {
-                Ok(items) => items,
-                Err(e) => {
-                    return failed(Error::new(
-                        ErrorCode::INTERNAL_ERROR,
-                        format!("node {endpoint} answered a same-host get with {e}"),
-                    ))
-                }
-            };
-            if items.len() != keys.len() {
-                return failed(Error::new(
-                    ErrorCode::INTERNAL_ERROR,
-                    format!(
-                        "node {endpoint} answered {} items for {} keys",
-                        items.len(),
-                        keys.len()
-                    ),
-                ));
+        let items = match self
+            .call_node::<u64>(endpoint, Whole::Get, ranges, 0, total, &body, keys.len())
+            .await
+        {
+            NodeAnswer::Declined => return None,
+            NodeAnswer::Failed(e) => {
+                return Some(keys.iter().map(|_| Some(Err(e.clone()))).collect())
             }
-            let mut moved = 0usize;
-            let answers = items
-                .into_iter()
-                .zip(&capacities)
-                .map(|(item, capacity)| match item.0 {
-                    Err(e) if e.code == ErrorCode::NOT_SUPPORTED => None,
-                    Ok(size) if size > *capacity => Some(Err(Error::new(
-                        ErrorCode::INTERNAL_ERROR,
-                        format!("node {endpoint} read {size} bytes into a {capacity}-byte buffer"),
-                    ))),
-                    Ok(size) => {
-                        moved += size as usize;
-                        Some(Ok(size as usize))
-                    }
-                    Err(e) => Some(Err(e)),
-                })
-                .collect();
-            self.transfer.advance(moved);
-            return Some(answers);
-        }
+            NodeAnswer::Items(items) => items,
+        };
+        let mut moved = 0usize;
+        let answers = items
+            .into_iter()
+            .zip(&capacities)
+            .map(|(item, capacity)| match item.0 {
+                item if left_to_caller(&item) => None,
+                Ok(size) if size > *capacity => Some(Err(Error::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    format!("node {endpoint} read {size} bytes into a {capacity}-byte buffer"),
+                ))),
+                Ok(size) => {
+                    moved += size as usize;
+                    Some(Ok(size as usize))
+                }
+                Err(e) => Some(Err(e)),
+            })
+            .collect();
+        self.transfer.advance(moved);
+        Some(answers)
     }
 
     /// Reads each key into the leading buffers of its target: through the node first, when

@@ -15,6 +15,7 @@ mod failover;
 mod get_local;
 mod in_flight;
 mod lanes;
+mod node_call;
 mod parts;
 mod put_local;
 mod standalone;

@@ -9,13 +9,12 @@
 //! attached), and each key whose replicas the master placed elsewhere (answered
 //! `NOT_SUPPORTED`, already revoked).
 
-use super::lanes::QUIET_BYTES;
+use super::node_call::{laid_end_to_end, left_to_caller, NodeAnswer, Whole};
 use super::{Store, WriteKind, MAX_KEYS_THROUGH_NODE};
 use moonkv_dataplane::header::{LocalPlan, MAX_LOCAL_RANGES};
-use moonkv_dataplane::same_host::{monotonic_now_ns, LONG_CALL_BYTES, SPLIT_COPY_BYTES};
+use moonkv_dataplane::same_host::{LONG_CALL_BYTES, SPLIT_COPY_BYTES};
 use moonkv_proto::msg::BatchPutStartRequest;
-use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicateConfig, Result};
-use std::time::Duration;
+use moonkv_proto::{ReplicateConfig, Result};
 
 /// One answer per key: `None` for a key the node left to the usual path.
 pub(crate) type NodeAnswers = Vec<Option<Result<()>>>;
@@ -39,20 +38,11 @@ impl Store {
         {
             return None;
         }
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        let mut sizes = Vec::with_capacity(keys.len());
-        for parts in objects {
-            let mut size = 0u64;
-            for part in parts.iter().filter(|p| !p.is_empty()) {
-                let (address, len) = (part.as_ptr() as u64, part.len() as u64);
-                match ranges.last_mut() {
-                    Some((a, l)) if *a + *l == address => *l += len,
-                    _ => ranges.push((address, len)),
-                }
-                size += len;
-            }
-            sizes.push(size);
-        }
+        let (ranges, sizes) = laid_end_to_end(
+            objects
+                .iter()
+                .map(|parts| parts.iter().map(|p| (p.as_ptr() as u64, p.len() as u64))),
+        );
         let total: u64 = sizes.iter().sum();
         // A long call of smaller objects goes the usual way: its copy requests spread over
         // the node's threads, where the node copies one request's small objects on one thread,
@@ -73,77 +63,31 @@ impl Store {
             config: config.clone(),
         };
         let body = rmp_serde::to_vec_named(&(kind == WriteKind::Upsert, &request)).ok()?;
-        // The node copies nothing after this (its start at the master, then the copy); the
-        // caller waits longer, for the node's end at the master after the copy.
-        let copy_time = self.config.rpc_timeout + self.transfer.step_timeout();
-        let plan = LocalPlan {
-            deadline_ns: monotonic_now_ns().saturating_add(copy_time.as_nanos() as u64),
-            ranges,
-            flags: if long { LocalPlan::LONG_CALL } else { 0 },
-        };
-        let wait = copy_time + self.config.rpc_timeout + Duration::from_secs(1);
-        let _quiet = (total as usize >= QUIET_BYTES).then(|| self.transfer.quiet_wait());
-        let (mut conn, mut reused) = match self.transfer.pool().checkout(endpoint).await {
-            Ok(checked_out) => checked_out,
-            Err(_) => return None,
-        };
-        let failed = |e: Error| Some(keys.iter().map(|_| Some(Err(e.clone()))).collect());
-        loop {
-            let answer = match tokio::time::timeout(wait, conn.put_local(&plan, total, &body)).await
-            {
-                Err(_) => {
-                    return failed(Error::new(
-                        ErrorCode::TRANSFER_FAIL,
-                        format!("node {endpoint} did not answer a same-host put within {wait:?}"),
-                    ))
-                }
-                // An idle connection the node had already closed: it saw nothing of the
-                // request, so it goes again on a fresh one.
-                Ok(Err(_)) if reused => {
-                    reused = false;
-                    if self.transfer.pool().redial(&mut conn).await.is_err() {
-                        return None;
-                    }
-                    continue;
-                }
-                Ok(Err(e)) => return failed(e),
-                // Refused before anything was placed: the usual path does it all.
-                Ok(Ok(Err(_status))) => {
-                    self.transfer.pool().checkin(conn);
-                    return None;
-                }
-                Ok(Ok(Ok(answer))) => answer,
-            };
-            self.transfer.pool().checkin(conn);
-            self.transfer.advance(total as usize);
-            let items: Vec<ItemResult<()>> = match rmp_serde::from_slice(&answer) {
-                Ok(items) => items,
-                Err(e) => {
-                    return failed(Error::new(
-                        ErrorCode::INTERNAL_ERROR,
-                        format!("node {endpoint} answered a same-host put with {e}"),
-                    ))
-                }
-            };
-            if items.len() != keys.len() {
-                return failed(Error::new(
-                    ErrorCode::INTERNAL_ERROR,
-                    format!(
-                        "node {endpoint} answered {} items for {} keys",
-                        items.len(),
-                        keys.len()
-                    ),
-                ));
+        let flags = if long { LocalPlan::LONG_CALL } else { 0 };
+        let items = match self
+            .call_node::<()>(
+                endpoint,
+                Whole::Put,
+                ranges,
+                flags,
+                total,
+                &body,
+                keys.len(),
+            )
+            .await
+        {
+            NodeAnswer::Declined => return None,
+            NodeAnswer::Failed(e) => {
+                return Some(keys.iter().map(|_| Some(Err(e.clone()))).collect())
             }
-            return Some(
-                items
-                    .into_iter()
-                    .map(|item| match item.0 {
-                        Err(e) if e.code == ErrorCode::NOT_SUPPORTED => None,
-                        other => Some(other),
-                    })
-                    .collect(),
-            );
-        }
+            NodeAnswer::Items(items) => items,
+        };
+        self.transfer.advance(total as usize);
+        Some(
+            items
+                .into_iter()
+                .map(|item| (!left_to_caller(&item.0)).then_some(item.0))
+                .collect(),
+        )
     }
 }

@@ -15,13 +15,12 @@
 
 use super::same_host::{copy_local, ranges_between, LOCAL_STEP};
 use super::{respond, Conn, MasterRoute, Served};
-use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
+use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
 use moonkv_proto::types::GetReplicaListResponse;
 use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaKind, ReplicaStatus};
 use std::io;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 
 /// Most keys one GET_LOCAL may carry.
 pub(crate) const MAX_KEYS: usize = 4096;
@@ -46,15 +45,7 @@ pub(super) async fn serve_get_local(
             .map(|()| false);
     };
     let results = get(served, master, peer, plan, tenant, keys, &capacities).await;
-    let ok = results.iter().all(|r| r.0.is_ok());
-    let answer = rmp_serde::to_vec_named(&results).map_err(io::Error::other)?;
-    let header = ResponseHeader {
-        status: DataStatus::Ok,
-        request_id: h.request_id,
-        length: answer.len() as u64,
-    };
-    stream.write_all(&header.encode()).await?;
-    stream.write_all(&answer).await.map(|()| ok)
+    super::put_local::answer_items(stream, h, &results).await
 }
 
 /// The body, when it is well formed: as many buffer sizes as keys (at least one, at most

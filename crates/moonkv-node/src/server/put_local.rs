@@ -48,8 +48,18 @@ pub(super) async fn serve_put_local(
             .map(|()| false);
     };
     let results = put(served, master, peer, plan, upsert, request).await;
+    answer_items(stream, h, &results).await
+}
+
+/// Answers a request the node served whole with one result per key; `Ok(true)` when every key
+/// succeeded.
+pub(super) async fn answer_items<T: serde::Serialize>(
+    stream: &mut Conn,
+    h: &RequestHeader,
+    results: &[ItemResult<T>],
+) -> io::Result<bool> {
     let ok = results.iter().all(|r| r.0.is_ok());
-    let answer = rmp_serde::to_vec_named(&results).map_err(io::Error::other)?;
+    let answer = rmp_serde::to_vec_named(results).map_err(io::Error::other)?;
     let header = ResponseHeader {
         status: DataStatus::Ok,
         request_id: h.request_id,
