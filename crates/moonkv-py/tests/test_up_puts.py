@@ -80,7 +80,10 @@ def test_puts_and_batches_through_the_node_keep_bytes_and_answers(up, key):
         assert s.batch_put_from(keys, ptrs, lens) == [OK] * 7
         assert s.get_into(f"{key}-0", back, 1) == 1
         assert ctypes.string_at(back, 1) == kept
+        upserts = up.counter("master_batch_upsert_start_requests_total")
         assert s.batch_upsert_from(keys, ptrs, lens) == [OK] * 7
+        # One request for the whole batch, not one per key.
+        assert up.counter("master_batch_upsert_start_requests_total") == upserts + 1
         outs = [back + sum(lens[:i]) for i in range(7)]
         assert s.batch_get_into(keys, outs, lens) == lens
         for o, d in zip(outs, datas):

@@ -8,7 +8,6 @@ use crate::config::{wire, PyReplicateConfig};
 use crate::engine::{Engine, StagingLease};
 use crate::errors::{invalid, write_code};
 use crate::pybuf::Pinned;
-use futures_util::future::join_all;
 use moonkv_client::ErrorExt;
 use moonkv_proto::Error;
 use pyo3::prelude::*;
@@ -107,12 +106,7 @@ impl DropIn {
         let store = &engine.store;
         let results = engine.wait(py, async {
             if upsert {
-                let writes = keys
-                    .iter()
-                    .zip(&values)
-                    .map(|(k, v)| store.upsert(k, v, &config))
-                    .collect::<Vec<_>>();
-                join_all(writes).await
+                store.batch_upsert_from(&keys, &values, &config).await
             } else {
                 store.batch_put_from(&keys, &values, &config).await
             }

@@ -13,7 +13,6 @@ use crate::args::Split;
 use crate::engine::Engine;
 use crate::errors::invalid;
 use crate::registry::{self, overlapping, Lease, Range};
-use futures_util::future::join_all;
 use moonkv_proto::types::ReplicateConfig;
 use moonkv_proto::Error;
 use pyo3::prelude::*;
@@ -106,12 +105,7 @@ pub(super) fn batch_put_from(
     let (keys, values, config) = (&keys, &values, &config);
     let results = engine.run(py, |store| async move {
         if upsert {
-            let writes = keys
-                .iter()
-                .zip(values)
-                .map(|(k, v)| store.upsert(k, v, config))
-                .collect::<Vec<_>>();
-            join_all(writes).await
+            store.batch_upsert_from(keys, values, config).await
         } else {
             store.batch_put_from(keys, values, config).await
         }
