@@ -7,9 +7,8 @@
 //!
 //! Taken only on an attached connection, by a node that checks no secrets and no grants (as
 //! PUT_LOCAL). A key the node cannot read itself (no complete replica in its memory segments,
-//! a buffer too small, an object the master lists without a size) is answered
-//! `NOT_SUPPORTED` with nothing written, so the caller reads it the usual way, which also
-//! gives the usual errors. A master error for a key (not found, not ready) is that key's
+//! a buffer too small) is answered `NOT_SUPPORTED` with nothing written, so the caller reads
+//! it the usual way, which also gives the usual errors. A master error for a key (not found, not ready) is that key's
 //! answer. The copy follows the rules of READ_LOCAL: nothing after the caller's deadline,
 //! nothing once the caller is gone or gave up.
 
