@@ -9,9 +9,8 @@
 //! could not read itself (answered `NOT_SUPPORTED`, nothing written), which the usual path
 //! reads or answers with its own errors.
 
-use super::node_call::{laid_end_to_end, left_to_caller, NodeAnswer, Whole};
-use super::{Store, MAX_KEYS_THROUGH_NODE};
-use moonkv_dataplane::header::MAX_LOCAL_RANGES;
+use super::node_call::{laid_end_to_end, left_to_caller, Whole};
+use super::Store;
 use moonkv_dataplane::same_host::LONG_CALL_BYTES;
 use moonkv_proto::{Error, ErrorCode, Result};
 
@@ -29,11 +28,7 @@ impl Store {
         targets: &[Vec<&mut [u8]>],
     ) -> Option<NodeReads> {
         let endpoint = self.config.get_local_node.as_deref()?;
-        if keys.is_empty()
-            || keys.len() > MAX_KEYS_THROUGH_NODE
-            || keys.len() != targets.len()
-            || !self.transfer.pool().same_host(endpoint)
-        {
+        if keys.len() != targets.len() {
             return None;
         }
         let (ranges, capacities) = laid_end_to_end(
@@ -46,28 +41,18 @@ impl Store {
         // and its round trips cost it little. (Copied by the node on two threads, large gets
         // measured slower than their copy requests: docs/benchmarks.md, *Gets through the
         // node*.)
-        if ranges.len() > MAX_LOCAL_RANGES
-            || capacities.contains(&0)
-            || total as usize >= LONG_CALL_BYTES
-        {
+        if capacities.contains(&0) || total as usize >= LONG_CALL_BYTES {
             return None;
         }
         let body = rmp_serde::to_vec(&(&self.tenant, keys, &capacities)).ok()?;
-        let items = match self
+        let items = self
             .call_node::<u64>(endpoint, Whole::Get, ranges, 0, total, &body, keys.len())
-            .await
-        {
-            NodeAnswer::Declined => return None,
-            NodeAnswer::Failed(e) => {
-                return Some(keys.iter().map(|_| Some(Err(e.clone()))).collect())
-            }
-            NodeAnswer::Items(items) => items,
-        };
+            .await?;
         let mut moved = 0usize;
         let answers = items
             .into_iter()
             .zip(&capacities)
-            .map(|(item, capacity)| match item.0 {
+            .map(|(item, capacity)| match item {
                 item if left_to_caller(&item) => None,
                 Ok(size) if size > *capacity => Some(Err(Error::new(
                     ErrorCode::INTERNAL_ERROR,

@@ -2,8 +2,8 @@
 //! laid end to end in one plan, and the one request with its answer per key.
 
 use super::lanes::QUIET_BYTES;
-use super::Store;
-use moonkv_dataplane::header::LocalPlan;
+use super::{Store, MAX_KEYS_THROUGH_NODE};
+use moonkv_dataplane::header::{LocalPlan, MAX_LOCAL_RANGES};
 use moonkv_dataplane::same_host::monotonic_now_ns;
 use moonkv_proto::{Error, ErrorCode, ItemResult, Result};
 use serde::de::DeserializeOwned;
@@ -23,17 +23,6 @@ impl Whole {
             Whole::Get => "get",
         }
     }
-}
-
-/// What came of a request through the node.
-pub(crate) enum NodeAnswer<T> {
-    /// Refused before anything was done, or no connection to be had: the usual path does it
-    /// all.
-    Declined,
-    /// The call failed as a whole, for every key.
-    Failed(Error),
-    /// One answer per key, in order.
-    Items(Vec<ItemResult<T>>),
 }
 
 /// The caller's memory of `objects` (each the concatenation of its `(address, length)` parts)
@@ -62,8 +51,11 @@ where
 impl Store {
     /// Sends the node at `endpoint` one request it serves whole (`body` for `keys` keys; the
     /// caller's memory in `ranges`, `total` bytes, with the plan's `flags`) and reads its
-    /// answer. A get's buffers stay lent until the node answers, or, when this future is
-    /// dropped or the wait runs out, until it provably let go of them (see
+    /// answer: one result per key, the call's error for every key when it failed as a whole.
+    /// `None`: nothing was done, the usual path does it all (a call the node cannot take: no
+    /// key, too many keys or ranges, a node not on this machine; or one it refused, or no
+    /// connection to be had). A get's buffers stay lent until the node answers, or, when this
+    /// future is dropped or the wait runs out, until it provably let go of them (see
     /// `DataConnection::get_local`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn call_node<T: DeserializeOwned>(
@@ -75,7 +67,15 @@ impl Store {
         total: u64,
         body: &[u8],
         keys: usize,
-    ) -> NodeAnswer<T> {
+    ) -> Option<Vec<Result<T>>> {
+        if keys == 0
+            || keys > MAX_KEYS_THROUGH_NODE
+            || ranges.len() > MAX_LOCAL_RANGES
+            || !self.transfer.pool().same_host(endpoint)
+        {
+            return None;
+        }
+        let failed = |e: Error| Some((0..keys).map(|_| Err(e.clone())).collect());
         // The node copies nothing after this (its first question to the master, then the
         // copy); the caller waits longer, for the node's last question after the copy (a put's
         // end, a get's revalidation).
@@ -89,7 +89,7 @@ impl Store {
         let _quiet = (total as usize >= QUIET_BYTES).then(|| self.transfer.quiet_wait());
         let (mut conn, mut reused) = match self.transfer.pool().checkout(endpoint).await {
             Ok(checked_out) => checked_out,
-            Err(_) => return NodeAnswer::Declined,
+            Err(_) => return None,
         };
         let what = whole.what();
         let answer = loop {
@@ -101,7 +101,7 @@ impl Store {
             };
             match tokio::time::timeout(wait, call).await {
                 Err(_) => {
-                    return NodeAnswer::Failed(Error::new(
+                    return failed(Error::new(
                         ErrorCode::TRANSFER_FAIL,
                         format!(
                             "node {endpoint} did not answer a same-host {what} within {wait:?}"
@@ -113,14 +113,14 @@ impl Store {
                 Ok(Err(_)) if reused => {
                     reused = false;
                     if self.transfer.pool().redial(&mut conn).await.is_err() {
-                        return NodeAnswer::Declined;
+                        return None;
                     }
                 }
-                Ok(Err(e)) => return NodeAnswer::Failed(e),
+                Ok(Err(e)) => return failed(e),
                 // Refused before anything was done: the usual path does it all.
                 Ok(Ok(Err(_status))) => {
                     self.transfer.pool().checkin(conn);
-                    return NodeAnswer::Declined;
+                    return None;
                 }
                 Ok(Ok(Ok(answer))) => break answer,
             }
@@ -129,14 +129,14 @@ impl Store {
         let items: Vec<ItemResult<T>> = match rmp_serde::from_slice(&answer) {
             Ok(items) => items,
             Err(e) => {
-                return NodeAnswer::Failed(Error::new(
+                return failed(Error::new(
                     ErrorCode::INTERNAL_ERROR,
                     format!("node {endpoint} answered a same-host {what} with {e}"),
                 ))
             }
         };
         if items.len() != keys {
-            return NodeAnswer::Failed(Error::new(
+            return failed(Error::new(
                 ErrorCode::INTERNAL_ERROR,
                 format!(
                     "node {endpoint} answered {} items for {keys} keys",
@@ -144,7 +144,7 @@ impl Store {
                 ),
             ));
         }
-        NodeAnswer::Items(items)
+        Some(items.into_iter().map(|item| item.0).collect())
     }
 }
 

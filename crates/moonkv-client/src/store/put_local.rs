@@ -9,9 +9,9 @@
 //! attached), and each key whose replicas the master placed elsewhere (answered
 //! `NOT_SUPPORTED`, already revoked).
 
-use super::node_call::{laid_end_to_end, left_to_caller, NodeAnswer, Whole};
-use super::{Store, WriteKind, MAX_KEYS_THROUGH_NODE};
-use moonkv_dataplane::header::{LocalPlan, MAX_LOCAL_RANGES};
+use super::node_call::{laid_end_to_end, left_to_caller, Whole};
+use super::{Store, WriteKind};
+use moonkv_dataplane::header::LocalPlan;
 use moonkv_dataplane::same_host::{LONG_CALL_BYTES, SPLIT_COPY_BYTES};
 use moonkv_proto::msg::BatchPutStartRequest;
 use moonkv_proto::{ReplicateConfig, Result};
@@ -32,12 +32,6 @@ impl Store {
         config: &ReplicateConfig,
     ) -> Option<NodeAnswers> {
         let endpoint = self.config.put_local_node.as_deref()?;
-        if keys.is_empty()
-            || keys.len() > MAX_KEYS_THROUGH_NODE
-            || !self.transfer.pool().same_host(endpoint)
-        {
-            return None;
-        }
         let (ranges, sizes) = laid_end_to_end(
             objects
                 .iter()
@@ -49,10 +43,7 @@ impl Store {
         // and its round trips cost it little. Objects of `SPLIT_COPY_BYTES` or more the node
         // copies on two threads itself.
         let long = total as usize >= LONG_CALL_BYTES;
-        if ranges.len() > MAX_LOCAL_RANGES
-            || sizes.contains(&0)
-            || (long && sizes.iter().any(|s| (*s as usize) < SPLIT_COPY_BYTES))
-        {
+        if sizes.contains(&0) || (long && sizes.iter().any(|s| (*s as usize) < SPLIT_COPY_BYTES)) {
             return None;
         }
         let request = BatchPutStartRequest {
@@ -64,7 +55,7 @@ impl Store {
         };
         let body = rmp_serde::to_vec_named(&(kind == WriteKind::Upsert, &request)).ok()?;
         let flags = if long { LocalPlan::LONG_CALL } else { 0 };
-        let items = match self
+        let items = self
             .call_node::<()>(
                 endpoint,
                 Whole::Put,
@@ -74,19 +65,12 @@ impl Store {
                 &body,
                 keys.len(),
             )
-            .await
-        {
-            NodeAnswer::Declined => return None,
-            NodeAnswer::Failed(e) => {
-                return Some(keys.iter().map(|_| Some(Err(e.clone()))).collect())
-            }
-            NodeAnswer::Items(items) => items,
-        };
+            .await?;
         self.transfer.advance(total as usize);
         Some(
             items
                 .into_iter()
-                .map(|item| (!left_to_caller(&item.0)).then_some(item.0))
+                .map(|item| (!left_to_caller(&item)).then_some(item))
                 .collect(),
         )
     }

@@ -8,11 +8,12 @@
 //! Taken only on an attached connection, by a node that checks no secrets and no grants (as
 //! PUT_LOCAL). A key the node cannot read itself (no complete replica in its memory segments,
 //! a buffer too small) is answered `NOT_SUPPORTED` with nothing written, so the caller reads
-//! it the usual way, which also gives the usual errors. A master error for a key (not found, not ready) is that key's
-//! answer. The copy follows the rules of READ_LOCAL: nothing after the caller's deadline,
-//! nothing once the caller is gone or gave up.
+//! it the usual way, which also gives the usual errors. A master error for a key (not found,
+//! not ready) is that key's answer. The copy follows the rules of READ_LOCAL: nothing after
+//! the caller's deadline, nothing once the caller is gone or gave up.
 
 use super::same_host::{copy_local, ranges_between, LOCAL_STEP};
+use super::whole::{answer_items, per_key, Looks, MAX_KEYS};
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
@@ -20,9 +21,6 @@ use moonkv_proto::types::GetReplicaListResponse;
 use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaKind, ReplicaStatus};
 use std::io;
 use std::time::{Duration, Instant};
-
-/// Most keys one GET_LOCAL may carry.
-pub(crate) const MAX_KEYS: usize = 4096;
 
 /// Serves one GET_LOCAL whose plan and body were read.
 pub(super) async fn serve_get_local(
@@ -44,7 +42,7 @@ pub(super) async fn serve_get_local(
             .map(|()| false);
     };
     let results = get(served, master, peer, plan, tenant, keys, &capacities).await;
-    super::put_local::answer_items(stream, h, &results).await
+    answer_items(stream, h, &results).await
 }
 
 /// The body, when it is well formed: as many buffer sizes as keys (at least one, at most
@@ -84,13 +82,12 @@ async fn get(
         tenant: tenant.clone(),
         keys: keys.clone(),
     });
-    let lists = super::put_local::per_key::<GetReplicaListResponse>(master.call(request).await, n);
+    let lists = per_key::<GetReplicaListResponse>(master.call(request).await, n);
     let mut results: Vec<Result<u64, Error>> = Vec::with_capacity(n);
     // Keys read, with the replica read and their lease.
     let mut read: Vec<(usize, ReplicaDescriptor, u64)> = Vec::new();
     let mut offset = 0u64;
-    // Bytes copied since the caller was last looked at: once per step, as in PUT_LOCAL.
-    let mut unchecked = usize::MAX;
+    let mut looks = Looks::new();
     let pool_ids = crate::same_host::PoolIds::default();
     for (i, list) in lists.into_iter().enumerate() {
         let at = offset;
@@ -110,17 +107,13 @@ async fn get(
             results.push(Err(elsewhere("the buffer is too small")));
             continue;
         }
-        if unchecked >= LOCAL_STEP {
-            if !peer.waiting(plan.deadline_ns) {
-                results.push(Err(Error::new(
-                    ErrorCode::TRANSFER_FAIL,
-                    "the caller stopped waiting before its bytes were copied",
-                )));
-                continue;
-            }
-            unchecked = 0;
+        if !looks.still_waiting(peer, plan.deadline_ns, replica.size as usize) {
+            results.push(Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                "the caller stopped waiting before its bytes were copied",
+            )));
+            continue;
         }
-        unchecked = unchecked.saturating_add(replica.size as usize);
         match read_key(served, peer, plan, replica, at, &pool_ids).await {
             Ok(()) => {
                 results.push(Ok(replica.size));
@@ -146,7 +139,7 @@ async fn get(
                 })
                 .collect(),
         });
-        let verdicts = super::put_local::per_key::<()>(master.call(request).await, expired.len());
+        let verdicts = per_key::<()>(master.call(request).await, expired.len());
         for ((i, _, _), verdict) in expired.into_iter().zip(verdicts) {
             if let Err(e) = verdict {
                 results[*i] = Err(Error::new(
@@ -195,7 +188,7 @@ async fn read_key(
         flags: plan.flags,
     };
     let copied = match segment.read_view(replica.address, size).await {
-        // Short: one copy, the caller looked at by `get` (see `unchecked` there).
+        // Short: one copy, the caller looked at by `get` (see `looks` there).
         Ok(view) if view.len() <= LOCAL_STEP => {
             crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
             peer.write_to_seen(&view[..], &sub.ranges, pool_ids)

@@ -14,6 +14,7 @@
 //! - `same_host`: READ_LOCAL / WRITE_LOCAL, copied straight to and from the caller's memory.
 //! - `put_local`: PUT_LOCAL, a same-host put the node starts and ends at its master itself.
 //! - `get_local`: GET_LOCAL, a same-host get whose replicas the node asks its master for.
+//! - `whole`: what those two share (per-key answers, looking at the caller once per step).
 //! - `file`: FILE_READ / FILE_WRITE of the disk tier's files.
 
 mod file;
@@ -23,6 +24,7 @@ mod memory;
 mod put_local;
 mod requests;
 mod same_host;
+mod whole;
 
 use crate::claims::Claims;
 use crate::disk::DiskStore;

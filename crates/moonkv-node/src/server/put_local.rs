@@ -12,9 +12,10 @@
 //! deadline, nothing once the caller is gone or gave up; a key not wholly copied is revoked,
 //! never ended.
 
-use super::same_host::{copy_local, copy_local_split, ranges_between, LOCAL_STEP, SPLIT_PIECE};
+use super::same_host::{copy_local, copy_local_split, ranges_between, LOCAL_STEP};
+use super::whole::{answer_items, per_key, Looks, MAX_KEYS};
 use super::{respond, Conn, MasterRoute, Served};
-use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
+use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_dataplane::same_host::SPLIT_COPY_BYTES;
 use moonkv_proto::msg::{
     BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, Request, RevokeItem,
@@ -23,10 +24,6 @@ use moonkv_proto::{
     Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaType,
 };
 use std::io;
-use tokio::io::AsyncWriteExt;
-
-/// Most keys one PUT_LOCAL may carry.
-pub(crate) const MAX_KEYS: usize = 4096;
 
 /// Serves one PUT_LOCAL whose plan and body were read.
 pub(super) async fn serve_put_local(
@@ -49,24 +46,6 @@ pub(super) async fn serve_put_local(
     };
     let results = put(served, master, peer, plan, upsert, request).await;
     answer_items(stream, h, &results).await
-}
-
-/// Answers a request the node served whole with one result per key; `Ok(true)` when every key
-/// succeeded.
-pub(super) async fn answer_items<T: serde::Serialize>(
-    stream: &mut Conn,
-    h: &RequestHeader,
-    results: &[ItemResult<T>],
-) -> io::Result<bool> {
-    let ok = results.iter().all(|r| r.0.is_ok());
-    let answer = rmp_serde::to_vec_named(results).map_err(io::Error::other)?;
-    let header = ResponseHeader {
-        status: DataStatus::Ok,
-        request_id: h.request_id,
-        length: answer.len() as u64,
-    };
-    stream.write_all(&header.encode()).await?;
-    stream.write_all(&answer).await.map(|()| ok)
 }
 
 /// The body, when it is well formed: as many sizes as keys (at least one, at most
@@ -107,10 +86,7 @@ async fn put(
     let mut ended: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
     let mut revoked: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
     let mut offset = 0u64;
-    // Bytes copied since the caller was last looked at (its deadline, process, connection):
-    // once per step of copying, not once per key, so a batch of small keys costs no more
-    // system calls than one object of its size.
-    let mut unchecked = usize::MAX;
+    let mut looks = Looks::new();
     // The caller's pool ids, read once for all the keys of this request.
     let pool_ids = crate::same_host::PoolIds::default();
     for (i, outcome) in started.into_iter().enumerate() {
@@ -125,18 +101,15 @@ async fn put(
             }
         };
         let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
-        if unchecked >= LOCAL_STEP {
-            if !peer.waiting(plan.deadline_ns) {
-                results.push(Err(Error::new(
-                    ErrorCode::TRANSFER_FAIL,
-                    "the caller stopped waiting before its bytes were copied; revoked",
-                )));
-                revoked.push((i, ids));
-                continue;
-            }
-            unchecked = 0;
+        let bytes = size as usize * replicas.len().max(1);
+        if !looks.still_waiting(peer, plan.deadline_ns, bytes) {
+            results.push(Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                "the caller stopped waiting before its bytes were copied; revoked",
+            )));
+            revoked.push((i, ids));
+            continue;
         }
-        unchecked = unchecked.saturating_add(size as usize * replicas.len().max(1));
         let written = write_key(served, peer, plan, &replicas, at, size, &pool_ids).await;
         match written {
             Ok(()) => {
@@ -261,7 +234,7 @@ async fn write_key(
     let stream = plan.flags & LocalPlan::LONG_CALL != 0;
     for (segment, address) in segments {
         let copied = match segment.write_view(address, size).await {
-            // Short: one copy, the caller looked at by `put` (see `unchecked` there).
+            // Short: one copy, the caller looked at by `put` (see `looks` there).
             Ok(mut view) if view.len() <= LOCAL_STEP => {
                 crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
                 peer.read_from_seen(&mut view[..], &sub.ranges, stream, pool_ids)
@@ -272,18 +245,9 @@ async fn write_key(
             }
             // Large: two threads, as a long call's copy requests are spread.
             Ok(mut view) if view.len() >= SPLIT_COPY_BYTES => {
-                let pieces = view[..]
-                    .chunks_mut(SPLIT_PIECE)
-                    .enumerate()
-                    .map(|(i, piece)| (i * SPLIT_PIECE, piece))
-                    .collect();
-                copy_local_split(
-                    peer,
-                    &sub,
-                    pieces,
-                    |piece, ranges| peer.read_from(piece, ranges, stream),
-                    |piece| piece.len(),
-                )
+                copy_local_split(peer, &sub, &mut view[..], |piece, ranges| {
+                    peer.read_from_seen(piece, ranges, stream, pool_ids)
+                })
             }
             Ok(mut view) => {
                 let len = view.len();
@@ -309,22 +273,4 @@ async fn write_key(
         }
     }
     Ok(())
-}
-
-/// A batch answer of the master as one result per key (`n` of them): the whole call's error
-/// for every key, or an error for every key when the count is off.
-pub(super) fn per_key<T>(
-    answer: Result<Vec<ItemResult<T>>, Error>,
-    n: usize,
-) -> Vec<Result<T, Error>> {
-    match answer {
-        Ok(items) if items.len() == n => items.into_iter().map(|i| i.0).collect(),
-        Ok(items) => {
-            let why = format!("the master answered {} items for {n} keys", items.len());
-            (0..n)
-                .map(|_| Err(Error::new(ErrorCode::INTERNAL_ERROR, why.clone())))
-                .collect()
-        }
-        Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
-    }
 }

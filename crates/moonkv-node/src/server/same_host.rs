@@ -128,29 +128,28 @@ pub(super) async fn copy_local(
     Ok(())
 }
 
-/// One large object's copy (at least [`SPLIT_COPY_BYTES`]) on two threads: `pieces` are the
-/// node's side of the object cut in [`SPLIT_PIECE`]s, each with its offset in the object;
-/// every other piece is copied here, the rest on a thread of its own, so that both threads
-/// work on neighbouring bytes. Each piece is one step that looks at the caller first, as in
-/// [`copy_local`]. `step(piece, caller ranges)` copies one piece. Blocks the calling thread
-/// until both threads are done.
+/// One large object's copy (at least [`SPLIT_COPY_BYTES`]) on two threads: `dst`, the node's
+/// side of the object, is cut in [`SPLIT_PIECE`]s; every other piece is copied here, the rest
+/// on a thread of its own, so that both threads work on neighbouring bytes (two halves, one
+/// per thread, copied no faster than one thread). Each piece is one step that looks at the
+/// caller first, as in [`copy_local`]; `step(piece, caller ranges)` copies one. Blocks the
+/// calling thread until both threads are done.
 ///
 /// [`SPLIT_COPY_BYTES`]: moonkv_dataplane::same_host::SPLIT_COPY_BYTES
-pub(super) fn copy_local_split<H: Send>(
+pub(super) fn copy_local_split(
     peer: &crate::same_host::Peer,
     plan: &LocalPlan,
-    pieces: Vec<(usize, H)>,
-    step: impl Fn(&mut H, &[(u64, u64)]) -> io::Result<()> + Sync,
-    len: impl Fn(&H) -> usize + Sync,
+    dst: &mut [u8],
+    step: impl Fn(&mut [u8], &[(u64, u64)]) -> io::Result<()> + Sync,
 ) -> Result<(), DataStatus> {
-    let run = |pieces: Vec<(usize, H)>| {
-        for (at, mut piece) in pieces {
+    let run = |pieces: Vec<(usize, &mut [u8])>| {
+        for (at, piece) in pieces {
             if !peer.waiting(plan.deadline_ns) {
                 return Err(DataStatus::LocalRefused);
             }
             crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
-            let ranges = ranges_between(&plan.ranges, at as u64, len(&piece) as u64);
-            if let Err(e) = step(&mut piece, &ranges) {
+            let ranges = ranges_between(&plan.ranges, at as u64, piece.len() as u64);
+            if let Err(e) = step(piece, &ranges) {
                 tracing::debug!(error = %e, "same-host copy failed");
                 return Err(DataStatus::LocalRefused);
             }
@@ -158,12 +157,9 @@ pub(super) fn copy_local_split<H: Send>(
         Ok(())
     };
     let (mut mine, mut theirs) = (Vec::new(), Vec::new());
-    for (i, piece) in pieces.into_iter().enumerate() {
-        if i % 2 == 0 {
-            mine.push(piece);
-        } else {
-            theirs.push(piece);
-        }
+    for (i, piece) in dst.chunks_mut(SPLIT_PIECE).enumerate() {
+        let half = if i % 2 == 0 { &mut mine } else { &mut theirs };
+        half.push((i * SPLIT_PIECE, piece));
     }
     std::thread::scope(|scope| {
         let other = std::thread::Builder::new()
@@ -180,7 +176,7 @@ pub(super) fn copy_local_split<H: Send>(
 }
 
 /// The pieces [`copy_local_split`] cuts an object in.
-pub(super) const SPLIT_PIECE: usize = 2 << 20;
+const SPLIT_PIECE: usize = 2 << 20;
 
 /// The part of `ranges` (laid end to end) covering bytes `[from, from + len)`.
 pub(super) fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
