@@ -29,7 +29,8 @@
 //! - `same_host`: the node's side of same-host copies — verifying the process that attaches a
 //!   connection, then copying between segment memory and that process's memory;
 //!   `shared_pool`: callers' pools that the node maps and copies with its own loops (`copy`:
-//!   AVX2, streaming stores into the store).
+//!   AVX2, streaming stores into the store); `copy_helper`: the second thread that takes
+//!   pieces of a request's copies while the caller waits.
 //! - `disk`: the disk tier — replica files, their format and checksums, capacity accounting,
 //!   the directory's lock and free space.
 //! - `offload`: the agent that copies evicted memory replicas to disk when the master asks.
@@ -40,14 +41,16 @@
 //! `MasterClient`.
 //!
 //! Unsafe code is denied crate-wide; only `segment` (the raw segment allocation and its views),
-//! `same_host` (cross-process copies), `shared_pool` (mapped pools) and `copy` (SIMD copy
-//! loops) allow it, each stating why its unsafe is sound.
+//! `same_host` (cross-process copies), `shared_pool` (mapped pools), `copy` (SIMD copy loops)
+//! and `copy_helper` (a second copy thread borrowing a request's closure) allow it, each
+//! stating why its unsafe is sound.
 
 #![deny(unsafe_code)]
 
 mod catalog;
 mod claims;
 mod copy;
+mod copy_helper;
 mod disk;
 pub mod failpoints;
 pub mod metrics;

@@ -127,6 +127,96 @@ async fn puts_through_the_node_keep_every_byte_and_every_answer_of_the_usual_pat
     }
 }
 
+/// Batches of keys the node copies on two threads (its request thread and its copy helper):
+/// four writers replace the same keys, two of them in the opposite order, while readers read
+/// them back. Every call ends, and every value read is one writer's whole value, never a mix
+/// of two writers' pieces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batches_copied_on_two_threads_end_and_keep_whole_values() {
+    let m = master().await;
+    // Room for every writer's replacements while readers hold the values they read.
+    let mut config = NodeConfig::new(m.rpc_addr().to_string(), 512 * MIB);
+    config.huge_pages = false;
+    config.in_process_master = Some(m.in_process());
+    let n = Node::start(config).await.expect("node starts");
+    let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
+        .await
+        .unwrap();
+    let cfg = ReplicateConfig::default();
+    // Sizes that are copied whole (4 KiB, 200 KiB) and in pieces (600 KiB, 3 MiB).
+    const SIZES: [usize; 6] = [4096, 200 << 10, 600 << 10, 600 << 10, 3 << 20, 200 << 10];
+    let sizes = SIZES;
+    let keys: Vec<String> = (0..sizes.len()).map(|k| format!("c{k}")).collect();
+    let value = |writer: usize, key: usize| pattern((writer * 16 + key) as u8, SIZES[key]);
+    let work = async {
+        let mut tasks = Vec::new();
+        for writer in 0..4usize {
+            let (store, cfg, keys) = (store.clone(), cfg.clone(), keys.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut order: Vec<usize> = (0..sizes.len()).collect();
+                if writer % 2 == 1 {
+                    order.reverse();
+                }
+                let values: Vec<Vec<u8>> = order.iter().map(|k| value(writer, *k)).collect();
+                let refs: Vec<&str> = order.iter().map(|k| keys[*k].as_str()).collect();
+                let slices: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+                let mut written = 0;
+                for _ in 0..15 {
+                    let results = store.batch_upsert_from(&refs, &slices, &cfg).await;
+                    written += results.iter().filter(|r| r.is_ok()).count();
+                }
+                written
+            }));
+        }
+        for reader in 0..2usize {
+            let (store, keys) = (store.clone(), keys.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|s| vec![0u8; *s]).collect();
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let mut read = 0;
+                for _ in 0..15 {
+                    let mut views: Vec<&mut [u8]> =
+                        bufs.iter_mut().map(Vec::as_mut_slice).collect();
+                    let results = store.batch_get_into(&refs, &mut views).await;
+                    for (k, r) in results.iter().enumerate() {
+                        if let Ok(len) = r {
+                            assert_eq!(*len, sizes[k]);
+                            assert!(
+                                (0..4).any(|w| views[k][..] == value(w, k)[..]),
+                                "reader {reader}: key {k} is no writer's whole value"
+                            );
+                            read += 1;
+                        }
+                    }
+                }
+                read
+            }));
+        }
+        let mut done = Vec::new();
+        for t in tasks {
+            done.push(t.await.unwrap());
+        }
+        done
+    };
+    let done = tokio::time::timeout(Duration::from_secs(120), work)
+        .await
+        .expect("every batch ends");
+    assert!(
+        done[..4].iter().sum::<usize>() > 0,
+        "no write succeeded: {done:?}"
+    );
+    // Once the writers are done, each key holds one writer's whole value, or none when the
+    // last replacement started was not the one ended (the master's rule for racing upserts).
+    for (k, key) in keys.iter().enumerate() {
+        match store.get(key).await {
+            Ok(got) => assert!((0..4).any(|w| got == value(w, k)), "key {k}"),
+            Err(e) => assert_eq!(e.code, ErrorCode::OBJECT_NOT_FOUND, "key {k}: {e}"),
+        }
+    }
+    n.shutdown().await;
+    m.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_whose_node_does_not_take_puts_or_gets_uses_the_usual_way() {
     let m = master().await;

@@ -13,7 +13,7 @@
 //! the caller's deadline, nothing once the caller is gone or gave up.
 
 use super::same_host::{copy_local, ranges_between, LOCAL_STEP};
-use super::whole::{answer_items, per_key, Looks, MAX_KEYS};
+use super::whole::{answer_items, in_lock_order, per_key, Copies, Looks, Target, MAX_KEYS};
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
@@ -41,6 +41,7 @@ pub(super) async fn serve_get_local(
             .await
             .map(|()| false);
     };
+    crate::copy_helper::warm(h.length);
     let results = get(served, master, peer, plan, tenant, keys, &capacities).await;
     answer_items(stream, h, &results).await
 }
@@ -84,14 +85,16 @@ async fn get(
     });
     let lists = per_key::<GetReplicaListResponse>(master.call(request).await, n);
     let mut results: Vec<Result<u64, Error>> = Vec::with_capacity(n);
-    // Keys read, with the replica read and their lease.
-    let mut read: Vec<(usize, ReplicaDescriptor, u64)> = Vec::new();
+    // Keys up to one step long are copied together (`copy_keys`); longer ones one by one.
+    let mut short: Vec<Target> = Vec::new();
+    let mut long: Vec<(usize, u64)> = Vec::new();
+    // The replica each key is read from, with its lease.
+    let mut chosen: Vec<Option<(ReplicaDescriptor, u64)>> = Vec::with_capacity(n);
     let mut offset = 0u64;
-    let mut looks = Looks::new();
-    let pool_ids = crate::same_host::PoolIds::default();
     for (i, list) in lists.into_iter().enumerate() {
         let at = offset;
         offset += capacities[i];
+        chosen.push(None);
         let list = match list {
             Ok(list) => list,
             Err(e) => {
@@ -107,21 +110,41 @@ async fn get(
             results.push(Err(elsewhere("the buffer is too small")));
             continue;
         }
+        results.push(Ok(replica.size));
+        match served.segment(replica.segment_id) {
+            Some(segment) if replica.size as usize <= LOCAL_STEP => short.push(Target {
+                key: i,
+                segment,
+                address: replica.address,
+                at,
+                size: replica.size,
+            }),
+            _ => long.push((i, at)),
+        }
+        chosen[i] = Some((replica.clone(), list.lease_ttl_ms));
+    }
+    let pool_ids = crate::same_host::PoolIds::default();
+    copy_keys(peer, plan, short, &pool_ids, &mut results).await;
+    let mut looks = Looks::new();
+    for (i, at) in long {
+        let Some((replica, _)) = &chosen[i] else {
+            continue;
+        };
         if !looks.still_waiting(peer, plan.deadline_ns, replica.size as usize) {
-            results.push(Err(Error::new(
-                ErrorCode::TRANSFER_FAIL,
-                "the caller stopped waiting before its bytes were copied",
-            )));
+            results[i] = Err(stopped_waiting());
             continue;
         }
-        match read_key(served, peer, plan, replica, at, &pool_ids).await {
-            Ok(()) => {
-                results.push(Ok(replica.size));
-                read.push((i, replica.clone(), list.lease_ttl_ms));
-            }
-            Err(e) => results.push(Err(e)),
+        if let Err(e) = read_key(served, peer, plan, replica, at).await {
+            results[i] = Err(e);
         }
     }
+    // Keys read, with the replica read and their lease.
+    let read: Vec<(usize, ReplicaDescriptor, u64)> = chosen
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| results[*i].is_ok())
+        .filter_map(|(i, chosen)| chosen.map(|(replica, lease)| (i, replica, lease)))
+        .collect();
     // Reads whose lease ran out while this node copied: still current only if the master
     // says the replica read is.
     let expired: Vec<&(usize, ReplicaDescriptor, u64)> = read
@@ -155,6 +178,75 @@ async fn get(
     results.into_iter().map(ItemResult).collect()
 }
 
+/// The answer for a key whose bytes were not copied because the caller gave up.
+fn stopped_waiting() -> Error {
+    Error::new(
+        ErrorCode::TRANSFER_FAIL,
+        "the caller stopped waiting before its bytes were copied",
+    )
+}
+
+/// The answer for a key whose bytes could not be copied.
+fn not_copied(status: DataStatus) -> Error {
+    Error::new(
+        ErrorCode::TRANSFER_FAIL,
+        format!(
+            "the node could not copy into the caller's buffer: {}",
+            status.describe()
+        ),
+    )
+}
+
+/// Copies the keys of one request that are up to one step long, all together ([`Copies`]),
+/// their ranges locked in address order first. A key whose copy failed, or was not made, gets
+/// its error in `results`.
+async fn copy_keys(
+    peer: &crate::same_host::Peer,
+    plan: &LocalPlan,
+    mut targets: Vec<Target>,
+    pool_ids: &crate::same_host::PoolIds,
+    results: &mut [Result<u64, Error>],
+) {
+    if targets.is_empty() {
+        return;
+    }
+    if !peer.waiting(plan.deadline_ns) {
+        for t in &targets {
+            results[t.key] = Err(stopped_waiting());
+        }
+        return;
+    }
+    in_lock_order(&mut targets);
+    let mut views = Vec::with_capacity(targets.len());
+    for t in &targets {
+        match t.segment.read_view(t.address, t.size).await {
+            Ok(view) => views.push((t, view)),
+            Err(status) => results[t.key] = Err(not_copied(status)),
+        }
+    }
+    let mut copies = Copies::new(results.len());
+    for (t, view) in &views {
+        copies.add(plan, t.key, t.at, &view[..], cut, view.len());
+    }
+    let (whole, gave_up) = copies.run(peer, plan, |src: &[u8], ranges| {
+        peer.write_to_seen(src, ranges, pool_ids)
+    });
+    drop(views);
+    for t in &targets {
+        if results[t.key].is_ok() && !whole[t.key] {
+            results[t.key] = Err(if gave_up {
+                stopped_waiting()
+            } else {
+                not_copied(DataStatus::LocalRefused)
+            });
+        }
+    }
+}
+
+fn cut(view: &[u8], piece: usize) -> Vec<&[u8]> {
+    view.chunks(piece).collect()
+}
+
 /// The replica this node reads a key from: the first complete memory replica in one of its
 /// own segments.
 fn readable_here<'r>(
@@ -176,7 +268,6 @@ async fn read_key(
     plan: &LocalPlan,
     replica: &ReplicaDescriptor,
     at: u64,
-    pool_ids: &crate::same_host::PoolIds,
 ) -> Result<(), Error> {
     let Some(segment) = served.segment(replica.segment_id) else {
         return Err(elsewhere("the replica's segment is no longer mounted here"));
@@ -188,15 +279,6 @@ async fn read_key(
         flags: plan.flags,
     };
     let copied = match segment.read_view(replica.address, size).await {
-        // Short: one copy, the caller looked at by `get` (see `looks` there).
-        Ok(view) if view.len() <= LOCAL_STEP => {
-            crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
-            peer.write_to_seen(&view[..], &sub.ranges, pool_ids)
-                .map_err(|e| {
-                    tracing::debug!(error = %e, "same-host get copy failed");
-                    DataStatus::LocalRefused
-                })
-        }
         Ok(view) => {
             copy_local(
                 peer,
@@ -209,13 +291,5 @@ async fn read_key(
         }
         Err(status) => Err(status),
     };
-    copied.map_err(|status| {
-        Error::new(
-            ErrorCode::TRANSFER_FAIL,
-            format!(
-                "the node could not copy into the caller's buffer: {}",
-                status.describe()
-            ),
-        )
-    })
+    copied.map_err(not_copied)
 }

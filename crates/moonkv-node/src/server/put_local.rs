@@ -12,9 +12,10 @@
 //! deadline, nothing once the caller is gone or gave up; a key not wholly copied is revoked,
 //! never ended.
 
-use super::same_host::{copy_local, copy_local_split, ranges_between, LOCAL_STEP};
-use super::whole::{answer_items, per_key, Looks, MAX_KEYS};
+use super::same_host::{copy_local, copy_split, pieces_mut, ranges_between, LOCAL_STEP};
+use super::whole::{answer_items, in_lock_order, per_key, Copies, Looks, Target, MAX_KEYS};
 use super::{respond, Conn, MasterRoute, Served};
+use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_dataplane::same_host::SPLIT_COPY_BYTES;
 use moonkv_proto::msg::{
@@ -24,6 +25,7 @@ use moonkv_proto::{
     Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaType,
 };
 use std::io;
+use std::sync::Arc;
 
 /// Serves one PUT_LOCAL whose plan and body were read.
 pub(super) async fn serve_put_local(
@@ -44,6 +46,7 @@ pub(super) async fn serve_put_local(
             .await
             .map(|()| false);
     };
+    crate::copy_helper::warm(h.length);
     let results = put(served, master, peer, plan, upsert, request).await;
     answer_items(stream, h, &results).await
 }
@@ -81,14 +84,13 @@ async fn put(
     };
     let started = per_key::<Vec<ReplicaDescriptor>>(master.call(start).await, n);
 
+    // Each key's outcome, and the replica ids of the keys the master started (to end or revoke).
     let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
-    // Keys to end and keys to revoke, with their replica ids.
-    let mut ended: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
-    let mut revoked: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
+    let mut ids: Vec<Option<Vec<ReplicaId>>> = Vec::with_capacity(n);
+    // Keys up to one step long are copied together (`copy_keys`); longer ones one by one.
+    let mut short: Vec<Target> = Vec::new();
+    let mut long: Vec<(usize, Vec<ReplicaDescriptor>, u64)> = Vec::new();
     let mut offset = 0u64;
-    let mut looks = Looks::new();
-    // The caller's pool ids, read once for all the keys of this request.
-    let pool_ids = crate::same_host::PoolIds::default();
     for (i, outcome) in started.into_iter().enumerate() {
         let size = sizes[i];
         let at = offset;
@@ -97,28 +99,49 @@ async fn put(
             Ok(replicas) => replicas,
             Err(e) => {
                 results.push(Err(e));
+                ids.push(None);
                 continue;
             }
         };
-        let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
-        let bytes = size as usize * replicas.len().max(1);
-        if !looks.still_waiting(peer, plan.deadline_ns, bytes) {
-            results.push(Err(Error::new(
-                ErrorCode::TRANSFER_FAIL,
-                "the caller stopped waiting before its bytes were copied; revoked",
-            )));
-            revoked.push((i, ids));
+        ids.push(Some(replicas.iter().map(|r| r.id).collect()));
+        if size as usize > LOCAL_STEP {
+            results.push(Ok(()));
+            long.push((i, replicas, at));
             continue;
         }
-        let written = write_key(served, peer, plan, &replicas, at, size, &pool_ids).await;
-        match written {
-            Ok(()) => {
+        match placed_here(served, &replicas, size) {
+            Ok(places) => {
                 results.push(Ok(()));
-                ended.push((i, ids));
+                short.extend(places.into_iter().map(|(segment, address)| Target {
+                    key: i,
+                    segment,
+                    address,
+                    at,
+                    size,
+                }));
             }
-            Err(e) => {
-                results.push(Err(e));
-                revoked.push((i, ids));
+            Err(e) => results.push(Err(e)),
+        }
+    }
+    let pool_ids = crate::same_host::PoolIds::default();
+    copy_keys(peer, plan, short, &pool_ids, &mut results).await;
+    let mut looks = Looks::new();
+    for (i, replicas, at) in long {
+        let size = sizes[i];
+        let bytes = size as usize * replicas.len();
+        if !looks.still_waiting(peer, plan.deadline_ns, bytes) {
+            results[i] = Err(stopped_waiting());
+            continue;
+        }
+        results[i] = write_key(served, peer, plan, &replicas, at, size, &pool_ids).await;
+    }
+    let mut ended: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
+    let mut revoked: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
+    for (i, ids) in ids.into_iter().enumerate() {
+        if let Some(ids) = ids {
+            match results[i] {
+                Ok(()) => ended.push((i, ids)),
+                Err(_) => revoked.push((i, ids)),
             }
         }
     }
@@ -192,8 +215,118 @@ async fn put(
     results.into_iter().map(ItemResult).collect()
 }
 
-/// Copies one key's bytes (at `at` in the plan's ranges laid end to end) into each of its
-/// replicas, all of which must be memory replicas in this node's segments.
+/// The answer for a key whose bytes were not copied because the caller gave up.
+fn stopped_waiting() -> Error {
+    Error::new(
+        ErrorCode::TRANSFER_FAIL,
+        "the caller stopped waiting before its bytes were copied; revoked",
+    )
+}
+
+/// The answer for a key whose bytes could not be copied.
+fn not_copied(status: DataStatus) -> Error {
+    Error::new(
+        ErrorCode::TRANSFER_FAIL,
+        format!(
+            "the node could not copy the caller's bytes: {}",
+            status.describe()
+        ),
+    )
+}
+
+/// The segment and address of each of a key's replicas, all of which must be memory replicas
+/// in this node's segments.
+fn placed_here(
+    served: &Served,
+    replicas: &[ReplicaDescriptor],
+    size: u64,
+) -> Result<Vec<(Arc<SegmentMemory>, u64)>, Error> {
+    if replicas.is_empty() {
+        return Err(Error::new(
+            ErrorCode::NO_AVAILABLE_HANDLE,
+            "the master placed no replica",
+        ));
+    }
+    replicas
+        .iter()
+        .map(|r| match served.segment(r.segment_id) {
+            Some(segment) if r.kind == ReplicaKind::Memory && r.size == size => {
+                Ok((segment, r.address))
+            }
+            _ => Err(Error::new(
+                ErrorCode::NOT_SUPPORTED,
+                format!(
+                    "a replica is not in this node's memory ({:?} on {}): written by the caller",
+                    r.kind, r.endpoint
+                ),
+            )),
+        })
+        .collect()
+}
+
+/// Copies the keys of one request that are up to one step long, all together ([`Copies`]),
+/// their ranges locked in address order first. A key any of whose copies failed, or was not
+/// made, gets its error in `results`.
+async fn copy_keys(
+    peer: &crate::same_host::Peer,
+    plan: &LocalPlan,
+    mut targets: Vec<Target>,
+    pool_ids: &crate::same_host::PoolIds,
+    results: &mut [Result<(), Error>],
+) {
+    if targets.is_empty() {
+        return;
+    }
+    if !peer.waiting(plan.deadline_ns) {
+        for t in &targets {
+            results[t.key] = Err(stopped_waiting());
+        }
+        return;
+    }
+    in_lock_order(&mut targets);
+    let stream = plan.flags & LocalPlan::LONG_CALL != 0;
+    let mut views = Vec::with_capacity(targets.len());
+    for t in &targets {
+        match t.segment.write_view(t.address, t.size).await {
+            Ok(view) => views.push((t, view)),
+            Err(status) => results[t.key] = Err(not_copied(status)),
+        }
+    }
+    let mut copies = Copies::new(results.len());
+    for (t, view) in &mut views {
+        let len = view.len();
+        copies.add(plan, t.key, t.at, &mut view[..], cut_mut, len);
+    }
+    let (whole, gave_up) = copies.run(peer, plan, |dst: Piece<'_>, ranges| {
+        peer.read_from_seen(dst.0, ranges, stream, pool_ids)
+    });
+    drop(views);
+    for t in &targets {
+        if results[t.key].is_ok() && !whole[t.key] {
+            results[t.key] = Err(if gave_up {
+                stopped_waiting()
+            } else {
+                not_copied(DataStatus::LocalRefused)
+            });
+        }
+    }
+}
+
+/// A piece of the node's side of a put.
+struct Piece<'a>(&'a mut [u8]);
+
+impl AsRef<[u8]> for Piece<'_> {
+    fn as_ref(&self) -> &[u8] {
+        self.0
+    }
+}
+
+fn cut_mut(view: &mut [u8], piece: usize) -> Vec<Piece<'_>> {
+    view.chunks_mut(piece).map(Piece).collect()
+}
+
+/// Copies one key longer than a step (at `at` in the plan's ranges laid end to end) into each
+/// of its replicas, all of which must be memory replicas in this node's segments.
 async fn write_key(
     served: &Served,
     peer: &crate::same_host::Peer,
@@ -203,29 +336,7 @@ async fn write_key(
     size: u64,
     pool_ids: &crate::same_host::PoolIds,
 ) -> Result<(), Error> {
-    if replicas.is_empty() {
-        return Err(Error::new(
-            ErrorCode::NO_AVAILABLE_HANDLE,
-            "the master placed no replica",
-        ));
-    }
-    let mut segments = Vec::with_capacity(replicas.len());
-    for r in replicas {
-        match served.segment(r.segment_id) {
-            Some(segment) if r.kind == ReplicaKind::Memory && r.size == size => {
-                segments.push((segment, r.address))
-            }
-            _ => {
-                return Err(Error::new(
-                    ErrorCode::NOT_SUPPORTED,
-                    format!(
-                    "a replica is not in this node's memory ({:?} on {}): written by the caller",
-                    r.kind, r.endpoint
-                ),
-                ))
-            }
-        }
-    }
+    let segments = placed_here(served, replicas, size)?;
     let sub = LocalPlan {
         deadline_ns: plan.deadline_ns,
         ranges: ranges_between(&plan.ranges, at, size),
@@ -234,18 +345,9 @@ async fn write_key(
     let stream = plan.flags & LocalPlan::LONG_CALL != 0;
     for (segment, address) in segments {
         let copied = match segment.write_view(address, size).await {
-            // Short: one copy, the caller looked at by `put` (see `looks` there).
-            Ok(mut view) if view.len() <= LOCAL_STEP => {
-                crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
-                peer.read_from_seen(&mut view[..], &sub.ranges, stream, pool_ids)
-                    .map_err(|e| {
-                        tracing::debug!(error = %e, "same-host put copy failed");
-                        DataStatus::LocalRefused
-                    })
-            }
-            // Large: two threads, as a long call's copy requests are spread.
+            // Large: two threads, a look at the caller before each piece.
             Ok(mut view) if view.len() >= SPLIT_COPY_BYTES => {
-                copy_local_split(peer, &sub, &mut view[..], |piece, ranges| {
+                copy_split(peer, &sub, pieces_mut(&mut view[..]), |piece, ranges| {
                     peer.read_from_seen(piece, ranges, stream, pool_ids)
                 })
             }
@@ -262,15 +364,7 @@ async fn write_key(
             }
             Err(status) => Err(status),
         };
-        if let Err(status) = copied {
-            return Err(Error::new(
-                ErrorCode::TRANSFER_FAIL,
-                format!(
-                    "the node could not copy the caller's bytes: {}",
-                    status.describe()
-                ),
-            ));
-        }
+        copied.map_err(not_copied)?;
     }
     Ok(())
 }

@@ -128,55 +128,41 @@ pub(super) async fn copy_local(
     Ok(())
 }
 
-/// One large object's copy (at least [`SPLIT_COPY_BYTES`]) on two threads: `dst`, the node's
-/// side of the object, is cut in [`SPLIT_PIECE`]s; every other piece is copied here, the rest
-/// on a thread of its own, so that both threads work on neighbouring bytes (two halves, one
-/// per thread, copied no faster than one thread). Each piece is one step that looks at the
-/// caller first, as in [`copy_local`]; `step(piece, caller ranges)` copies one. Blocks the
-/// calling thread until both threads are done.
+/// One large object's copy (at least [`SPLIT_COPY_BYTES`]) on this thread and the process's
+/// copy helper ([`crate::copy_helper`]): `pieces` are the node's side of the object cut up,
+/// each with its offset in the object, and each thread takes the next piece not yet taken;
+/// `step(piece, caller ranges)` copies one. Each piece is a step that looks at the caller
+/// first, as in [`copy_local`]. Blocks the calling thread until the helper is out of the copy.
 ///
 /// [`SPLIT_COPY_BYTES`]: moonkv_dataplane::same_host::SPLIT_COPY_BYTES
-pub(super) fn copy_local_split(
+pub(super) fn copy_split<P: Send>(
     peer: &crate::same_host::Peer,
     plan: &LocalPlan,
-    dst: &mut [u8],
-    step: impl Fn(&mut [u8], &[(u64, u64)]) -> io::Result<()> + Sync,
+    pieces: Vec<(usize, usize, P)>,
+    step: impl Fn(P, &[(u64, u64)]) -> io::Result<()> + Sync,
 ) -> Result<(), DataStatus> {
-    let run = |pieces: Vec<(usize, &mut [u8])>| {
-        for (at, piece) in pieces {
-            if !peer.waiting(plan.deadline_ns) {
-                return Err(DataStatus::LocalRefused);
-            }
-            crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
-            let ranges = ranges_between(&plan.ranges, at as u64, piece.len() as u64);
-            if let Err(e) = step(piece, &ranges) {
-                tracing::debug!(error = %e, "same-host copy failed");
-                return Err(DataStatus::LocalRefused);
-            }
+    let done = crate::copy_helper::split(pieces, true, |(at, len, piece)| {
+        if !peer.waiting(plan.deadline_ns) {
+            return Err(io::Error::other("the caller stopped waiting"));
         }
-        Ok(())
-    };
-    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
-    for (i, piece) in dst.chunks_mut(SPLIT_PIECE).enumerate() {
-        let half = if i % 2 == 0 { &mut mine } else { &mut theirs };
-        half.push((i * SPLIT_PIECE, piece));
-    }
-    std::thread::scope(|scope| {
-        let other = std::thread::Builder::new()
-            .name("moonkv-copy".into())
-            .spawn_scoped(scope, || run(theirs));
-        let done = run(mine);
-        let other_done = match other {
-            Ok(other) => other.join().unwrap_or(Err(DataStatus::LocalRefused)),
-            // No thread to be had: the caller still gets an answer (its key is not done).
-            Err(_) => Err(DataStatus::LocalRefused),
-        };
-        done.and(other_done)
+        crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
+        let ranges = ranges_between(&plan.ranges, at as u64, len as u64);
+        step(piece, &ranges)
+    });
+    done.map_err(|e| {
+        tracing::debug!(error = %e, "same-host copy failed");
+        DataStatus::LocalRefused
     })
 }
 
-/// The pieces [`copy_local_split`] cuts an object in.
-const SPLIT_PIECE: usize = 2 << 20;
+/// `dst` cut in [`crate::copy_helper::piece_len`] pieces for [`copy_split`].
+pub(super) fn pieces_mut(dst: &mut [u8]) -> Vec<(usize, usize, &mut [u8])> {
+    let piece = crate::copy_helper::piece_len(dst.len());
+    dst.chunks_mut(piece)
+        .enumerate()
+        .map(|(i, p)| (i * piece, p.len(), p))
+        .collect()
+}
 
 /// The part of `ranges` (laid end to end) covering bytes `[from, from + len)`.
 pub(super) fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {

@@ -2,11 +2,15 @@
 //! master's batch answers as one result per key, the answer to the caller, and looking at the
 //! caller once per step of copying across all the keys of one request.
 
-use super::same_host::LOCAL_STEP;
+use super::same_host::{ranges_between, LOCAL_STEP};
 use super::Conn;
+use crate::segment::SegmentMemory;
+use moonkv_dataplane::header::LocalPlan;
 use moonkv_dataplane::header::{DataStatus, RequestHeader, ResponseHeader};
 use moonkv_proto::{Error, ErrorCode, ItemResult};
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
 /// Most keys one request served whole may carry.
@@ -75,5 +79,117 @@ impl Looks {
         }
         self.0 = self.0.saturating_add(bytes);
         true
+    }
+}
+
+/// One replica of a key up to one step long, copied with the request's other such keys
+/// ([`Copies`]).
+pub(super) struct Target {
+    pub(super) key: usize,
+    pub(super) segment: Arc<SegmentMemory>,
+    pub(super) address: u64,
+    /// Where the key's bytes start in the plan's ranges laid end to end.
+    pub(super) at: u64,
+    pub(super) size: u64,
+}
+
+/// Sorts `targets` in address order, the order their ranges are locked in, so that two
+/// requests never wait on each other's ranges.
+pub(super) fn in_lock_order(targets: &mut [Target]) {
+    targets.sort_by_key(|t| (Arc::as_ptr(&t.segment), t.address));
+}
+
+/// Keys up to this long are copied whole by one thread; longer ones are cut in pieces.
+const WHOLE_MAX: usize = 256 << 10;
+
+/// One copy of [`Copies`]: the key, the node's bytes (or a piece of them), the caller's ranges.
+type Item<P> = (usize, P, Vec<(u64, u64)>);
+
+/// Items are shared with the copy helper only when they average at least this many bytes.
+const SHARED_ITEM_MIN: u64 = 32 << 10;
+
+/// The copies of one request's keys up to one step long, all together: shared between the
+/// request's thread and the copy helper ([`crate::copy_helper`]), the caller looked at once per
+/// [`LOCAL_STEP`] copied. Each item is a key (or a piece of one) with the caller's ranges for
+/// it; a key is copied when all its items are.
+pub(super) struct Copies<P> {
+    items: Vec<Item<P>>,
+    wanted: Vec<usize>,
+    bytes: u64,
+}
+
+impl<P: Send + AsRef<[u8]>> Copies<P> {
+    /// No copies yet, for a request of `keys` keys.
+    pub(super) fn new(keys: usize) -> Copies<P> {
+        Copies {
+            items: Vec::new(),
+            wanted: vec![0; keys],
+            bytes: 0,
+        }
+    }
+
+    /// Adds key `key`'s copy between `view` (its bytes on this node, cut by `cut`) and the
+    /// caller's bytes at `at` in the plan's ranges laid end to end.
+    pub(super) fn add<V>(
+        &mut self,
+        plan: &LocalPlan,
+        key: usize,
+        at: u64,
+        view: V,
+        cut: impl FnOnce(V, usize) -> Vec<P>,
+        len: usize,
+    ) {
+        let piece = if len <= WHOLE_MAX {
+            len.max(1)
+        } else {
+            crate::copy_helper::piece_len(len)
+        };
+        let mut from = at;
+        for part in cut(view, piece) {
+            let n = part.as_ref().len() as u64;
+            self.items
+                .push((key, part, ranges_between(&plan.ranges, from, n)));
+            self.wanted[key] += 1;
+            from += n;
+        }
+        self.bytes += len as u64;
+    }
+
+    /// Makes the copies (`step(item, caller ranges)` each). Returns which keys were copied
+    /// whole, and whether the caller stopped waiting before all were made.
+    pub(super) fn run(
+        self,
+        peer: &crate::same_host::Peer,
+        plan: &LocalPlan,
+        step: impl Fn(P, &[(u64, u64)]) -> io::Result<()> + Sync,
+    ) -> (Vec<bool>, bool) {
+        let made: Vec<AtomicUsize> = self.wanted.iter().map(|_| AtomicUsize::new(0)).collect();
+        let since_look = AtomicUsize::new(0);
+        crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
+        // Items of a few KiB are over before a hand-over pays: one thread copies them.
+        let share = self.bytes >= crate::copy_helper::SPLIT_MIN as u64
+            && self.bytes >= SHARED_ITEM_MIN * self.items.len() as u64;
+        let copied = crate::copy_helper::split(self.items, share, |(key, part, ranges)| {
+            let len = part.as_ref().len();
+            if since_look.fetch_add(len, Ordering::Relaxed) >= LOCAL_STEP {
+                if !peer.waiting(plan.deadline_ns) {
+                    return Err(io::Error::other("the caller stopped waiting"));
+                }
+                since_look.store(len, Ordering::Relaxed);
+            }
+            match step(part, &ranges) {
+                Ok(()) => {
+                    made[key].fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!(error = %e, "same-host copy failed"),
+            }
+            Ok(())
+        });
+        let whole = made
+            .iter()
+            .zip(&self.wanted)
+            .map(|(made, wanted)| *wanted > 0 && made.load(Ordering::Relaxed) == *wanted)
+            .collect();
+        (whole, copied.is_err())
     }
 }
