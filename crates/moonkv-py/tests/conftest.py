@@ -66,12 +66,13 @@ class Lines:
 class Server:
     """A `moonkv` child process that serves once it printed its JSON ready line."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict | None = None) -> None:
         self.proc = subprocess.Popen(
             [moonkv_bin(), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         self.lines = Lines(self.proc.stdout)
         self.ready: dict = json.loads(self.lines.next())

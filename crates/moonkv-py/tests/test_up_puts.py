@@ -6,6 +6,7 @@ none."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import urllib.request
 
@@ -19,10 +20,10 @@ OK = 0
 class Up(Server):
     """A `moonkv up` child process (events off, so tests may run side by side)."""
 
-    def __init__(self, size: str = "256MiB") -> None:
+    def __init__(self, size: str = "256MiB", env: dict | None = None) -> None:
         super().__init__(
             "up", "--rpc-port", "0", "--metrics-port", "0", "--segment-size", size,
-            "--enable-kv-events", "false",
+            "--enable-kv-events", "false", env=env,
         )
         self.data: str = self.ready["data"]
         self.admin: str = self.ready["admin"]
@@ -130,6 +131,50 @@ def test_gets_through_the_node_keep_bytes_and_answers(up, key):
         assert bytes(s.get_buffer(keys[1])) == datas[1]  # other read forms still work
     finally:
         s.close()
+
+
+def thread_names(pid: int) -> list[str]:
+    names = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            continue
+    return names
+
+
+@pytest.mark.parametrize("helper", ["on", "off"])
+def test_copies_shared_with_the_copy_helper_keep_every_byte(key, helper):
+    """Puts and gets of 2 MiB or more, which the node shares with its copy helper thread, in
+    whole keys and in pieces; `MOONKV_COPY_HELPER=off` starts no helper and copies the same."""
+    u = Up(env={"MOONKV_COPY_HELPER": "off"} if helper == "off" else None)
+    s = moonkv.MooncakeDistributedStore()
+    try:
+        assert s.setup_dummy(64 << 20, 1 << 20, u.data) == OK
+        src = s.alloc_from_mem_pool(16 << 20)
+        dst = s.alloc_from_mem_pool(16 << 20)
+        # One object cut in pieces, then a batch mixing whole keys and pieces.
+        for rnd in range(3):
+            sizes = [(4 << 20) - 3] if rnd == 0 else [128 << 10] * 20 + [600 << 10, 4096, 2 << 20]
+            keys = [f"{key}-{rnd}-{i}" for i in range(len(sizes))]
+            datas = [pattern(k, n) for k, n in zip(keys, sizes)]
+            at = [sum(sizes[:i]) + 64 * i for i in range(len(sizes))]
+            for a, d in zip(at, datas):
+                ctypes.memmove(src + a, d, len(d))
+            assert s.batch_put_from(keys, [src + a for a in at], sizes) == [OK] * len(keys)
+            ctypes.memset(dst, 0xEE, 16 << 20)
+            assert s.batch_get_into(keys, [dst + a for a in at], sizes) == sizes
+            for a, d in zip(at, datas):
+                assert ctypes.string_at(dst + a, len(d)) == d
+                assert ctypes.string_at(dst + a + len(d), 64) == b"\xee" * 64
+            assert s.get_into(keys[-1], dst, len(datas[-1])) == len(datas[-1])
+            assert ctypes.string_at(dst, len(datas[-1])) == datas[-1]
+        names = thread_names(u.proc.pid)
+        assert ("moonkv-copy" in names) == (helper == "on"), names
+    finally:
+        s.close()
+        u.stop()
 
 
 def test_threads_sharing_a_store_put_through_the_node_at_once(up, key):

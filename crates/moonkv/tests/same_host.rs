@@ -251,12 +251,13 @@ async fn memory_of_a_cancelled_same_host_call_is_never_touched_after_the_call_is
         .await
         .unwrap();
     // Calls of 8 MiB and more: copy requests spread over the node's connections.
-    cancel_calls(&store, 8 << 20, 8 << 20, stall).await;
+    cancel_calls(&store, "lent", 8 << 20, 8 << 20, stall).await;
 }
 
 /// As above for a standalone store, whose node takes its puts and gets whole (PUT_LOCAL,
-/// GET_LOCAL): objects of 3 MiB (the node copies them in one step; two of them in one batch
-/// get), and puts of 16 MiB (copied by two of the node's threads).
+/// GET_LOCAL): objects of 3 MiB (one step; two of them in one batch get, shared with the
+/// node's copy helper), and objects of 16 MiB (pieces shared with the helper, each looking at
+/// the caller first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_of_a_cancelled_call_through_the_node_is_never_touched_after_the_call_is_dropped() {
     let m = MOONKV.master(&[]);
@@ -274,16 +275,17 @@ async fn memory_of_a_cancelled_call_through_the_node_is_never_touched_after_the_
     let store = Store::connect_via_node(&n.field("data"), StoreConfig::new("unused"))
         .await
         .unwrap();
-    cancel_calls(&store, 3 << 20, 16 << 20, stall).await;
+    cancel_calls(&store, "lent", 3 << 20, 16 << 20, stall).await;
+    cancel_calls(&store, "lent-large", 16 << 20, 16 << 20, stall).await;
 }
 
-/// Gives up gets of `size`-byte objects and puts of `size` and `put_size` bytes after 50 ms,
+/// Gives up gets of `size`-byte objects (`lent`) and puts of `size` and `put_size` bytes after 50 ms,
 /// while the node stalls `stall` before every copy step, and checks that none of the memory
 /// changes afterwards and that no put commits what was written after it.
-async fn cancel_calls(store: &Store, size: usize, put_size: usize, stall: Duration) {
+async fn cancel_calls(store: &Store, lent: &str, size: usize, put_size: usize, stall: Duration) {
     let value = pattern(size, 7);
     store
-        .put("lent", &value, &ReplicateConfig::default())
+        .put(lent, &value, &ReplicateConfig::default())
         .await
         .unwrap();
     assert_eq!(
@@ -297,7 +299,7 @@ async fn cancel_calls(store: &Store, size: usize, put_size: usize, stall: Durati
     for round in 0..3 {
         // get_into: the buffer is reused for other data the moment the call is given up.
         let mut buf = vec![0u8; size];
-        let cancelled = tokio::time::timeout(give_up, store.get_into("lent", &mut buf)).await;
+        let cancelled = tokio::time::timeout(give_up, store.get_into(lent, &mut buf)).await;
         assert!(
             cancelled.is_err(),
             "round {round}: the call was not cancelled"
@@ -314,11 +316,9 @@ async fn cancel_calls(store: &Store, size: usize, put_size: usize, stall: Durati
         let mut b = vec![0u8; size];
         {
             let mut targets: Vec<&mut [u8]> = vec![&mut a, &mut b];
-            let cancelled = tokio::time::timeout(
-                give_up,
-                store.batch_get_into(&["lent", "lent"], &mut targets),
-            )
-            .await;
+            let cancelled =
+                tokio::time::timeout(give_up, store.batch_get_into(&[lent, lent], &mut targets))
+                    .await;
             assert!(cancelled.is_err());
         }
         a.fill(0xAB);
@@ -328,7 +328,7 @@ async fn cancel_calls(store: &Store, size: usize, put_size: usize, stall: Durati
 
         // put: what the caller writes into its buffer after giving up is never committed.
         for (n, len) in [size, put_size].into_iter().enumerate() {
-            let key = format!("cancelled-{round}-{n}");
+            let key = format!("{lent}-cancelled-{round}-{n}");
             let mut source = pattern(len, 9);
             let cancelled = tokio::time::timeout(
                 give_up,
@@ -347,5 +347,5 @@ async fn cancel_calls(store: &Store, size: usize, put_size: usize, stall: Durati
         }
     }
     // The object itself is intact and readable once the node is left alone.
-    assert_eq!(store.get("lent").await.unwrap(), value);
+    assert_eq!(store.get(lent).await.unwrap(), value);
 }

@@ -11,7 +11,6 @@
 
 use super::node_call::{laid_end_to_end, left_to_caller, Whole};
 use super::Store;
-use moonkv_dataplane::same_host::LONG_CALL_BYTES;
 use moonkv_proto::{Error, ErrorCode, Result};
 
 /// One answer per key: `None` for a key the node left to the usual path.
@@ -37,11 +36,7 @@ impl Store {
                 .map(|parts| parts.iter().map(|p| (p.as_ptr() as u64, p.len() as u64))),
         );
         let total: u64 = capacities.iter().sum();
-        // A long call goes the usual way: its copy requests spread over the node's threads,
-        // and its round trips cost it little. (Copied by the node on two threads, large gets
-        // measured slower than their copy requests: docs/benchmarks.md, *Gets through the
-        // node*.)
-        if capacities.contains(&0) || total as usize >= LONG_CALL_BYTES {
+        if capacities.contains(&0) {
             return None;
         }
         let body = rmp_serde::to_vec(&(&self.tenant, keys, &capacities)).ok()?;

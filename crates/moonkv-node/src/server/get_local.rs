@@ -12,10 +12,11 @@
 //! not ready) is that key's answer. The copy follows the rules of READ_LOCAL: nothing after
 //! the caller's deadline, nothing once the caller is gone or gave up.
 
-use super::same_host::{copy_local, ranges_between, LOCAL_STEP};
+use super::same_host::{copy_local, copy_split, pieces, ranges_between, LOCAL_STEP};
 use super::whole::{answer_items, in_lock_order, per_key, Copies, Looks, Target, MAX_KEYS};
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
+use moonkv_dataplane::same_host::SPLIT_COPY_BYTES;
 use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
 use moonkv_proto::types::GetReplicaListResponse;
 use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaKind, ReplicaStatus};
@@ -279,6 +280,12 @@ async fn read_key(
         flags: plan.flags,
     };
     let copied = match segment.read_view(replica.address, size).await {
+        // Large: two threads, a look at the caller before each piece.
+        Ok(view) if view.len() >= SPLIT_COPY_BYTES => {
+            copy_split(peer, &sub, pieces(&view[..]), |piece, ranges| {
+                peer.write_to(piece, ranges)
+            })
+        }
         Ok(view) => {
             copy_local(
                 peer,

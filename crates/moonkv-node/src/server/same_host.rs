@@ -164,6 +164,15 @@ pub(super) fn pieces_mut(dst: &mut [u8]) -> Vec<(usize, usize, &mut [u8])> {
         .collect()
 }
 
+/// `src` cut in [`crate::copy_helper::piece_len`] pieces for [`copy_split`].
+pub(super) fn pieces(src: &[u8]) -> Vec<(usize, usize, &[u8])> {
+    let piece = crate::copy_helper::piece_len(src.len());
+    src.chunks(piece)
+        .enumerate()
+        .map(|(i, p)| (i * piece, p.len(), p))
+        .collect()
+}
+
 /// The part of `ranges` (laid end to end) covering bytes `[from, from + len)`.
 pub(super) fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
     let (end, mut pos) = (from + len, 0u64);
