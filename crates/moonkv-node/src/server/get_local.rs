@@ -13,7 +13,9 @@
 //! the caller's deadline, nothing once the caller is gone or gave up.
 
 use super::same_host::{copy_local, copy_split, pieces, ranges_between, LOCAL_STEP};
-use super::whole::{answer_items, in_lock_order, per_key, Copies, Looks, Target, MAX_KEYS};
+use super::whole::{
+    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Looks, Target, MAX_KEYS,
+};
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_dataplane::same_host::SPLIT_COPY_BYTES;
@@ -208,13 +210,7 @@ async fn copy_keys(
     pool_ids: &crate::same_host::PoolIds,
     results: &mut [Result<u64, Error>],
 ) {
-    if targets.is_empty() {
-        return;
-    }
-    if !peer.waiting(plan.deadline_ns) {
-        for t in &targets {
-            results[t.key] = Err(stopped_waiting());
-        }
+    if targets.is_empty() || !caller_waits(peer, plan, &targets, results, stopped_waiting) {
         return;
     }
     in_lock_order(&mut targets);
@@ -229,19 +225,13 @@ async fn copy_keys(
     for (t, view) in &views {
         copies.add(plan, t.key, t.at, &view[..], cut, view.len());
     }
-    let (whole, gave_up) = copies.run(peer, plan, |src: &[u8], ranges| {
+    let copied = copies.run(peer, plan, |src: &[u8], ranges| {
         peer.write_to_seen(src, ranges, pool_ids)
     });
     drop(views);
-    for t in &targets {
-        if results[t.key].is_ok() && !whole[t.key] {
-            results[t.key] = Err(if gave_up {
-                stopped_waiting()
-            } else {
-                not_copied(DataStatus::LocalRefused)
-            });
-        }
-    }
+    settle(&targets, copied, results, stopped_waiting, || {
+        not_copied(DataStatus::LocalRefused)
+    });
 }
 
 fn cut(view: &[u8], piece: usize) -> Vec<&[u8]> {

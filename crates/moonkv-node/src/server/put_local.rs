@@ -13,7 +13,9 @@
 //! never ended.
 
 use super::same_host::{copy_local, copy_split, pieces_mut, ranges_between, LOCAL_STEP};
-use super::whole::{answer_items, in_lock_order, per_key, Copies, Looks, Target, MAX_KEYS};
+use super::whole::{
+    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Looks, Target, MAX_KEYS,
+};
 use super::{respond, Conn, MasterRoute, Served};
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
@@ -274,13 +276,7 @@ async fn copy_keys(
     pool_ids: &crate::same_host::PoolIds,
     results: &mut [Result<(), Error>],
 ) {
-    if targets.is_empty() {
-        return;
-    }
-    if !peer.waiting(plan.deadline_ns) {
-        for t in &targets {
-            results[t.key] = Err(stopped_waiting());
-        }
+    if targets.is_empty() || !caller_waits(peer, plan, &targets, results, stopped_waiting) {
         return;
     }
     in_lock_order(&mut targets);
@@ -297,19 +293,13 @@ async fn copy_keys(
         let len = view.len();
         copies.add(plan, t.key, t.at, &mut view[..], cut_mut, len);
     }
-    let (whole, gave_up) = copies.run(peer, plan, |dst: Piece<'_>, ranges| {
+    let copied = copies.run(peer, plan, |dst: Piece<'_>, ranges| {
         peer.read_from_seen(dst.0, ranges, stream, pool_ids)
     });
     drop(views);
-    for t in &targets {
-        if results[t.key].is_ok() && !whole[t.key] {
-            results[t.key] = Err(if gave_up {
-                stopped_waiting()
-            } else {
-                not_copied(DataStatus::LocalRefused)
-            });
-        }
-    }
+    settle(&targets, copied, results, stopped_waiting, || {
+        not_copied(DataStatus::LocalRefused)
+    });
 }
 
 /// A piece of the node's side of a put.

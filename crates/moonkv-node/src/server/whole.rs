@@ -1,12 +1,12 @@
 //! What PUT_LOCAL and GET_LOCAL (requests the node serves whole) share: the key limit, the
-//! master's batch answers as one result per key, the answer to the caller, and looking at the
-//! caller once per step of copying across all the keys of one request.
+//! master's batch answers as one result per key, the answer to the caller, looking at the
+//! caller once per step of copying across all the keys of one request, and copying those keys
+//! together ([`Copies`]).
 
 use super::same_host::{ranges_between, LOCAL_STEP};
 use super::Conn;
 use crate::segment::SegmentMemory;
-use moonkv_dataplane::header::LocalPlan;
-use moonkv_dataplane::header::{DataStatus, RequestHeader, ResponseHeader};
+use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
 use moonkv_proto::{Error, ErrorCode, ItemResult};
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -97,6 +97,40 @@ pub(super) struct Target {
 /// requests never wait on each other's ranges.
 pub(super) fn in_lock_order(targets: &mut [Target]) {
     targets.sort_by_key(|t| (Arc::as_ptr(&t.segment), t.address));
+}
+
+/// Before [`Copies`] locks anything: whether the caller still waits. If it does not, every
+/// key of `targets` gets `stopped()` in `results`.
+pub(super) fn caller_waits<T>(
+    peer: &crate::same_host::Peer,
+    plan: &LocalPlan,
+    targets: &[Target],
+    results: &mut [Result<T, Error>],
+    stopped: impl Fn() -> Error,
+) -> bool {
+    if peer.waiting(plan.deadline_ns) {
+        return true;
+    }
+    for t in targets {
+        results[t.key] = Err(stopped());
+    }
+    false
+}
+
+/// After [`Copies::run`]: a key of `targets` not copied whole gets `stopped()` in `results` if
+/// the caller gave up, `failed()` otherwise (unless it already has an error).
+pub(super) fn settle<T>(
+    targets: &[Target],
+    (whole, gave_up): (Vec<bool>, bool),
+    results: &mut [Result<T, Error>],
+    stopped: impl Fn() -> Error,
+    failed: impl Fn() -> Error,
+) {
+    for t in targets {
+        if results[t.key].is_ok() && !whole[t.key] {
+            results[t.key] = Err(if gave_up { stopped() } else { failed() });
+        }
+    }
 }
 
 /// Keys up to this long are copied whole by one thread; longer ones are cut in pieces.
