@@ -255,9 +255,8 @@ async fn memory_of_a_cancelled_same_host_call_is_never_touched_after_the_call_is
 }
 
 /// As above for a standalone store, whose node takes its puts and gets whole (PUT_LOCAL,
-/// GET_LOCAL): objects of 3 MiB (one step; two of them in one batch get, shared with the
-/// node's copy helper), and objects of 16 MiB (pieces shared with the helper, each looking at
-/// the caller first).
+/// GET_LOCAL): objects of 3 MiB (two of them in one batch get) and of 16 MiB, cut in pieces
+/// shared with the node's copy helper, the caller looked at once per 4 MiB copied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_of_a_cancelled_call_through_the_node_is_never_touched_after_the_call_is_dropped() {
     let m = MOONKV.master(&[]);

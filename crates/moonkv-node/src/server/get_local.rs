@@ -12,13 +12,11 @@
 //! not ready) is that key's answer. The copy follows the rules of READ_LOCAL: nothing after
 //! the caller's deadline, nothing once the caller is gone or gave up.
 
-use super::same_host::{copy_local, copy_split, pieces, ranges_between, LOCAL_STEP};
 use super::whole::{
-    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Looks, Target, MAX_KEYS,
+    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Target, MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
-use moonkv_dataplane::same_host::SPLIT_COPY_BYTES;
 use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
 use moonkv_proto::types::GetReplicaListResponse;
 use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaKind, ReplicaStatus};
@@ -88,9 +86,8 @@ async fn get(
     });
     let lists = per_key::<GetReplicaListResponse>(master.call(request).await, n);
     let mut results: Vec<Result<u64, Error>> = Vec::with_capacity(n);
-    // Keys up to one step long are copied together (`copy_keys`); longer ones one by one.
-    let mut short: Vec<Target> = Vec::new();
-    let mut long: Vec<(usize, u64)> = Vec::new();
+    // The replica of every key read here, copied together (`copy_keys`).
+    let mut targets: Vec<Target> = Vec::new();
     // The replica each key is read from, with its lease.
     let mut chosen: Vec<Option<(ReplicaDescriptor, u64)>> = Vec::with_capacity(n);
     let mut offset = 0u64;
@@ -113,34 +110,23 @@ async fn get(
             results.push(Err(elsewhere("the buffer is too small")));
             continue;
         }
-        results.push(Ok(replica.size));
-        match served.segment(replica.segment_id) {
-            Some(segment) if replica.size as usize <= LOCAL_STEP => short.push(Target {
-                key: i,
-                segment,
-                address: replica.address,
-                at,
-                size: replica.size,
-            }),
-            _ => long.push((i, at)),
-        }
-        chosen[i] = Some((replica.clone(), list.lease_ttl_ms));
-    }
-    let pool_ids = crate::same_host::PoolIds::default();
-    copy_keys(peer, plan, short, &pool_ids, &mut results).await;
-    let mut looks = Looks::new();
-    for (i, at) in long {
-        let Some((replica, _)) = &chosen[i] else {
+        let Some(segment) = served.segment(replica.segment_id) else {
+            results.push(Err(elsewhere(
+                "the replica's segment is no longer mounted here",
+            )));
             continue;
         };
-        if !looks.still_waiting(peer, plan.deadline_ns, replica.size as usize) {
-            results[i] = Err(stopped_waiting());
-            continue;
-        }
-        if let Err(e) = read_key(served, peer, plan, replica, at).await {
-            results[i] = Err(e);
-        }
+        results.push(Ok(replica.size));
+        targets.push(Target {
+            key: i,
+            segment,
+            address: replica.address,
+            at,
+            size: replica.size,
+        });
+        chosen[i] = Some((replica.clone(), list.lease_ttl_ms));
     }
+    copy_keys(peer, plan, targets, &mut results).await;
     // Keys read, with the replica read and their lease.
     let read: Vec<(usize, ReplicaDescriptor, u64)> = chosen
         .into_iter()
@@ -200,14 +186,12 @@ fn not_copied(status: DataStatus) -> Error {
     )
 }
 
-/// Copies the keys of one request that are up to one step long, all together ([`Copies`]),
-/// their ranges locked in address order first. A key whose copy failed, or was not made, gets
-/// its error in `results`.
+/// Copies the keys of one request all together ([`Copies`]), their ranges locked in address
+/// order first. A key whose copy failed, or was not made, gets its error in `results`.
 async fn copy_keys(
     peer: &crate::same_host::Peer,
     plan: &LocalPlan,
     mut targets: Vec<Target>,
-    pool_ids: &crate::same_host::PoolIds,
     results: &mut [Result<u64, Error>],
 ) {
     if targets.is_empty() || !caller_waits(peer, plan, &targets, results, stopped_waiting) {
@@ -225,8 +209,9 @@ async fn copy_keys(
     for (t, view) in &views {
         copies.add(plan, t.key, t.at, &view[..], cut, view.len());
     }
+    let pool_ids = crate::same_host::PoolIds::default();
     let copied = copies.run(peer, plan, |src: &[u8], ranges| {
-        peer.write_to_seen(src, ranges, pool_ids)
+        peer.write_to_seen(src, ranges, &pool_ids)
     });
     drop(views);
     settle(&targets, copied, results, stopped_waiting, || {
@@ -249,44 +234,4 @@ fn readable_here<'r>(
             && r.kind == ReplicaKind::Memory
             && served.segment(r.segment_id).is_some()
     })
-}
-
-/// Copies one replica's bytes into the caller's buffer that starts at `at` in the plan's
-/// ranges laid end to end.
-async fn read_key(
-    served: &Served,
-    peer: &crate::same_host::Peer,
-    plan: &LocalPlan,
-    replica: &ReplicaDescriptor,
-    at: u64,
-) -> Result<(), Error> {
-    let Some(segment) = served.segment(replica.segment_id) else {
-        return Err(elsewhere("the replica's segment is no longer mounted here"));
-    };
-    let size = replica.size;
-    let sub = LocalPlan {
-        deadline_ns: plan.deadline_ns,
-        ranges: ranges_between(&plan.ranges, at, size),
-        flags: plan.flags,
-    };
-    let copied = match segment.read_view(replica.address, size).await {
-        // Large: two threads, a look at the caller before each piece.
-        Ok(view) if view.len() >= SPLIT_COPY_BYTES => {
-            copy_split(peer, &sub, pieces(&view[..]), |piece, ranges| {
-                peer.write_to(piece, ranges)
-            })
-        }
-        Ok(view) => {
-            copy_local(
-                peer,
-                &sub,
-                view.len(),
-                crate::failpoints::READ_MID_PAYLOAD,
-                |from, to, ranges| peer.write_to(&view[from..to], ranges),
-            )
-            .await
-        }
-        Err(status) => Err(status),
-    };
-    copied.map_err(not_copied)
 }

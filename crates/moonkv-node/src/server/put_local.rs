@@ -12,14 +12,12 @@
 //! deadline, nothing once the caller is gone or gave up; a key not wholly copied is revoked,
 //! never ended.
 
-use super::same_host::{copy_local, copy_split, pieces_mut, ranges_between, LOCAL_STEP};
 use super::whole::{
-    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Looks, Target, MAX_KEYS,
+    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Target, MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
-use moonkv_dataplane::same_host::SPLIT_COPY_BYTES;
 use moonkv_proto::msg::{
     BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, Request, RevokeItem,
 };
@@ -89,9 +87,8 @@ async fn put(
     // Each key's outcome, and the replica ids of the keys the master started (to end or revoke).
     let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
     let mut ids: Vec<Option<Vec<ReplicaId>>> = Vec::with_capacity(n);
-    // Keys up to one step long are copied together (`copy_keys`); longer ones one by one.
-    let mut short: Vec<Target> = Vec::new();
-    let mut long: Vec<(usize, Vec<ReplicaDescriptor>, u64)> = Vec::new();
+    // Every replica of every key the master started here, copied together (`copy_keys`).
+    let mut targets: Vec<Target> = Vec::new();
     let mut offset = 0u64;
     for (i, outcome) in started.into_iter().enumerate() {
         let size = sizes[i];
@@ -106,15 +103,10 @@ async fn put(
             }
         };
         ids.push(Some(replicas.iter().map(|r| r.id).collect()));
-        if size as usize > LOCAL_STEP {
-            results.push(Ok(()));
-            long.push((i, replicas, at));
-            continue;
-        }
         match placed_here(served, &replicas, size) {
             Ok(places) => {
                 results.push(Ok(()));
-                short.extend(places.into_iter().map(|(segment, address)| Target {
+                targets.extend(places.into_iter().map(|(segment, address)| Target {
                     key: i,
                     segment,
                     address,
@@ -125,18 +117,7 @@ async fn put(
             Err(e) => results.push(Err(e)),
         }
     }
-    let pool_ids = crate::same_host::PoolIds::default();
-    copy_keys(peer, plan, short, &pool_ids, &mut results).await;
-    let mut looks = Looks::new();
-    for (i, replicas, at) in long {
-        let size = sizes[i];
-        let bytes = size as usize * replicas.len();
-        if !looks.still_waiting(peer, plan.deadline_ns, bytes) {
-            results[i] = Err(stopped_waiting());
-            continue;
-        }
-        results[i] = write_key(served, peer, plan, &replicas, at, size, &pool_ids).await;
-    }
+    copy_keys(peer, plan, targets, &mut results).await;
     let mut ended: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
     let mut revoked: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
     for (i, ids) in ids.into_iter().enumerate() {
@@ -266,14 +247,13 @@ fn placed_here(
         .collect()
 }
 
-/// Copies the keys of one request that are up to one step long, all together ([`Copies`]),
-/// their ranges locked in address order first. A key any of whose copies failed, or was not
-/// made, gets its error in `results`.
+/// Copies the keys of one request all together ([`Copies`]), their ranges locked in address
+/// order first. A key any of whose copies failed, or was not made, gets its error in
+/// `results`.
 async fn copy_keys(
     peer: &crate::same_host::Peer,
     plan: &LocalPlan,
     mut targets: Vec<Target>,
-    pool_ids: &crate::same_host::PoolIds,
     results: &mut [Result<(), Error>],
 ) {
     if targets.is_empty() || !caller_waits(peer, plan, &targets, results, stopped_waiting) {
@@ -293,8 +273,10 @@ async fn copy_keys(
         let len = view.len();
         copies.add(plan, t.key, t.at, &mut view[..], cut_mut, len);
     }
+    // The caller's pool ids, read once for all the keys of this request.
+    let pool_ids = crate::same_host::PoolIds::default();
     let copied = copies.run(peer, plan, |dst: Piece<'_>, ranges| {
-        peer.read_from_seen(dst.0, ranges, stream, pool_ids)
+        peer.read_from_seen(dst.0, ranges, stream, &pool_ids)
     });
     drop(views);
     settle(&targets, copied, results, stopped_waiting, || {
@@ -313,48 +295,4 @@ impl AsRef<[u8]> for Piece<'_> {
 
 fn cut_mut(view: &mut [u8], piece: usize) -> Vec<Piece<'_>> {
     view.chunks_mut(piece).map(Piece).collect()
-}
-
-/// Copies one key longer than a step (at `at` in the plan's ranges laid end to end) into each
-/// of its replicas, all of which must be memory replicas in this node's segments.
-async fn write_key(
-    served: &Served,
-    peer: &crate::same_host::Peer,
-    plan: &LocalPlan,
-    replicas: &[ReplicaDescriptor],
-    at: u64,
-    size: u64,
-    pool_ids: &crate::same_host::PoolIds,
-) -> Result<(), Error> {
-    let segments = placed_here(served, replicas, size)?;
-    let sub = LocalPlan {
-        deadline_ns: plan.deadline_ns,
-        ranges: ranges_between(&plan.ranges, at, size),
-        flags: plan.flags,
-    };
-    let stream = plan.flags & LocalPlan::LONG_CALL != 0;
-    for (segment, address) in segments {
-        let copied = match segment.write_view(address, size).await {
-            // Large: two threads, a look at the caller before each piece.
-            Ok(mut view) if view.len() >= SPLIT_COPY_BYTES => {
-                copy_split(peer, &sub, pieces_mut(&mut view[..]), |piece, ranges| {
-                    peer.read_from_seen(piece, ranges, stream, pool_ids)
-                })
-            }
-            Ok(mut view) => {
-                let len = view.len();
-                copy_local(
-                    peer,
-                    &sub,
-                    len,
-                    crate::failpoints::WRITE_MID_PAYLOAD,
-                    |from, to, ranges| peer.read_from(&mut view[from..to], ranges, stream),
-                )
-                .await
-            }
-            Err(status) => Err(status),
-        };
-        copied.map_err(not_copied)?;
-    }
-    Ok(())
 }

@@ -128,51 +128,6 @@ pub(super) async fn copy_local(
     Ok(())
 }
 
-/// One large object's copy (at least [`SPLIT_COPY_BYTES`]) on this thread and the process's
-/// copy helper ([`crate::copy_helper`]): `pieces` are the node's side of the object cut up,
-/// each with its offset in the object, and each thread takes the next piece not yet taken;
-/// `step(piece, caller ranges)` copies one. Each piece is a step that looks at the caller
-/// first, as in [`copy_local`]. Blocks the calling thread until the helper is out of the copy.
-///
-/// [`SPLIT_COPY_BYTES`]: moonkv_dataplane::same_host::SPLIT_COPY_BYTES
-pub(super) fn copy_split<P: Send>(
-    peer: &crate::same_host::Peer,
-    plan: &LocalPlan,
-    pieces: Vec<(usize, usize, P)>,
-    step: impl Fn(P, &[(u64, u64)]) -> io::Result<()> + Sync,
-) -> Result<(), DataStatus> {
-    let done = crate::copy_helper::split(pieces, true, |(at, len, piece)| {
-        if !peer.waiting(plan.deadline_ns) {
-            return Err(io::Error::other("the caller stopped waiting"));
-        }
-        crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
-        let ranges = ranges_between(&plan.ranges, at as u64, len as u64);
-        step(piece, &ranges)
-    });
-    done.map_err(|e| {
-        tracing::debug!(error = %e, "same-host copy failed");
-        DataStatus::LocalRefused
-    })
-}
-
-/// `dst` cut in [`crate::copy_helper::piece_len`] pieces for [`copy_split`].
-pub(super) fn pieces_mut(dst: &mut [u8]) -> Vec<(usize, usize, &mut [u8])> {
-    let piece = crate::copy_helper::piece_len(dst.len());
-    dst.chunks_mut(piece)
-        .enumerate()
-        .map(|(i, p)| (i * piece, p.len(), p))
-        .collect()
-}
-
-/// `src` cut in [`crate::copy_helper::piece_len`] pieces for [`copy_split`].
-pub(super) fn pieces(src: &[u8]) -> Vec<(usize, usize, &[u8])> {
-    let piece = crate::copy_helper::piece_len(src.len());
-    src.chunks(piece)
-        .enumerate()
-        .map(|(i, p)| (i * piece, p.len(), p))
-        .collect()
-}
-
 /// The part of `ranges` (laid end to end) covering bytes `[from, from + len)`.
 pub(super) fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
     let (end, mut pos) = (from + len, 0u64);

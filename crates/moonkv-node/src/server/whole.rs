@@ -1,7 +1,6 @@
 //! What PUT_LOCAL and GET_LOCAL (requests the node serves whole) share: the key limit, the
-//! master's batch answers as one result per key, the answer to the caller, looking at the
-//! caller once per step of copying across all the keys of one request, and copying those keys
-//! together ([`Copies`]).
+//! master's batch answers as one result per key, the answer to the caller, and copying all the
+//! keys of one request together, looking at the caller once per step ([`Copies`]).
 
 use super::same_host::{ranges_between, LOCAL_STEP};
 use super::Conn;
@@ -52,38 +51,7 @@ pub(super) async fn answer_items<T: serde::Serialize>(
     stream.write_all(&answer).await.map(|()| ok)
 }
 
-/// Looks at the caller (deadline, process, connection) once per [`LOCAL_STEP`] copied for one
-/// request, not once per key, so a batch of small keys costs no more system calls than one
-/// object of its size.
-pub(super) struct Looks(usize);
-
-impl Looks {
-    /// The first copy looks first.
-    pub(super) fn new() -> Looks {
-        Looks(usize::MAX)
-    }
-
-    /// Before copying `bytes` more: whether the caller still waits for them (the caller is
-    /// looked at only once a step's worth was copied since the last look).
-    pub(super) fn still_waiting(
-        &mut self,
-        peer: &crate::same_host::Peer,
-        deadline_ns: u64,
-        bytes: usize,
-    ) -> bool {
-        if self.0 >= LOCAL_STEP {
-            if !peer.waiting(deadline_ns) {
-                return false;
-            }
-            self.0 = 0;
-        }
-        self.0 = self.0.saturating_add(bytes);
-        true
-    }
-}
-
-/// One replica of a key up to one step long, copied with the request's other such keys
-/// ([`Copies`]).
+/// One replica of a key, copied with the request's other keys ([`Copies`]).
 pub(super) struct Target {
     pub(super) key: usize,
     pub(super) segment: Arc<SegmentMemory>,
@@ -142,10 +110,11 @@ type Item<P> = (usize, P, Vec<(u64, u64)>);
 /// Items are shared with the copy helper only when they average at least this many bytes.
 const SHARED_ITEM_MIN: u64 = 32 << 10;
 
-/// The copies of one request's keys up to one step long, all together: shared between the
-/// request's thread and the copy helper ([`crate::copy_helper`]), the caller looked at once per
-/// [`LOCAL_STEP`] copied. Each item is a key (or a piece of one) with the caller's ranges for
-/// it; a key is copied when all its items are.
+/// The copies of one request's keys, all together: shared between the request's thread and
+/// the copy helper ([`crate::copy_helper`]), the caller looked at once per [`LOCAL_STEP`]
+/// copied (so a batch of small keys costs no more system calls than one object of its size).
+/// Each item is a key (or a piece of one) with the caller's ranges for it; a key is copied when
+/// all its items are.
 pub(super) struct Copies<P> {
     items: Vec<Item<P>>,
     wanted: Vec<usize>,
