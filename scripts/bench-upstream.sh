@@ -31,7 +31,10 @@
 #   TARGET_SHM=1.5  the mk-standalone ÷ up-shm ratio each cell is held to in the results
 # Every round ends with `moonkv bench memcpy` (one thread's copy rate at 1, 4, 16 and 64 MiB);
 # the same-host table shows each GB/s cell as a fraction of it (a batch of 32 × 128 KiB against
-# the 4 MiB copy: the bytes of one call).
+# the 4 MiB copy: the bytes of one call). It also runs `moonkv bench tcp`, the loopback floor of
+# one call (its bytes one way over loopback TCP, a 16-byte answer back, 1 and 4 connections);
+# the socket column shows each cell as a fraction of the floor for the bytes and keys of its
+# calls (a 128 × 4 KiB batch: 512 KiB per call; an existence check: a bare round trip).
 #   PREFAULT=1      start moonkv's node with --prefault (its segment committed at start; on this
 #                   VM that takes about 9 s per GiB, and the node's readiness wait must allow it)
 #
@@ -228,6 +231,10 @@ for ((r = 1; r <= RUNS; r++)); do
     log "round $r  memcpy probe"
     "$MOONKV_BIN" bench memcpy --sizes 1MiB,4MiB,16MiB,64MiB --json >"$OUT/raw/memcpy.$r.json" 2>/dev/null ||
         log "  memcpy probe failed"
+    # the loopback TCP floor of one call of each size: the ceiling of the socket cells
+    log "round $r  loopback probe"
+    "$MOONKV_BIN" bench tcp --sizes 0,4KiB,512KiB,1MiB,4MiB,16MiB,64MiB --clients 1,4 --json \
+        >"$OUT/raw/tcp.$r.json" 2>/dev/null || log "  loopback probe failed"
 done
 log "python cells done in $(($(date +%s) - T0)) s"
 
@@ -337,18 +344,56 @@ for path in glob.glob(os.path.join(out, "raw", "memcpy.*.json")):
             copies.setdefault(d["size"], []).append(d["gb_per_s"])
 MEMCPY = {size: statistics.median(v) for size, v in copies.items()}
 
-def of_memcpy(cell, size, gbps, unit):
+# the loopback probe of every round (`moonkv bench tcp --json`): (size, clients) -> medians
+floors = {}
+for path in glob.glob(os.path.join(out, "raw", "tcp.*.json")):
+    for line in open(path):
+        if line.startswith("{"):
+            d = json.loads(line)
+            floors.setdefault((d["size"], d["clients"]), []).append(d)
+LOOPBACK = {k: (statistics.median(d["gb_per_s"] for d in v), statistics.median(d["calls_per_s"] for d in v))
+            for k, v in floors.items()}
+
+def call_shape(cell, op, size):
+    # (bytes one way, keys, client threads) of one call of a cell
+    keys = {"batch4k": 128, "batch128k": 32}.get(cell, 1)
+    clients = 4 if cell == "dp4" else 1
+    if "exist" in op:
+        return 0, keys, clients
+    return size * keys, keys, clients
+
+def of_loopback(cell, op, size, value, unit):
+    # a socket cell as a fraction of the loopback floor of calls of its shape
+    if value is None:
+        return None
+    nbytes, keys, clients = call_shape(cell, op, size)
+    floor = LOOPBACK.get((nbytes, clients))
+    if not floor:
+        return None
+    gb, calls = floor
+    limit = gb if unit == "GB/s" else calls * keys
+    return value / limit if limit else None
+
+def pct(f):
+    return "–" if f is None else f"{100 * f:.0f}%"
+
+def of_memcpy_f(cell, size, gbps, unit):
     # a same-host GB/s cell as a fraction of one thread's memcpy of the bytes of one call
     if unit != "GB/s" or gbps is None:
-        return "–"
+        return None
     call = size * 32 if cell == "batch128k" else size
     m = MEMCPY.get(call)
-    return f"{100 * gbps / m:.0f}%" if m else "–"
+    return gbps / m if m else None
+
+def of_memcpy(cell, size, gbps, unit):
+    return pct(of_memcpy_f(cell, size, gbps, unit))
 
 def has(per, *systems):
     return all(per.get(s) for s in systems)
 
 summary = []   # (cell, op, size, ratio) of mk-standalone ÷ up-shm
+summary28 = [] # (cell, op, size, over issue 28's same-host line: ≥2× up-shm or ≥85% of memcpy)
+socket28 = []  # (cell, op, size, socket ÷ TCP, socket ÷ loopback, over issue 28's socket line)
 order = ["batch4k", "batch128k", "dp1", "dp4", "small"]
 for cell in order:
     keys = sorted(k for k in rows if k[0] == cell)
@@ -363,8 +408,8 @@ for cell in order:
               f" (same-host copies) ÷ up-shm, and socket (MOONKV_SAME_HOST=0) ÷ upstream over TCP.\n")
         print("| op | size | mk-standalone | up-shm | unit | **× up-shm** (medians) | × per round, min–max "
               "| mk-standalone p50 µs | up-shm p50 µs | errors st/shm | "
-              f"≥{TARGET_SHM:g}× | mk-standalone ÷ memcpy | up-shm ÷ memcpy | moonkv | moonkv ÷ up-shm | socket | upstream TCP | socket ÷ TCP |")
-        print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|")
+              f"≥{TARGET_SHM:g}× | mk-standalone ÷ memcpy | up-shm ÷ memcpy | moonkv | moonkv ÷ up-shm | socket | upstream TCP | socket ÷ TCP | socket ÷ loopback |")
+        print("|---|--:|--:|--:|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|")
         for k in keys:
             _, op, size, clients = k
             unit = TARGET.get((cell, op), ("keys/s",))[0]
@@ -374,6 +419,11 @@ for cell in order:
             r = ratio(m("mk-standalone"), m("up-shm"))
             if r is not None:
                 summary.append((cell, op, size, r))
+                summary28.append((cell, op, size, r >= 2.0 or (of_memcpy_f(cell, size, m("mk-standalone"), unit) or 0) >= 0.85))
+            sock = ratio(m("socket"), m("upstream"))
+            floor = of_loopback(cell, op, size, m("socket"), unit)
+            if sock is not None:
+                socket28.append((cell, op, size, sock, floor, sock >= 2.0 or (floor or 0) >= 0.85))
             verdict = "–" if r is None else ("met" if r >= TARGET_SHM else "**missed**")
             print(f"| {op} | {size_label(size)} | {fmt(m('mk-standalone'), unit)} | {fmt(m('up-shm'), unit)} | {unit} | "
                   f"**{xs(r)}** | {per_round(st, shm, unit)} | "
@@ -381,7 +431,8 @@ for cell in order:
                   f"{errors(st)}/{errors(shm)} | {verdict} | "
                   f"{of_memcpy(cell, size, m('mk-standalone'), unit)} | {of_memcpy(cell, size, m('up-shm'), unit)} | "
                   f"{fmt(m('moonkv'), unit)} | {xs(ratio(m('moonkv'), m('up-shm')))} | "
-                  f"{fmt(m('socket'), unit)} | {fmt(m('upstream'), unit)} | {xs(ratio(m('socket'), m('upstream')))} |")
+                  f"{fmt(m('socket'), unit)} | {fmt(m('upstream'), unit)} | {xs(ratio(m('socket'), m('upstream')))} | "
+                  f"{pct(of_loopback(cell, op, size, m('socket'), unit))} |")
         print()
 
     if any(has(rows[k], "moonkv", "upstream") for k in keys):
@@ -427,6 +478,18 @@ if summary:
     missed = [x for x in summary if x[3] < TARGET_SHM]
     if missed:
         print("Under it: " + ", ".join(f"{c} {op} {size_label(sz)} {r:.2f}×" for c, op, sz, r in missed) + ".")
+if LOOPBACK:
+    print("\nloopback probe (`moonkv bench tcp`, bytes per call one way, a 16-byte answer back), median of the rounds: "
+          + ", ".join(f"{size_label(k[0]) if k[0] else 'round trip'} × {k[1]} {v[0]:.2f} GB/s {v[1]:,.0f} calls/s"
+                      for k, v in sorted(LOOPBACK.items(), key=lambda kv: (kv[0][1], kv[0][0]))) + ".")
+if summary28:
+    under = [x for x in summary28 if not x[3]]
+    print(f"\nIssue 28, same host (≥2× up-shm, or ≥85% of memcpy): {len(summary28) - len(under)} of {len(summary28)} cells."
+          + (" Under it: " + ", ".join(f"{c} {op} {size_label(sz)}" for c, op, sz, _ in under) + "." if under else ""))
+if socket28:
+    under = [x for x in socket28 if not x[5]]
+    print(f"Issue 28, socket (≥2× upstream TCP, or ≥85% of the loopback probe): {len(socket28) - len(under)} of {len(socket28)} cells."
+          + (" Under it: " + ", ".join(f"{c} {op} {size_label(sz)} {r:.2f}× / {pct(f)}" for c, op, sz, r, f, _ in under) + "." if under else ""))
 if failed:
     print("\nInvocations that exited non-zero:\n")
     for cell, system, rnd, rc, last in failed:

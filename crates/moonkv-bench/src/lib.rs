@@ -5,7 +5,8 @@
 //! - [`events`]: event stream rate and the master's rate with events on vs off (`bench events`);
 //!   `stream` paces a publisher → subscriber run at a fixed offered rate.
 //! - `echo`: the loopback round-trip floor of the machine (`bench echo`); `memcpy`: its
-//!   single-thread copy rate, the ceiling of same-host copies (`bench memcpy`).
+//!   single-thread copy rate, the ceiling of same-host copies (`bench memcpy`); `tcp_calls`:
+//!   the loopback TCP floor of one call by size, the ceiling of socket cells (`bench tcp`).
 //! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
 //! - `readopt`: time for a restarted master to re-adopt N objects from a node (`bench readopt`).
@@ -38,6 +39,7 @@ mod store;
 mod stream;
 mod target;
 mod tcp;
+mod tcp_calls;
 
 use moonkv_client::master_client::blocking::Connection;
 use std::collections::hash_map::RandomState;
@@ -65,6 +67,8 @@ enum BenchCommand {
     Echo(echo::EchoBenchArgs),
     /// Copy rate of one thread by buffer size: the ceiling of same-host copies.
     Memcpy(memcpy::MemcpyBenchArgs),
+    /// Loopback TCP floor of one call by size: the bytes one way, a short answer back.
+    Tcp(tcp_calls::TcpBenchArgs),
     /// Data plane: put and get GB/s and latency by object size, next to Redis and raw TCP.
     Store(store::StoreBenchArgs),
     /// Restart re-adoption: time for a new master to get N objects back from a node.
@@ -88,6 +92,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Indexer(a) => indexer::run(a),
         BenchCommand::Echo(a) => echo::run(a),
         BenchCommand::Memcpy(a) => memcpy::run(a),
+        BenchCommand::Tcp(a) => tcp_calls::run(a),
         BenchCommand::Store(a) => store::run(a),
         BenchCommand::Readopt(a) => readopt::run(a),
         BenchCommand::Charts(a) => charts::run(a),

@@ -554,3 +554,114 @@ async fn malformed_or_unattached_gets_are_refused_and_write_nothing() {
     n.shutdown().await;
     m.shutdown().await;
 }
+
+/// The master in this process answers the node's calls as values (nothing encoded), gives
+/// each request back, and answers single Starts and scans as frames; an answer taken as
+/// another type than its operation's is an internal error, never a wrong value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_master_in_process_answers_values_and_gives_requests_back() {
+    use moonkv_proto::local::Answer;
+    use moonkv_proto::msg::{
+        BatchEndRequest, EndItem, KeysRequest, PutStartRequest, RegexRequest, Request,
+    };
+    use moonkv_proto::{GetReplicaListResponse, ItemResult, ReplicaDescriptor, ReplicaType};
+    let m = master().await;
+    let _n = node(&m, true).await;
+    let master = m.in_process();
+    let client_id = ClientId::random();
+    let keys = vec!["value-a".to_string(), "value-b".to_string()];
+
+    let start = Request::BatchPutStart(BatchPutStartRequest {
+        client_id,
+        tenant: String::new(),
+        keys: keys.clone(),
+        sizes: vec![4096, 8192],
+        config: ReplicateConfig::default(),
+    });
+    let (back, answer) = master.answer(start.clone()).await;
+    assert_eq!(back, start, "the request comes back as sent");
+    assert!(matches!(answer, Answer::Value(Ok(_))), "{answer:?}");
+    let started: Vec<ItemResult<Vec<ReplicaDescriptor>>> = answer.take().unwrap();
+    let ids: Vec<_> = started
+        .into_iter()
+        .map(|item| {
+            item.0
+                .expect("started")
+                .iter()
+                .map(|r| r.id)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(ids.iter().all(|ids| ids.len() == 1), "{ids:?}");
+
+    let end = Request::BatchPutEnd(BatchEndRequest {
+        client_id,
+        tenant: String::new(),
+        replica_type: ReplicaType::All,
+        items: keys
+            .iter()
+            .zip(&ids)
+            .map(|(key, ids)| EndItem {
+                key: key.clone(),
+                replica_ids: ids.clone(),
+                checksum: None,
+            })
+            .collect(),
+    });
+    let (_, answer) = master.answer(end).await;
+    let ended: Vec<ItemResult<()>> = answer.take().unwrap();
+    assert!(ended.iter().all(|item| item.0.is_ok()), "{ended:?}");
+
+    let lists = Request::BatchGetReplicaList(KeysRequest {
+        tenant: String::new(),
+        keys: vec![keys[1].clone(), "never-put".into(), keys[0].clone()],
+    });
+    let (back, answer) = master.answer(lists.clone()).await;
+    assert_eq!(back, lists);
+    let lists: Vec<ItemResult<GetReplicaListResponse>> = answer.take().unwrap();
+    assert_eq!(lists.len(), 3);
+    let read = |i: usize| lists[i].0.as_ref().expect("readable").replicas.clone();
+    assert_eq!(read(0).iter().map(|r| r.id).collect::<Vec<_>>(), ids[1]);
+    assert_eq!(read(0)[0].size, 8192);
+    assert_eq!(read(2).iter().map(|r| r.id).collect::<Vec<_>>(), ids[0]);
+    assert_eq!(
+        lists[1].0.as_ref().unwrap_err().code,
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+
+    // Taken as another type: an internal error naming the type, not a value.
+    let (_, answer) = master
+        .answer(Request::BatchGetReplicaList(KeysRequest {
+            tenant: String::new(),
+            keys: keys.clone(),
+        }))
+        .await;
+    let e = answer.take::<Vec<ItemResult<bool>>>().unwrap_err();
+    assert_eq!(e.code, ErrorCode::INTERNAL_ERROR, "{e}");
+
+    // A single Start (it may be held for space) comes as a frame, and decodes.
+    let single = Request::PutStart(PutStartRequest {
+        client_id,
+        tenant: String::new(),
+        key: "value-c".into(),
+        size: 4096,
+        config: ReplicateConfig::default(),
+    });
+    let (back, answer) = master.answer(single.clone()).await;
+    assert_eq!(back, single);
+    assert!(matches!(answer, Answer::Frame(_)), "{answer:?}");
+    let replicas: Vec<ReplicaDescriptor> = answer.take().unwrap();
+    assert_eq!(replicas.len(), 1);
+
+    // A scan is not answered in process.
+    let (_, answer) = master
+        .answer(Request::GetReplicaListByRegex(RegexRequest {
+            tenant: String::new(),
+            regex: "value-.*".into(),
+        }))
+        .await;
+    let e = answer
+        .take::<Vec<(String, Vec<ReplicaDescriptor>)>>()
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NOT_SUPPORTED, "{e}");
+}

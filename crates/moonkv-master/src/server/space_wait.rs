@@ -118,7 +118,7 @@ async fn retry(
 }
 
 /// Waits until the deletions numbered up to `seq` are done, or the engine's bound passes.
-async fn wait_for_deletions(engine: &Engine, seq: u64) {
+pub(super) async fn wait_for_deletions(engine: &Engine, seq: u64) {
     if engine.deletion_seq() <= seq && engine.deletions_done_through(seq) {
         return;
     }

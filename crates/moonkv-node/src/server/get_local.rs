@@ -19,7 +19,9 @@ use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
 use moonkv_proto::types::GetReplicaListResponse;
-use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaKind, ReplicaStatus};
+use moonkv_proto::{
+    Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaStatus,
+};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -89,7 +91,7 @@ async fn get(
     // The replica of every key read here, copied together (`copy_keys`).
     let mut targets: Vec<Target> = Vec::new();
     // The replica each key is read from, with its lease.
-    let mut chosen: Vec<Option<(ReplicaDescriptor, u64)>> = Vec::with_capacity(n);
+    let mut chosen: Vec<Option<(ReplicaId, u64)>> = Vec::with_capacity(n);
     let mut offset = 0u64;
     for (i, list) in lists.into_iter().enumerate() {
         let at = offset;
@@ -124,41 +126,41 @@ async fn get(
             at,
             size: replica.size,
         });
-        chosen[i] = Some((replica.clone(), list.lease_ttl_ms));
+        chosen[i] = Some((replica.id, list.lease_ttl_ms));
     }
     copy_keys(peer, plan, targets, &mut results).await;
-    // Keys read, with the replica read and their lease.
-    let read: Vec<(usize, ReplicaDescriptor, u64)> = chosen
+    // Reads whose lease ran out while this node copied: still current only if the master
+    // says the replica read is.
+    let leased_for = started.elapsed();
+    let expired: Vec<(usize, ReplicaId)> = chosen
         .into_iter()
         .enumerate()
         .filter(|(i, _)| results[*i].is_ok())
-        .filter_map(|(i, chosen)| chosen.map(|(replica, lease)| (i, replica, lease)))
-        .collect();
-    // Reads whose lease ran out while this node copied: still current only if the master
-    // says the replica read is.
-    let expired: Vec<&(usize, ReplicaDescriptor, u64)> = read
-        .iter()
-        .filter(|(_, _, lease_ms)| started.elapsed() >= Duration::from_millis(*lease_ms))
+        .filter_map(|(i, chosen)| {
+            chosen
+                .filter(|(_, lease_ms)| leased_for >= Duration::from_millis(*lease_ms))
+                .map(|(id, _)| (i, id))
+        })
         .collect();
     if !expired.is_empty() {
         let request = Request::RevalidateReplicas(RevalidateRequest {
             tenant,
             items: expired
                 .iter()
-                .map(|(i, replica, _)| RevalidateItem {
+                .map(|(i, id)| RevalidateItem {
                     key: keys[*i].clone(),
-                    replica_ids: vec![replica.id],
+                    replica_ids: vec![*id],
                 })
                 .collect(),
         });
         let verdicts = per_key::<()>(master.call(request).await, expired.len());
-        for ((i, _, _), verdict) in expired.into_iter().zip(verdicts) {
+        for ((i, _), verdict) in expired.into_iter().zip(verdicts) {
             if let Err(e) = verdict {
-                results[*i] = Err(Error::new(
+                results[i] = Err(Error::new(
                     ErrorCode::LEASE_EXPIRED,
                     format!(
                         "the read lease of '{}' expired during the copy and the replica read is no longer current ({e})",
-                        keys[*i]
+                        keys[i]
                     ),
                 ));
             }

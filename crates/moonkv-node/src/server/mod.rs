@@ -109,7 +109,7 @@ pub(crate) struct MasterRoute {
 
 impl MasterRoute {
     /// Sends `request` to the master and decodes its answer, within the client's RPC timeout.
-    pub(crate) async fn call<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn call<T: serde::de::DeserializeOwned + 'static>(
         &self,
         request: moonkv_proto::msg::Request,
     ) -> moonkv_proto::Result<T> {
@@ -118,7 +118,7 @@ impl MasterRoute {
     }
 
     /// Sends `request` to the master and decodes its answer, within `timeout`.
-    pub(crate) async fn call_with_timeout<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn call_with_timeout<T: serde::de::DeserializeOwned + 'static>(
         &self,
         request: moonkv_proto::msg::Request,
         timeout: std::time::Duration,
@@ -127,7 +127,7 @@ impl MasterRoute {
             return self.client.call_with_timeout(request, timeout).await;
         };
         match tokio::time::timeout(timeout, master.answer(request)).await {
-            Ok(frame) => moonkv_proto::local::decode_answer(&frame),
+            Ok((_, answer)) => answer.take(),
             Err(_) => Err(moonkv_proto::Error::new(
                 moonkv_proto::ErrorCode::RPC_TIMEOUT,
                 format!("the master in this process did not answer within {timeout:?}"),
