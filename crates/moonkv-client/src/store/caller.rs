@@ -12,7 +12,8 @@
 //! that waits is the one that reads its answer. While it waits it first polls its sockets
 //! without sleeping for up to `spin` (each poll is one non-blocking `epoll_wait`), then sleeps
 //! in `epoll_wait` as usual; it also sleeps while its call waits for a long same-host copy
-//! (`QUIET_BYTES` or more), which the node makes with CPUs the polling would take. At most
+//! (`QUIET_BYTES` or more), which the node makes with CPUs the polling would take, or for a
+//! long socket transfer (`QUIET_SOCKET_BYTES` or more), which outlasts any poll. At most
 //! half the machine's CPUs (at least one) poll at once across
 //! the process, so spinning callers cannot starve the runtime's worker threads or an embedded
 //! node. Lanes are pooled: a call takes an idle lane (or opens one, up to `cap`), and returns it

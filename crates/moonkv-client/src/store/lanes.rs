@@ -20,6 +20,18 @@ use std::collections::HashMap;
 /// [`Transfer::quiet_write`]: super::transfer::Transfer::quiet_write
 pub(crate) const QUIET_BYTES: usize = 2 << 20;
 
+/// Socket bytes of one call from which its waiting caller stops polling while they move: a
+/// transfer of 1 MiB takes longer than a caller polls (it is ~280 µs on loopback on the
+/// machine of `docs/benchmarks.md`), so polling through it never catches the answer early,
+/// and on a small machine it takes a CPU from the node and the kernel that move the bytes.
+pub(crate) const QUIET_SOCKET_BYTES: usize = 1 << 20;
+
+/// Whether a call moving these bytes (copied by a node on this machine; through sockets)
+/// waits for them without polling.
+fn waits_quietly(same_host_bytes: usize, socket_bytes: usize) -> bool {
+    same_host_bytes >= QUIET_BYTES || socket_bytes >= QUIET_SOCKET_BYTES
+}
+
 /// What a job does with its bytes.
 pub(crate) enum JobIo<'a> {
     /// Bytes from the replica into this buffer.
@@ -157,11 +169,15 @@ impl Transfer {
             by_node.entry(job.endpoint).or_default().push(job);
         }
         let lanes = lanes.clamp(1, self.pool_cap());
-        let same_host_bytes: usize = by_node
-            .iter()
-            .filter(|(endpoint, _)| self.pool().same_host(endpoint))
-            .flat_map(|(_, jobs)| jobs.iter().map(Job::len))
-            .sum();
+        let (mut same_host_bytes, mut socket_bytes) = (0usize, 0usize);
+        for (endpoint, jobs) in &by_node {
+            let bytes: usize = jobs.iter().map(Job::len).sum();
+            if self.pool().same_host(endpoint) {
+                same_host_bytes += bytes;
+            } else {
+                socket_bytes += bytes;
+            }
+        }
         // Bytes that many rarely stay in a cache: the node writes them with streaming stores.
         let flags = if same_host_bytes >= LONG_CALL_BYTES {
             LocalPlan::LONG_CALL
@@ -183,8 +199,9 @@ impl Transfer {
             );
         }
         // A call whose same-host copies are long keeps its waiting thread off the CPUs the
-        // node copies with (see `CallerLane::block_on`).
-        let _quiet = (same_host_bytes >= QUIET_BYTES).then(|| self.quiet_wait());
+        // node copies with (see `CallerLane::block_on`); one whose socket transfers are long,
+        // off the CPUs the node and the kernel move its bytes with.
+        let _quiet = waits_quietly(same_host_bytes, socket_bytes).then(|| self.quiet_wait());
         let mut results: Vec<Result<()>> = (0..objects).map(|_| Ok(())).collect();
         for (object, outcome) in join_all(work).await.into_iter().flatten() {
             if let (Err(e), Ok(())) = (outcome, &results[object]) {
@@ -294,6 +311,19 @@ fn coalesce(mut jobs: Vec<Job<'_>>, limit: usize) -> Vec<Group<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_copies_and_long_socket_transfers_are_waited_for_quietly() {
+        assert!(!waits_quietly(0, 0));
+        assert!(!waits_quietly(QUIET_BYTES - 1, QUIET_SOCKET_BYTES - 1));
+        assert!(waits_quietly(QUIET_BYTES, 0));
+        assert!(waits_quietly(0, QUIET_SOCKET_BYTES));
+        // A 4 KiB get or a 128 × 4 KiB batch keeps polling; a 1 MiB get over a socket does not.
+        assert!(!waits_quietly(0, 128 * 4096));
+        assert!(waits_quietly(0, 1 << 20));
+        // Same-host copies of 1 MiB still poll: the node copies them faster than a poll lasts.
+        assert!(!waits_quietly(1 << 20, 0));
+    }
 
     fn job<'a>(
         object: usize,
