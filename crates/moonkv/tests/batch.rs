@@ -560,3 +560,58 @@ async fn multi_buffer_objects_round_trip_through_differently_split_buffers() {
     assert!(whole[0] == zero && whole[1] == objects[0]);
     assert!(whole[2] == replaced && whole[3] == objects[2]);
 }
+
+/// Socket reads of up to two requests' worth of bytes go as one request when nothing else of
+/// the process moves bytes, and split otherwise: both ways, every byte lands where its
+/// buffers say, alone and with three other readers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_reads_whole_or_split_fill_every_buffer() {
+    let m = MOONKV.master(&[]);
+    let rpc = m.field("rpc");
+    let _node = MOONKV.node(&rpc, "seg-w", "64MiB");
+    let s = store(&m, |c| {
+        c.same_host = false;
+        c.chunk_size = 512 << 10;
+    })
+    .await;
+    let cfg = ReplicateConfig::default();
+    let sizes = [700 << 10, 1 << 20, (1 << 20) + 1, 3 << 20];
+    let objects: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| payload(40 + i as u32, 1, n))
+        .collect();
+    let keys: Vec<String> = (0..sizes.len()).map(|i| format!("whole-{i}")).collect();
+    for (key, object) in keys.iter().zip(&objects) {
+        s.put(key, object, &cfg).await.unwrap();
+    }
+    let read = |s: Store, key: String, object: Vec<u8>| async move {
+        // Three buffers that cut the object off its request boundaries, and a spare one.
+        let n = object.len();
+        let cuts = [n / 3 + 7, n / 3, n - (n / 3 + 7) - n / 3];
+        let mut bufs: Vec<Vec<u8>> = cuts.iter().map(|&c| vec![0u8; c]).collect();
+        bufs.push(vec![0xee; 16]);
+        let mut parts = vec![bufs.iter_mut().map(|b| &mut b[..]).collect::<Vec<_>>()];
+        let got = s.batch_get_into_parts(&[&key], &mut parts).await;
+        assert_eq!(*got[0].as_ref().unwrap(), n, "{key}");
+        let joined: Vec<u8> = bufs[..3].concat();
+        assert!(joined == object, "{key}: other bytes");
+        assert!(
+            bufs[3].iter().all(|&b| b == 0xee),
+            "{key}: spare buffer written"
+        );
+    };
+    for (key, object) in keys.iter().zip(&objects) {
+        read(s.clone(), key.clone(), object.clone()).await;
+    }
+    for _ in 0..3 {
+        let readers: Vec<_> = keys
+            .iter()
+            .zip(&objects)
+            .map(|(key, object)| tokio::spawn(read(s.clone(), key.clone(), object.clone())))
+            .collect();
+        for r in readers {
+            r.await.unwrap();
+        }
+    }
+}

@@ -202,6 +202,7 @@ impl Transfer {
         // node copies with (see `CallerLane::block_on`); one whose socket transfers are long,
         // off the CPUs the node and the kernel move its bytes with.
         let _quiet = waits_quietly(same_host_bytes, socket_bytes).then(|| self.quiet_wait());
+        let _moving = (socket_bytes > 0).then(super::transfer::SocketCall::start);
         let mut results: Vec<Result<()>> = (0..objects).map(|_| Ok(())).collect();
         for (object, outcome) in join_all(work).await.into_iter().flatten() {
             if let (Err(e), Ok(())) = (outcome, &results[object]) {
