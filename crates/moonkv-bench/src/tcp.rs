@@ -16,37 +16,53 @@ pub fn probe(connections: usize, buffer: usize, duration: Duration) -> anyhow::R
         connections > 0 && buffer > 0,
         "the probe needs connections and a buffer"
     );
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let mut pairs = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        let sender = TcpStream::connect(addr)?;
-        let (receiver, _) = listener.accept()?;
-        pairs.push((sender, receiver));
-    }
+    let pairs = loopback_pairs(connections, false)?;
     let start_line = Barrier::new(2 * connections);
-    let received: Vec<anyhow::Result<(u64, Duration)>> = std::thread::scope(|scope| {
+    let (bytes, longest) = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(connections);
         for (sender, receiver) in pairs {
             let start_line = &start_line;
             scope.spawn(move || send(sender, buffer, duration, start_line));
             handles.push(scope.spawn(move || receive(receiver, buffer, start_line)));
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("probe receiver panicked")))
-            })
-            .collect()
-    });
-    let (mut bytes, mut longest) = (0u64, Duration::ZERO);
-    for r in received {
-        let (b, elapsed) = r?;
-        bytes += b;
+        totals(handles, "probe receiver")
+    })?;
+    Ok(bytes as f64 / longest.as_secs_f64().max(f64::MIN_POSITIVE))
+}
+
+/// `n` connected pairs over 127.0.0.1: (the side that connected, the side that accepted).
+pub(crate) fn loopback_pairs(
+    n: usize,
+    nodelay: bool,
+) -> anyhow::Result<Vec<(TcpStream, TcpStream)>> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let mut pairs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let connected = TcpStream::connect(addr)?;
+        let (accepted, _) = listener.accept()?;
+        connected.set_nodelay(nodelay)?;
+        accepted.set_nodelay(nodelay)?;
+        pairs.push((connected, accepted));
+    }
+    Ok(pairs)
+}
+
+/// What the counting threads of a probe measured, all together: the sum of their counts and
+/// the longest time one took; the first error (or panic, naming `what`) otherwise.
+pub(crate) fn totals(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, anyhow::Result<(u64, Duration)>>>,
+    what: &str,
+) -> anyhow::Result<(u64, Duration)> {
+    let (mut count, mut longest) = (0u64, Duration::ZERO);
+    for handle in handles {
+        let (n, elapsed) = handle
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("{what} panicked")))?;
+        count += n;
         longest = longest.max(elapsed);
     }
-    Ok(bytes as f64 / longest.as_secs_f64().max(f64::MIN_POSITIVE))
+    Ok((count, longest))
 }
 
 /// Writes the buffer until the deadline, then closes the connection (the receiver's EOF).

@@ -8,7 +8,7 @@
 
 use moonkv_proto::units::format_size;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -92,38 +92,17 @@ pub fn run(args: TcpBenchArgs) -> anyhow::Result<()> {
 
 /// One run: `clients` connections, each making calls of `size` bytes for `duration`.
 fn measure(size: usize, clients: usize, duration: Duration) -> anyhow::Result<Rate> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let mut pairs = Vec::with_capacity(clients);
-    for _ in 0..clients {
-        let client = TcpStream::connect(addr)?;
-        let (server, _) = listener.accept()?;
-        client.set_nodelay(true)?;
-        server.set_nodelay(true)?;
-        pairs.push((client, server));
-    }
+    let pairs = super::tcp::loopback_pairs(clients, true)?;
     let start_line = Barrier::new(2 * clients);
-    let results: Vec<anyhow::Result<(u64, Duration)>> = std::thread::scope(|scope| {
+    let (calls, longest) = std::thread::scope(|scope| {
         let mut callers = Vec::with_capacity(clients);
         for (client, server) in pairs {
             let start_line = &start_line;
             scope.spawn(move || serve(server, size, start_line));
             callers.push(scope.spawn(move || call(client, size, duration, start_line)));
         }
-        callers
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a probe client panicked")))
-            })
-            .collect()
-    });
-    let (mut calls, mut longest) = (0u64, Duration::ZERO);
-    for r in results {
-        let (n, elapsed) = r?;
-        calls += n;
-        longest = longest.max(elapsed);
-    }
+        super::tcp::totals(callers, "a probe client")
+    })?;
     let secs = longest.as_secs_f64().max(f64::MIN_POSITIVE);
     Ok(Rate {
         calls_per_s: calls as f64 / secs,
