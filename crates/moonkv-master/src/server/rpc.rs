@@ -718,100 +718,80 @@ fn process_input(
 
 /// Answers a request of the node in this process (`moonkv up`'s own node) as on a node's
 /// connection: admitted, held for file deletions, fenced and sealed alike, without a socket,
-/// and as a value (`moonkv_proto::local`), so nothing is encoded or decoded. Single Starts
-/// (which may be held for space) and scans are answered as frames.
+/// and as a value (`moonkv_proto::local`), so nothing is encoded or decoded. Single Starts,
+/// which may be held for space (`space_wait`), are answered as frames.
 pub(crate) async fn answer_in_process(
     shared: Arc<RpcShared>,
     request: Request,
 ) -> (Request, moonkv_proto::local::Answer) {
     use moonkv_proto::local::Answer;
     let op = request.op();
-    if matches!(op, Op::PutStart | Op::UpsertStart) || is_scan(op) {
-        let frame = answer_in_process_as_frame(&shared, &request).await;
-        return (request, Answer::Frame(frame));
+    if is_scan(op) {
+        // A scan holds the engine for long; a connection runs it on a blocking thread. The
+        // node asks in process only for writes, replica lists and catalog polls.
+        let refused = Error::new(
+            ErrorCode::NOT_SUPPORTED,
+            format!("{op:?} is answered on a connection, not by a call in process"),
+        );
+        return (request, Answer::Value(Err(refused)));
     }
     let mut serving = Serving::new(&shared.gate);
     if let Err(refusal) = serving.admit(&shared.gate, Instant::now(), 0) {
         return (request, Answer::Value(Err(refusal)));
     }
     let (term, engine) = (serving.term, serving.engine.clone());
-    if let Request::SyncCatalog(req) = &request {
+    if matches!(op, Op::PutStart | Op::UpsertStart) {
+        let frame = start_as_frame(&shared, &engine, term, &request).await;
+        return (request, Answer::Frame(frame));
+    }
+    let answer = if let Request::SyncCatalog(req) = &request {
         let started = Instant::now();
         let reply = sync_catalog(&shared, &engine, req).await;
         shared
             .metrics
             .record_reply(&request, &reply, true, started.elapsed());
-        let answer = if shared.gate.still_serving(term, Instant::now()) {
-            reply.map(|value| Box::new(value) as Box<dyn std::any::Any + Send>)
-        } else {
-            Err(shared.gate.refusal())
-        };
-        return (request, Answer::Value(answer));
-    }
-    let before = engine.deletion_seq();
-    let (answer, fence) = crate::engine::fence_scope(|| dispatch_value(&shared, &engine, &request));
-    let after = engine.deletion_seq();
-    if super::space_wait::may_delete_files(op)
-        && after > before
-        && !engine.deletions_done_through(after)
-    {
-        super::space_wait::wait_for_deletions(&engine, after).await;
-    }
-    if is_fenced(op) {
-        wait_fence(&shared, &engine, fence).await;
-    }
-    if !shared.gate.still_serving(term, Instant::now()) {
-        return (request, Answer::Value(Err(shared.gate.refusal())));
-    }
+        reply.map(|value| Box::new(value) as Box<dyn std::any::Any + Send>)
+    } else {
+        let before = engine.deletion_seq();
+        let (answer, fence) =
+            crate::engine::fence_scope(|| dispatch_value(&shared, &engine, &request));
+        let after = engine.deletion_seq();
+        if super::space_wait::may_delete_files(op)
+            && after > before
+            && !engine.deletions_done_through(after)
+        {
+            super::space_wait::wait_for_deletions(&engine, after).await;
+        }
+        if is_fenced(op) {
+            wait_fence(&shared, &engine, fence).await;
+        }
+        answer
+    };
+    let answer = if shared.gate.still_serving(term, Instant::now()) {
+        answer
+    } else {
+        Err(shared.gate.refusal())
+    };
     (request, Answer::Value(answer))
 }
 
-/// [`answer_in_process`] for what is answered as a frame (single Starts, scans): the encoded
-/// answer.
-async fn answer_in_process_as_frame(shared: &Arc<RpcShared>, request: &Request) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut serving = Serving::new(&shared.gate);
-    if let Err(refusal) = serving.admit(&shared.gate, Instant::now(), 0) {
-        frame::encode_err(&mut out, 0, &refusal);
-        return out;
-    }
-    let (term, engine) = (serving.term, serving.engine.clone());
-    let op = request.op();
-    if is_scan(op) {
-        // A scan holds the engine for long; a connection runs it on a blocking thread. The
-        // node asks in process only for writes, replica lists and catalog polls.
-        frame::encode_err(
-            &mut out,
-            0,
-            &Error::new(
-                ErrorCode::NOT_SUPPORTED,
-                format!("{op:?} is answered on a connection, not by a call in process"),
-            ),
-        );
-        return out;
-    }
-    if !super::space_wait::may_delete_files(op) {
-        dispatch(shared, &engine, 0, request, &mut out);
-        seal_deferred(shared, term, 0, &mut out);
-        return out;
-    }
-    let (answer, fence) =
-        crate::engine::fence_scope(|| super::space_wait::answer(shared, &engine, 0, request));
-    let fence = if is_fenced(op) {
-        fence
-    } else {
-        crate::engine::CatalogFence::default()
-    };
-    let mut out = match answer {
+/// A single Start of the node in this process, admitted under `term`: its encoded answer,
+/// once any wait for space (`space_wait`) is over.
+async fn start_as_frame(
+    shared: &Arc<RpcShared>,
+    engine: &Arc<Engine>,
+    term: u64,
+    request: &Request,
+) -> Vec<u8> {
+    let mut out = match super::space_wait::answer(shared, engine, 0, request) {
         super::space_wait::Answer::Done(out) => out,
         super::space_wait::Answer::HeldDeletion(answer) => answer.await,
         super::space_wait::Answer::HeldStart(answer) => {
             let (out, held) = answer.await;
-            wait_fence(shared, &engine, held).await;
+            wait_fence(shared, engine, held).await;
             out
         }
     };
-    wait_fence(shared, &engine, fence).await;
     seal_deferred(shared, term, 0, &mut out);
     out
 }
