@@ -62,6 +62,8 @@ struct State {
     queue: EventQueue,
     /// The socket thread is parked on the condvar and needs a wake-up.
     consumer_waiting: bool,
+    /// Wake-ups producers sent the socket thread.
+    wakes: u64,
     /// Events taken from the queue whose send has not been recorded yet.
     in_flight: usize,
     shutting_down: bool,
@@ -72,6 +74,8 @@ struct Shared {
     /// accounting.
     state: Mutex<State>,
     wake: Condvar,
+    /// Looks at the queue before the socket thread parks ([`IDLE_POLLS`]; tests change it).
+    idle_polls: u32,
 }
 
 /// A running KV event publisher. Dropping it drains the queue and stops the thread.
@@ -120,6 +124,10 @@ impl Publisher {
     /// Validates `cfg`, binds the PUB socket (reporting a bad or busy endpoint here) and
     /// starts the socket thread.
     pub fn start(cfg: EventConfig) -> Result<Publisher, EventsError> {
+        Self::start_polling(cfg, IDLE_POLLS)
+    }
+
+    fn start_polling(cfg: EventConfig, idle_polls: u32) -> Result<Publisher, EventsError> {
         cfg.validate()?;
         let ctx = zmq::Context::new();
         let socket = ctx.socket(zmq::PUB).map_err(socket_err("socket"))?;
@@ -145,10 +153,12 @@ impl Publisher {
             state: Mutex::new(State {
                 queue: EventQueue::new(cfg.queue_capacity, cfg.emit_object_key),
                 consumer_waiting: false,
+                wakes: 0,
                 in_flight: 0,
                 shutting_down: false,
             }),
             wake: Condvar::new(),
+            idle_polls,
         });
         let encoder = Encoder::new(&cfg);
         let thread_shared = Arc::clone(&shared);
@@ -179,6 +189,7 @@ impl Publisher {
         // Only a parked socket thread needs a (syscall-priced) wake-up.
         if id != 0 && state.consumer_waiting {
             state.consumer_waiting = false;
+            state.wakes += 1;
             self.shared.wake.notify_one();
         }
         id
@@ -249,6 +260,13 @@ impl Drop for Publisher {
 /// wake it.
 const LINGER_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(200);
 
+/// After the linger, how long the socket thread pauses between looks at the queue while events
+/// came recently ([`IDLE_POLLS`] looks), before it parks and asks producers to wake it.
+const POLL_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Looks at the queue, [`POLL_PAUSE`] apart, before the socket thread parks.
+const IDLE_POLLS: u32 = 20;
+
 /// Outcome of the previous send, folded into the next locked section to halve lock traffic.
 struct SendOutcome {
     events: usize,
@@ -259,6 +277,7 @@ fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq
     let mut batch: Vec<StampedEvent> = Vec::with_capacity(MAX_EVENTS_PER_MESSAGE);
     let mut payload: Vec<u8> = Vec::with_capacity(MAX_EVENTS_PER_MESSAGE * 320);
     let mut outcome: Option<SendOutcome> = None;
+    let mut idle_polls = shared.idle_polls;
     loop {
         let sequence = {
             let mut state = shared.state.lock();
@@ -270,6 +289,7 @@ fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq
             loop {
                 if let Some(seq) = state.queue.take_batch(&mut batch, MAX_EVENTS_PER_MESSAGE) {
                     state.in_flight = batch.len();
+                    idle_polls = 0;
                     break Some(seq);
                 }
                 if state.shutting_down {
@@ -282,6 +302,15 @@ fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq
                     // carry fuller batches. Costs at most this much latency per idle period.
                     lingered = true;
                     shared.wake.wait_for(&mut state, LINGER_BEFORE_PARK);
+                    continue;
+                }
+                if idle_polls < shared.idle_polls {
+                    // Events came recently and may come again: look again after a pause
+                    // instead of asking producers to wake this thread. Waking it is a
+                    // syscall and a wake-up of another CPU inside the call that published
+                    // (a batch end); the pause adds at most this much event latency.
+                    idle_polls += 1;
+                    shared.wake.wait_for(&mut state, POLL_PAUSE);
                     continue;
                 }
                 state.consumer_waiting = true;
@@ -321,4 +350,62 @@ fn send_message(socket: &zmq::Socket, sequence: u64, payload: &[u8]) -> Result<(
     socket.send(&b""[..], zmq::SNDMORE)?;
     socket.send(&sequence.to_be_bytes()[..], zmq::SNDMORE)?;
     socket.send(payload, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (bounded) until `done` holds for the publisher's state.
+    fn until(publisher: &Publisher, what: &str, done: impl Fn(&State) -> bool) {
+        for _ in 0..5_000 {
+            if done(&publisher.shared.state.lock()) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("timed out waiting for: {what}");
+    }
+
+    fn sent(state: &State) -> u64 {
+        state.queue.counters().published_events
+    }
+
+    fn start(idle_polls: u32) -> Publisher {
+        Publisher::start_polling(EventConfig::new("b", "tcp://127.0.0.1:0"), idle_polls).unwrap()
+    }
+
+    #[test]
+    fn after_a_first_event_the_socket_thread_looks_by_itself_and_producers_wake_nobody() {
+        // A thread that never stops looking once events came.
+        let publisher = start(u32::MAX);
+        // Nothing published yet: the socket thread parks and asks to be woken.
+        until(&publisher, "the socket thread parks", |s| {
+            s.consumer_waiting
+        });
+        publisher.publish(KvEvent::cleared("t"));
+        until(&publisher, "the first event is sent", |s| sent(s) == 1);
+        assert_eq!(publisher.shared.state.lock().wakes, 1);
+        for n in 2..=50 {
+            publisher.publish(KvEvent::cleared("t"));
+            until(&publisher, "the next event is sent", |s| sent(s) == n);
+        }
+        let state = publisher.shared.state.lock();
+        assert_eq!(state.wakes, 1, "producers woke the socket thread again");
+        assert!(!state.consumer_waiting);
+    }
+
+    #[test]
+    fn after_its_looks_the_socket_thread_parks_and_the_next_event_wakes_it() {
+        let publisher = start(2);
+        for n in 1..=3 {
+            until(&publisher, "the socket thread parks", |s| {
+                s.consumer_waiting
+            });
+            publisher.publish(KvEvent::cleared("t"));
+            until(&publisher, "the event is sent", |s| sent(s) == n);
+            assert_eq!(publisher.shared.state.lock().wakes, n);
+        }
+        assert_eq!(publisher.status().dropped_events, 0);
+    }
 }
