@@ -172,14 +172,19 @@ impl SharedPools {
             Local::Out(src) => src.len(),
             Local::In(dst) => dst.len(),
         };
-        let Some(places) = self.places(ranges, total, current) else {
+        if !self.fits(ranges, total, current) {
             return false;
-        };
+        }
         let mut at = 0;
         let level = crate::copy::level();
-        for (place, len) in places {
+        for &(address, len) in ranges {
+            // `fits` resolved every range already; `self` has not changed since.
+            let Some((_, place)) = self.resolve(address, len) else {
+                return false;
+            };
+            let len = len as usize;
             // SAFETY: `place` starts `len` bytes inside a live mapping (`resolve`), and
-            // `at + len <= total` (`places` checked the sum); the node's slice (written only
+            // `at + len <= total` (`fits` checked the sum); the node's slice (written only
             // through the exclusive `In` borrow) and the shared mapping never overlap.
             unsafe {
                 match local {
@@ -198,34 +203,48 @@ impl SharedPools {
         true
     }
 
-    /// The node's view of each range, when all are in pools that the caller still has there
-    /// and they add up to `total`.
-    fn places(
+    /// Whether every range lies in a pool that the caller still has there, and they add up to
+    /// `total`. Allocates nothing: it runs once per copied key.
+    fn fits(
         &self,
         ranges: &[(u64, u64)],
         total: usize,
         current: impl Fn(u64) -> Option<[u8; ID_LEN]>,
-    ) -> Option<Vec<(*mut u8, usize)>> {
+    ) -> bool {
         if self.is_empty() {
-            return None;
+            return false;
         }
         let mut sum = 0usize;
-        let mut out = Vec::with_capacity(ranges.len());
-        let mut checked: Vec<*const Mapping> = Vec::new();
+        // The pools checked so far; a request's ranges are nearly always in one or two. Past
+        // this many, a pool is checked again (the same answer, a little more work).
+        let mut checked: [*const Mapping; 4] = [std::ptr::null(); 4];
+        let mut count = 0;
         for &(address, len) in ranges {
-            let len_usize = usize::try_from(len).ok()?;
-            let (mapping, place) = self.resolve(address, len)?;
-            if !checked.contains(&Arc::as_ptr(mapping)) {
-                let (id, at) = mapping.id?;
-                if current(at)? != id {
-                    return None;
+            let Some(len_usize) = usize::try_from(len).ok() else {
+                return false;
+            };
+            let Some((mapping, _)) = self.resolve(address, len) else {
+                return false;
+            };
+            let ptr = Arc::as_ptr(mapping);
+            if !checked[..count].contains(&ptr) {
+                let Some((id, at)) = mapping.id else {
+                    return false;
+                };
+                if current(at) != Some(id) {
+                    return false;
                 }
-                checked.push(Arc::as_ptr(mapping));
+                if count < checked.len() {
+                    checked[count] = ptr;
+                    count += 1;
+                }
             }
-            out.push((place, len_usize));
-            sum = sum.checked_add(len_usize)?;
+            let Some(next) = sum.checked_add(len_usize) else {
+                return false;
+            };
+            sum = next;
         }
-        (sum == total).then_some(out)
+        sum == total
     }
 }
 

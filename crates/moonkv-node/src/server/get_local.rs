@@ -207,7 +207,7 @@ async fn copy_keys(
             Err(status) => results[t.key] = Err(not_copied(status)),
         }
     }
-    let mut copies = Copies::new(results.len());
+    let mut copies = Copies::new(results.len(), plan);
     for (t, view) in &views {
         copies.add(plan, t.key, t.at, &view[..], cut, view.len());
     }

@@ -268,7 +268,7 @@ async fn copy_keys(
             Err(status) => results[t.key] = Err(not_copied(status)),
         }
     }
-    let mut copies = Copies::new(results.len());
+    let mut copies = Copies::new(results.len(), plan);
     for (t, view) in &mut views {
         let len = view.len();
         copies.add(plan, t.key, t.at, &mut view[..], cut_mut, len);

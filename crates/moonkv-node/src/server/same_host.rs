@@ -99,6 +99,7 @@ pub(super) async fn copy_local(
     if half == Some(0) {
         crate::failpoints::hit(mid);
     }
+    let index = RangeIndex::new(&plan.ranges);
     let mut at = 0;
     while at < len {
         // Past the deadline, the caller gone, or the caller shut its side of the connection
@@ -112,7 +113,7 @@ pub(super) async fn copy_local(
         if let Some(half) = half.filter(|h| at < *h) {
             end = end.min(half);
         }
-        let ranges = ranges_between(&plan.ranges, at as u64, (end - at) as u64);
+        let ranges = index.between(&plan.ranges, at as u64, (end - at) as u64);
         if let Err(e) = step(at, end, &ranges) {
             tracing::debug!(error = %e, "same-host copy failed");
             return Err(DataStatus::LocalRefused);
@@ -128,19 +129,85 @@ pub(super) async fn copy_local(
     Ok(())
 }
 
-/// The part of `ranges` (laid end to end) covering bytes `[from, from + len)`.
-pub(super) fn ranges_between(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
-    let (end, mut pos) = (from + len, 0u64);
-    let mut out = Vec::new();
-    for &(address, size) in ranges {
-        let (start, stop) = (pos.max(from), (pos + size).min(end));
-        if start < stop {
-            out.push((address + (start - pos), stop - start));
-        }
-        pos += size;
-        if pos >= end {
-            break;
-        }
+/// Where each of a plan's ranges starts when they are laid end to end: finds the ranges under
+/// any span in O(log n), so the copies of a request of many keys cost no more per key than
+/// those of a request of few ([`RangeIndex::between`]).
+pub(super) struct RangeIndex(Vec<u64>);
+
+impl RangeIndex {
+    pub(super) fn new(ranges: &[(u64, u64)]) -> RangeIndex {
+        let mut pos = 0u64;
+        RangeIndex(
+            ranges
+                .iter()
+                .map(|&(_, size)| {
+                    let start = pos;
+                    pos = pos.saturating_add(size);
+                    start
+                })
+                .collect(),
+        )
     }
-    out
+
+    /// The part of `ranges` (those this index was made from) covering `[from, from + len)`.
+    pub(super) fn between(&self, ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = from.saturating_add(len);
+        // The last range starting at or before `from`.
+        let first = self
+            .0
+            .partition_point(|&start| start <= from)
+            .saturating_sub(1);
+        let mut out = Vec::new();
+        for (&(address, size), &pos) in ranges.iter().zip(&self.0).skip(first) {
+            if pos >= end {
+                break;
+            }
+            let (start, stop) = (pos.max(from), pos.saturating_add(size).min(end));
+            if start < stop {
+                out.push((address + (start - pos), stop - start));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RangeIndex;
+
+    /// The ranges under `[from, from + len)`, found by walking all of them.
+    fn walked(ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
+        let (end, mut pos, mut out) = (from + len, 0u64, Vec::new());
+        for &(address, size) in ranges {
+            let (start, stop) = (pos.max(from), (pos + size).min(end));
+            if start < stop {
+                out.push((address + (start - pos), stop - start));
+            }
+            pos += size;
+        }
+        out
+    }
+
+    #[test]
+    fn the_index_finds_the_ranges_a_walk_finds() {
+        // Sizes with empty ranges, single bytes and larger ones, at scattered addresses.
+        let sizes = [0u64, 5, 1, 0, 0, 7, 3, 64, 1, 0, 9];
+        let ranges: Vec<(u64, u64)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| (1_000 * (i as u64 + 1) + 13 * i as u64, size))
+            .collect();
+        let total: u64 = sizes.iter().sum();
+        let index = RangeIndex::new(&ranges);
+        for from in 0..=total + 2 {
+            for len in 0..=total + 2 - from {
+                assert_eq!(
+                    index.between(&ranges, from, len),
+                    walked(&ranges, from, len),
+                    "from {from} len {len}"
+                );
+            }
+        }
+        assert!(RangeIndex::new(&[]).between(&[], 0, 10).is_empty());
+    }
 }

@@ -2,7 +2,7 @@
 //! master's batch answers as one result per key, the answer to the caller, and copying all the
 //! keys of one request together, looking at the caller once per step ([`Copies`]).
 
-use super::same_host::{ranges_between, LOCAL_STEP};
+use super::same_host::{RangeIndex, LOCAL_STEP};
 use super::Conn;
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
@@ -119,15 +119,17 @@ pub(super) struct Copies<P> {
     items: Vec<Item<P>>,
     wanted: Vec<usize>,
     bytes: u64,
+    index: RangeIndex,
 }
 
 impl<P: Send + AsRef<[u8]>> Copies<P> {
-    /// No copies yet, for a request of `keys` keys.
-    pub(super) fn new(keys: usize) -> Copies<P> {
+    /// No copies yet, for a request of `keys` keys to and from the caller's `plan`.
+    pub(super) fn new(keys: usize, plan: &LocalPlan) -> Copies<P> {
         Copies {
             items: Vec::new(),
             wanted: vec![0; keys],
             bytes: 0,
+            index: RangeIndex::new(&plan.ranges),
         }
     }
 
@@ -151,7 +153,7 @@ impl<P: Send + AsRef<[u8]>> Copies<P> {
         for part in cut(view, piece) {
             let n = part.as_ref().len() as u64;
             self.items
-                .push((key, part, ranges_between(&plan.ranges, from, n)));
+                .push((key, part, self.index.between(&plan.ranges, from, n)));
             self.wanted[key] += 1;
             from += n;
         }
