@@ -172,7 +172,7 @@ impl SharedPools {
             Local::Out(src) => src.len(),
             Local::In(dst) => dst.len(),
         };
-        if !self.fits(ranges, total, current) {
+        if self.fits(ranges, total, current).is_none() {
             return false;
         }
         let mut at = 0;
@@ -203,16 +203,16 @@ impl SharedPools {
         true
     }
 
-    /// Whether every range lies in a pool that the caller still has there, and they add up to
-    /// `total`. Allocates nothing: it runs once per copied key.
+    /// `Some` when every range lies in a pool that the caller still has there, and they add
+    /// up to `total`. Allocates nothing: it runs once per copied key.
     fn fits(
         &self,
         ranges: &[(u64, u64)],
         total: usize,
         current: impl Fn(u64) -> Option<[u8; ID_LEN]>,
-    ) -> bool {
+    ) -> Option<()> {
         if self.is_empty() {
-            return false;
+            return None;
         }
         let mut sum = 0usize;
         // The pools checked so far; a request's ranges are nearly always in one or two. Past
@@ -220,31 +220,21 @@ impl SharedPools {
         let mut checked: [*const Mapping; 4] = [std::ptr::null(); 4];
         let mut count = 0;
         for &(address, len) in ranges {
-            let Some(len_usize) = usize::try_from(len).ok() else {
-                return false;
-            };
-            let Some((mapping, _)) = self.resolve(address, len) else {
-                return false;
-            };
+            let (mapping, _) = self.resolve(address, len)?;
             let ptr = Arc::as_ptr(mapping);
             if !checked[..count].contains(&ptr) {
-                let Some((id, at)) = mapping.id else {
-                    return false;
-                };
-                if current(at) != Some(id) {
-                    return false;
+                let (id, at) = mapping.id?;
+                if current(at)? != id {
+                    return None;
                 }
                 if count < checked.len() {
                     checked[count] = ptr;
                     count += 1;
                 }
             }
-            let Some(next) = sum.checked_add(len_usize) else {
-                return false;
-            };
-            sum = next;
+            sum = sum.checked_add(usize::try_from(len).ok()?)?;
         }
-        sum == total
+        (sum == total).then_some(())
     }
 }
 

@@ -209,10 +209,10 @@ async fn copy_keys(
     }
     let mut copies = Copies::new(results.len(), plan);
     for (t, view) in &views {
-        copies.add(plan, t.key, t.at, &view[..], cut, view.len());
+        copies.add(t.key, t.at, &view[..], cut, view.len());
     }
     let pool_ids = crate::same_host::PoolIds::default();
-    let copied = copies.run(peer, plan, |src: &[u8], ranges| {
+    let copied = copies.run(peer, |src: &[u8], ranges| {
         peer.write_to_seen(src, ranges, &pool_ids)
     });
     drop(views);

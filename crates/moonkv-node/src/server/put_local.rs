@@ -271,11 +271,11 @@ async fn copy_keys(
     let mut copies = Copies::new(results.len(), plan);
     for (t, view) in &mut views {
         let len = view.len();
-        copies.add(plan, t.key, t.at, &mut view[..], cut_mut, len);
+        copies.add(t.key, t.at, &mut view[..], cut_mut, len);
     }
     // The caller's pool ids, read once for all the keys of this request.
     let pool_ids = crate::same_host::PoolIds::default();
-    let copied = copies.run(peer, plan, |dst: Piece<'_>, ranges| {
+    let copied = copies.run(peer, |dst: Piece<'_>, ranges| {
         peer.read_from_seen(dst.0, ranges, stream, &pool_ids)
     });
     drop(views);

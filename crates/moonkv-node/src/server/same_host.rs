@@ -113,7 +113,7 @@ pub(super) async fn copy_local(
         if let Some(half) = half.filter(|h| at < *h) {
             end = end.min(half);
         }
-        let ranges = index.between(&plan.ranges, at as u64, (end - at) as u64);
+        let ranges = index.between(at as u64, (end - at) as u64);
         if let Err(e) = step(at, end, &ranges) {
             tracing::debug!(error = %e, "same-host copy failed");
             return Err(DataStatus::LocalRefused);
@@ -129,36 +129,38 @@ pub(super) async fn copy_local(
     Ok(())
 }
 
-/// Where each of a plan's ranges starts when they are laid end to end: finds the ranges under
-/// any span in O(log n), so the copies of a request of many keys cost no more per key than
-/// those of a request of few ([`RangeIndex::between`]).
-pub(super) struct RangeIndex(Vec<u64>);
+/// A plan's ranges, with where each starts when they are laid end to end: finds the ranges
+/// under any span in O(log n), so the copies of a request of many keys cost no more per key
+/// than those of a request of few ([`RangeIndex::between`]).
+pub(super) struct RangeIndex<'r> {
+    ranges: &'r [(u64, u64)],
+    starts: Vec<u64>,
+}
 
-impl RangeIndex {
-    pub(super) fn new(ranges: &[(u64, u64)]) -> RangeIndex {
+impl<'r> RangeIndex<'r> {
+    pub(super) fn new(ranges: &'r [(u64, u64)]) -> RangeIndex<'r> {
         let mut pos = 0u64;
-        RangeIndex(
-            ranges
-                .iter()
-                .map(|&(_, size)| {
-                    let start = pos;
-                    pos = pos.saturating_add(size);
-                    start
-                })
-                .collect(),
-        )
+        let starts = ranges
+            .iter()
+            .map(|&(_, size)| {
+                let start = pos;
+                pos = pos.saturating_add(size);
+                start
+            })
+            .collect();
+        RangeIndex { ranges, starts }
     }
 
-    /// The part of `ranges` (those this index was made from) covering `[from, from + len)`.
-    pub(super) fn between(&self, ranges: &[(u64, u64)], from: u64, len: u64) -> Vec<(u64, u64)> {
+    /// The part of the ranges covering `[from, from + len)`.
+    pub(super) fn between(&self, from: u64, len: u64) -> Vec<(u64, u64)> {
         let end = from.saturating_add(len);
         // The last range starting at or before `from`.
         let first = self
-            .0
+            .starts
             .partition_point(|&start| start <= from)
             .saturating_sub(1);
         let mut out = Vec::new();
-        for (&(address, size), &pos) in ranges.iter().zip(&self.0).skip(first) {
+        for (&(address, size), &pos) in self.ranges.iter().zip(&self.starts).skip(first) {
             if pos >= end {
                 break;
             }
@@ -202,12 +204,12 @@ mod tests {
         for from in 0..=total + 2 {
             for len in 0..=total + 2 - from {
                 assert_eq!(
-                    index.between(&ranges, from, len),
+                    index.between(from, len),
                     walked(&ranges, from, len),
                     "from {from} len {len}"
                 );
             }
         }
-        assert!(RangeIndex::new(&[]).between(&[], 0, 10).is_empty());
+        assert!(RangeIndex::new(&[]).between(0, 10).is_empty());
     }
 }

@@ -115,21 +115,24 @@ const SHARED_ITEM_MIN: u64 = 32 << 10;
 /// copied (so a batch of small keys costs no more system calls than one object of its size).
 /// Each item is a key (or a piece of one) with the caller's ranges for it; a key is copied when
 /// all its items are.
-pub(super) struct Copies<P> {
+pub(super) struct Copies<'p, P> {
+    plan: &'p LocalPlan,
+    /// The plan's ranges, found by position.
+    index: RangeIndex<'p>,
     items: Vec<Item<P>>,
     wanted: Vec<usize>,
     bytes: u64,
-    index: RangeIndex,
 }
 
-impl<P: Send + AsRef<[u8]>> Copies<P> {
+impl<'p, P: Send + AsRef<[u8]>> Copies<'p, P> {
     /// No copies yet, for a request of `keys` keys to and from the caller's `plan`.
-    pub(super) fn new(keys: usize, plan: &LocalPlan) -> Copies<P> {
+    pub(super) fn new(keys: usize, plan: &'p LocalPlan) -> Copies<'p, P> {
         Copies {
+            plan,
+            index: RangeIndex::new(&plan.ranges),
             items: Vec::new(),
             wanted: vec![0; keys],
             bytes: 0,
-            index: RangeIndex::new(&plan.ranges),
         }
     }
 
@@ -137,7 +140,6 @@ impl<P: Send + AsRef<[u8]>> Copies<P> {
     /// caller's bytes at `at` in the plan's ranges laid end to end.
     pub(super) fn add<V>(
         &mut self,
-        plan: &LocalPlan,
         key: usize,
         at: u64,
         view: V,
@@ -152,8 +154,7 @@ impl<P: Send + AsRef<[u8]>> Copies<P> {
         let mut from = at;
         for part in cut(view, piece) {
             let n = part.as_ref().len() as u64;
-            self.items
-                .push((key, part, self.index.between(&plan.ranges, from, n)));
+            self.items.push((key, part, self.index.between(from, n)));
             self.wanted[key] += 1;
             from += n;
         }
@@ -165,9 +166,9 @@ impl<P: Send + AsRef<[u8]>> Copies<P> {
     pub(super) fn run(
         self,
         peer: &crate::same_host::Peer,
-        plan: &LocalPlan,
         step: impl Fn(P, &[(u64, u64)]) -> io::Result<()> + Sync,
     ) -> (Vec<bool>, bool) {
+        let deadline_ns = self.plan.deadline_ns;
         let made: Vec<AtomicUsize> = self.wanted.iter().map(|_| AtomicUsize::new(0)).collect();
         let since_look = AtomicUsize::new(0);
         crate::failpoints::hit(crate::failpoints::LOCAL_STEP_STALL);
@@ -177,7 +178,7 @@ impl<P: Send + AsRef<[u8]>> Copies<P> {
         let copied = crate::copy_helper::split(self.items, share, |(key, part, ranges)| {
             let len = part.as_ref().len();
             if since_look.fetch_add(len, Ordering::Relaxed) >= LOCAL_STEP {
-                if !peer.waiting(plan.deadline_ns) {
+                if !peer.waiting(deadline_ns) {
                     return Err(io::Error::other("the caller stopped waiting"));
                 }
                 since_look.store(len, Ordering::Relaxed);
