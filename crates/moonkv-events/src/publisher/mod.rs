@@ -396,6 +396,22 @@ mod tests {
     }
 
     #[test]
+    fn a_publisher_dropped_mid_stream_without_shutdown_sends_everything_and_stops() {
+        let publisher = start(u32::MAX);
+        publisher.publish(KvEvent::cleared("t"));
+        until(&publisher, "the first event is sent", |s| sent(s) == 1);
+        // The socket thread now looks by itself; nobody will wake it for these.
+        for _ in 0..10 {
+            publisher.publish(KvEvent::cleared("t"));
+        }
+        let shared = Arc::clone(&publisher.shared);
+        drop(publisher); // joins the socket thread
+        let state = shared.state.lock();
+        assert_eq!(sent(&state), 11);
+        assert_eq!(state.queue.counters().dropped_events, 0);
+    }
+
+    #[test]
     fn after_its_looks_the_socket_thread_parks_and_the_next_event_wakes_it() {
         let publisher = start(2);
         for n in 1..=3 {
