@@ -15,6 +15,9 @@ use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// A PUT_WHOLE payload up to this size goes out in one write with its request.
+const INLINE_PAYLOAD: usize = 64 << 10;
+
 /// One data-plane connection to a node.
 pub struct DataConnection {
     stream: Stream,
@@ -242,6 +245,67 @@ impl DataConnection {
         answer
     }
 
+    /// A put through the node over the socket ([`DataOp::PutWhole`]): `body` is the encoded
+    /// request (as for PUT_LOCAL), `parts` the objects' bytes laid end to end. Returns the
+    /// node's answer body once it has ended or revoked every key, or the status it refused
+    /// the request with before placing anything (a node that does not take such puts).
+    pub async fn put_whole(
+        &mut self,
+        body: &[u8],
+        parts: &[&[u8]],
+    ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let id = self.take_id();
+        let header =
+            RequestHeader::new(DataOp::PutWhole, id, SegmentId::new(0, 0), 0, total as u64);
+        let head = head(header, &[])?;
+        let body_len = u32::try_from(body.len())
+            .ok()
+            .filter(|n| *n <= crate::header::MAX_PUT_LOCAL_BODY)
+            .ok_or_else(|| transfer_fail(&self.endpoint, "put request too long"))?;
+        // The request and, when they are small, the bytes in one write.
+        let inline = if total <= INLINE_PAYLOAD { total } else { 0 };
+        let mut out = Vec::with_capacity(head.len() + 4 + body.len() + inline);
+        out.extend_from_slice(&head);
+        out.extend_from_slice(&body_len.to_be_bytes());
+        out.extend_from_slice(body);
+        if inline > 0 {
+            parts.iter().for_each(|p| out.extend_from_slice(p));
+        }
+        self.healthy = false;
+        let sent = async {
+            if inline > 0 {
+                return self.stream.write_all(&out).await;
+            }
+            // The request and every part, in as few writes as the socket takes.
+            let mut slices: Vec<std::io::IoSlice<'_>> = std::iter::once(out.as_slice())
+                .chain(parts.iter().copied())
+                .filter(|p| !p.is_empty())
+                .map(std::io::IoSlice::new)
+                .collect();
+            let mut slices = slices.as_mut_slice();
+            while !slices.is_empty() {
+                let n = self.stream.write_vectored(slices).await?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::WriteZero.into());
+                }
+                std::io::IoSlice::advance_slices(&mut slices, n);
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = sent {
+            // The node may have refused the put and closed; its answer says why.
+            return match tokio::time::timeout(Duration::from_millis(200), self.read_response(id))
+                .await
+            {
+                Ok(Ok(r)) if r.status != DataStatus::Ok => Ok(Err(r.status)),
+                _ => Err(self.io_fail("send put", e)),
+            };
+        }
+        self.read_answer_body(id).await
+    }
+
     /// Sends a request the node serves whole (PUT_LOCAL, GET_LOCAL) and reads its answer body.
     async fn through_node(
         &mut self,
@@ -268,19 +332,31 @@ impl DataConnection {
             .write_all(&out)
             .await
             .map_err(|e| self.io_fail("send same-host request", e))?;
+        self.read_answer_body(id).await
+    }
+
+    /// The answer of a request the node serves whole: its body, or the status it was refused
+    /// with.
+    async fn read_answer_body(
+        &mut self,
+        id: u64,
+    ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
         let response = self.read_response(id).await?;
         if response.status != DataStatus::Ok {
             self.healthy = stays_in_step(response.status);
             return Ok(Err(response.status));
         }
         if response.length > u64::from(crate::header::MAX_PUT_LOCAL_BODY) {
-            return Err(transfer_fail(&self.endpoint, "same-host answer too long"));
+            return Err(transfer_fail(
+                &self.endpoint,
+                "answer of a request served whole too long",
+            ));
         }
         let mut answer = vec![0u8; response.length as usize];
         self.stream
             .read_exact(&mut answer)
             .await
-            .map_err(|e| self.io_fail("receive same-host answer", e))?;
+            .map_err(|e| self.io_fail("receive the answer of a request served whole", e))?;
         self.healthy = true;
         Ok(Ok(answer))
     }

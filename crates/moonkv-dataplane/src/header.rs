@@ -64,6 +64,15 @@ pub enum DataOp {
     /// answer. Only on an attached connection, and only by a node that says so in STATS
     /// ([`NodeStats::get_local`]).
     GetLocal = 10,
+    /// Put through the node over the socket: the node places the objects at its master as the
+    /// caller (start), reads their bytes from the connection straight into its own segments,
+    /// and ends them (or revokes them). A `u32` body length and the same MessagePack body as
+    /// [`DataOp::PutLocal`] follow the header; then the payload: the objects' bytes laid end to
+    /// end, `length` of them. Answered like PUT_LOCAL: a MessagePack `Vec<ItemResult<()>>`,
+    /// one per key, a key placed anywhere but this node's memory coming back `NOT_SUPPORTED`,
+    /// revoked. Only by a node that says so in STATS ([`NodeStats::put_whole`]); any other
+    /// node answers after draining the payload, or closes the connection.
+    PutWhole = 11,
 }
 
 impl DataOp {
@@ -217,6 +226,10 @@ pub struct NodeStats {
     /// replicas itself, so a caller's get crosses processes once.
     #[serde(default)]
     pub get_local: bool,
+    /// The node takes puts whole over the socket ([`DataOp::PutWhole`]): it starts and ends
+    /// them at its master itself, so a caller's small put is one round trip.
+    #[serde(default)]
+    pub put_whole: bool,
 }
 
 /// Largest STATS answer a caller accepts.

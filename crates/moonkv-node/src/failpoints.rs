@@ -7,7 +7,8 @@
 //! `return` ends the process there with exit code [`EXIT_CODE`], as a kill would, and counts
 //! such as `3*off->return` pick the occurrence.
 
-/// A node has read half of a write's payload into segment memory.
+/// A node has read half of a write's payload into segment memory (a WRITE, or one key of a
+/// PUT_WHOLE).
 pub const WRITE_MID_PAYLOAD: &str = "node::write_mid_payload";
 /// A node has sent the answer header and half of a read's bytes.
 pub const READ_MID_PAYLOAD: &str = "node::read_mid_payload";

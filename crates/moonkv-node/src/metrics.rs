@@ -20,7 +20,7 @@ use std::time::Duration;
 /// The data-plane operations, with their `op` label.
 /// Same-host reads and writes count as reads and writes (`node_data_same_host_requests` tells
 /// them apart).
-const OPS: [(DataOp, &str); 7] = [
+const OPS: [(DataOp, &str); 8] = [
     (DataOp::Read, "read"),
     (DataOp::Write, "write"),
     (DataOp::FileRead, "file_read"),
@@ -28,6 +28,7 @@ const OPS: [(DataOp, &str); 7] = [
     (DataOp::Stats, "stats"),
     (DataOp::PutLocal, "put_local"),
     (DataOp::GetLocal, "get_local"),
+    (DataOp::PutWhole, "put_whole"),
 ];
 
 /// Why a grant was refused, with its `reason` label.

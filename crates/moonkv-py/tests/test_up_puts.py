@@ -213,3 +213,66 @@ def test_a_caller_killed_mid_put_leaves_whole_values_or_none(up, key):
     16 MiB: one request it copies on two) leaves whole values or none, never a mix."""
     kill_long_upserters(up.data, f"{key}-1m", 1 << 20)
     kill_long_upserters(up.data, key)
+
+
+@pytest.mark.parametrize("same_host", ["0", "1"])
+def test_callers_given_the_master_hand_their_puts_to_the_node(up, key, monkeypatch, same_host):
+    """A caller set up with the master's address, not the node's: once its first put showed
+    where writes land, its puts go to the node whole (PUT_WHOLE over the socket with
+    MOONKV_SAME_HOST=0, PUT_LOCAL on the same host), with the bytes and answers of the usual
+    path, from threads sharing the store too."""
+    monkeypatch.setenv("MOONKV_SAME_HOST", same_host)
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", up.ready["rpc"]) == OK
+    try:
+        assert s.put(f"{key}-warm", b"w") == OK
+        singles = up.counter("master_put_start_requests_total")
+        handed = up.counter("master_batch_put_start_requests_total")
+        for size in [1, 4096, 300_001, 1 << 20]:
+            k = f"{key}-{size}"
+            data = pattern(k, size)
+            assert s.put(k, data) == OK
+            # A second put: 0 as upstream answers, and the first writer's bytes stay.
+            assert s.put(k, b"x" * size) == OK
+            assert s.get(k) == data
+            assert s.upsert(k, pattern(f"{k}-new", size)) == OK
+            assert s.get(k) == pattern(f"{k}-new", size)
+        buf = ctypes.create_string_buffer(8 * 5000)
+        ptr = ctypes.addressof(buf)
+        assert s.register_buffer(ptr, 8 * 5000) == OK
+        keys = [f"{key}-b{i}" for i in range(7)] + [f"{key}-1"]
+        ctypes.memmove(ptr, b"".join(pattern(k, 5000) for k in keys), 8 * 5000)
+        assert s.batch_put_from(keys, [ptr + i * 5000 for i in range(8)], [5000] * 8) == [OK] * 8
+        for k in keys[:-1]:
+            assert s.get(k) == pattern(k, 5000)
+        assert s.get(f"{key}-1") == pattern(f"{key}-1-new", 1), "the existing key kept its bytes"
+
+        barrier = threading.Barrier(4)
+        errors: list = []
+
+        def writer(t: int) -> None:
+            try:
+                barrier.wait(timeout=30)
+                for i in range(40):
+                    k = f"{key}-t{t}-{i}"
+                    rc = s.put(k, pattern(k, 4096 + i))
+                    if rc != OK:
+                        errors.append((k, rc))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        for t in range(4):
+            for i in range(40):
+                k = f"{key}-t{t}-{i}"
+                assert s.get(k) == pattern(k, 4096 + i)
+        # None of it took the three-step path: the node started every write.
+        assert up.counter("master_put_start_requests_total") == singles
+        assert up.counter("master_batch_put_start_requests_total") > handed + 160
+    finally:
+        s.close()

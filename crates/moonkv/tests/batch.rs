@@ -105,7 +105,8 @@ async fn a_node_killed_mid_batch_moves_its_keys_and_tears_no_object() {
     // seg-a fills up part way through the batch; seg-b takes the rest.
     let _a = MOONKV.node(&rpc, "seg-a", "1MiB");
     let _b = MOONKV.node(&rpc, "seg-b", "16MiB");
-    let s = store(&m, |_| {}).await;
+    // Every write a WRITE request at the node, as the failpoint counts them.
+    let s = store(&m, |c| c.hand_puts_to_node = false).await;
     cut_into_holes(&s, &admin, "seg-k").await;
 
     // Every key tries seg-k first: the 300 keys of at most HOLE bytes land there (one per

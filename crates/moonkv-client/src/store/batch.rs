@@ -138,17 +138,20 @@ impl Store {
         if keys.len() != objects.len() {
             return mismatch(keys, objects.len(), "values");
         }
-        if self.config.put_local_node.is_some() {
-            let valid = check_keys(keys).valid.len() == keys.len()
-                && objects
-                    .iter()
-                    .all(|parts| check_size(parts.iter().map(|p| p.len() as u64).sum()).is_ok());
-            if valid {
-                if let Some(answers) = self.put_through_node(kind, keys, objects, config).await {
-                    return self
-                        .finish_elsewhere(kind, keys, objects, config, answers)
-                        .await;
-                }
+        let valid = check_keys(keys).valid.len() == keys.len()
+            && objects
+                .iter()
+                .all(|parts| check_size(parts.iter().map(|p| p.len() as u64).sum()).is_ok());
+        if valid {
+            let answers = if self.config.put_local_node.is_some() {
+                self.put_through_node(kind, keys, objects, config).await
+            } else {
+                self.put_whole(kind, keys, objects, config).await
+            };
+            if let Some(answers) = answers {
+                return self
+                    .finish_elsewhere(kind, keys, objects, config, answers)
+                    .await;
             }
         }
         self.batch_write_usual(kind, keys, objects, config).await
@@ -261,6 +264,8 @@ impl Store {
             .call::<Vec<ItemResult<Vec<ReplicaDescriptor>>>>(kind.batch_start(request))
             .await;
         let started = merge(checked, answer);
+        self.whole
+            .note(started.iter().filter_map(|r| r.as_deref().ok()));
         // Dropped before it settles its keys (a caller's timeout), the call revokes them.
         let mut cancelled = super::RevokeIfCancelled::new(
             self,

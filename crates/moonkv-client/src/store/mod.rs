@@ -18,6 +18,7 @@ mod lanes;
 mod node_call;
 mod parts;
 mod put_local;
+mod put_whole;
 mod standalone;
 pub(crate) mod transfer;
 
@@ -82,6 +83,10 @@ pub struct StoreConfig {
     /// A node on this machine that takes whole gets (`docs/data-plane.md`, *Gets through the
     /// node*): set by [`Store::connect_via_node`] when the node says it does.
     pub get_local_node: Option<String>,
+    /// Hand puts whole to the node this store's writes land on, once they all land on one
+    /// (`docs/data-plane.md`, *Callers given the master*); on by default. Off: every put not
+    /// sent to [`StoreConfig::put_local_node`] takes the three requests.
+    pub hand_puts_to_node: bool,
 }
 
 /// Most keys one request through the node carries (the node's limit); larger calls take the
@@ -110,6 +115,7 @@ impl StoreConfig {
             same_host: moonkv_dataplane::same_host::enabled_by_env().unwrap_or(true),
             put_local_node: None,
             get_local_node: None,
+            hand_puts_to_node: true,
         }
     }
 }
@@ -145,6 +151,8 @@ pub struct Store {
     tenant: String,
     /// What it was built from, for [`Store::sibling`].
     config: Arc<StoreConfig>,
+    /// The node its puts are handed to whole, once it has one (shared with its siblings).
+    whole: Arc<put_whole::WholeRoute>,
 }
 
 /// Which two-phase write a call performs.
@@ -164,12 +172,16 @@ impl Store {
 
     /// Builds a store that connects to the master on its first call.
     fn lazy(config: StoreConfig) -> Result<Store> {
-        Self::lazy_sharing(config, Arc::default())
+        Self::lazy_sharing(config, Arc::default(), Arc::default())
     }
 
     /// [`Store::lazy`], listing its started writes in `in_flight` (shared with the stores it
     /// is a sibling of, so closing any of them revokes them all).
-    fn lazy_sharing(config: StoreConfig, in_flight: Arc<InFlight>) -> Result<Store> {
+    fn lazy_sharing(
+        config: StoreConfig,
+        in_flight: Arc<InFlight>,
+        whole: Arc<put_whole::WholeRoute>,
+    ) -> Result<Store> {
         let tenant = checked_tenant(&config.tenant)?;
         moonkv_dataplane::same_host::enabled_by_env()
             .map_err(|why| Error::new(ErrorCode::INVALID_PARAMS, why.to_string()))?;
@@ -202,6 +214,7 @@ impl Store {
             transfer: Arc::new(transfer),
             tenant,
             config: Arc::new(config),
+            whole,
         })
     }
 
@@ -210,7 +223,8 @@ impl Store {
     pub fn sibling(&self) -> Result<Store> {
         let mut config = (*self.config).clone();
         config.client_id = Some(self.master.client_id());
-        let mut store = Store::lazy_sharing(config, self.transfer.in_flight.clone())?;
+        let mut store =
+            Store::lazy_sharing(config, self.transfer.in_flight.clone(), self.whole.clone())?;
         store.tenant = self.tenant.clone();
         Ok(store)
     }
@@ -426,15 +440,19 @@ impl Store {
         value: &[u8],
         config: &ReplicateConfig,
     ) -> Result<()> {
-        if self.config.put_local_node.is_some()
-            && check_key(key).is_ok()
-            && check_value(value).is_ok()
-        {
-            let answers = self
-                .put_through_node(kind, &[key], &[&[value]], config)
-                .await;
-            if let Some(Some(result)) = answers.and_then(|mut a| a.pop()) {
-                return result;
+        if check_key(key).is_ok() && check_value(value).is_ok() {
+            let answers = if self.config.put_local_node.is_some() {
+                self.put_through_node(kind, &[key], &[&[value]], config)
+                    .await
+            } else {
+                self.put_whole(kind, &[key], &[&[value]], config).await
+            };
+            match answers.and_then(|mut a| a.pop()) {
+                // The node's start is a batch start, which answers at once when there is no
+                // room; the usual single start waits for space, so such a put goes that way.
+                Some(Some(Err(e))) if e.code == ErrorCode::NO_AVAILABLE_HANDLE => {}
+                Some(Some(result)) => return result,
+                _ => {}
             }
         }
         self.write_counted(kind, key, value, config, None)
@@ -497,6 +515,7 @@ impl Store {
             .call(kind.start(start))
             .await
             .map_err(|e| failover::Failed::from(self.about(key, e)))?;
+        self.whole.note([replicas.as_slice()]);
         let ids: Vec<ReplicaId> = replicas.iter().map(|r| r.id).collect();
         let in_memory = replicas
             .iter()

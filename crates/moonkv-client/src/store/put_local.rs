@@ -19,6 +19,16 @@ use moonkv_proto::{ReplicateConfig, Result};
 /// One answer per key: `None` for a key the node left to the usual path.
 pub(crate) type NodeAnswers = Vec<Option<Result<()>>>;
 
+/// Whether a put of objects of `sizes` goes through the node. A long call of smaller objects
+/// goes the usual way: its copy requests spread over the node's threads, where the node copies
+/// one request's small objects on one thread, and its round trips cost it little. Objects of
+/// `SPLIT_COPY_BYTES` or more the node copies on two threads itself.
+pub(crate) fn node_takes(sizes: &[u64]) -> bool {
+    let total: u64 = sizes.iter().sum();
+    let long = total as usize >= LONG_CALL_BYTES;
+    !(sizes.contains(&0) || (long && sizes.iter().any(|s| (*s as usize) < SPLIT_COPY_BYTES)))
+}
+
 impl Store {
     /// Writes `objects` (object i is the concatenation of `objects[i]`) under `keys` through
     /// the node, when this store has such a node and the call fits one request. `None`: the
@@ -31,21 +41,30 @@ impl Store {
         objects: &[&[&[u8]]],
         config: &ReplicateConfig,
     ) -> Option<NodeAnswers> {
-        let endpoint = self.config.put_local_node.as_deref()?;
+        let endpoint = self.config.put_local_node.clone()?;
+        self.put_through_node_at(&endpoint, kind, keys, objects, config)
+            .await
+    }
+
+    /// [`Store::put_through_node`] through the node at `endpoint`.
+    pub(crate) async fn put_through_node_at(
+        &self,
+        endpoint: &str,
+        kind: WriteKind,
+        keys: &[&str],
+        objects: &[&[&[u8]]],
+        config: &ReplicateConfig,
+    ) -> Option<NodeAnswers> {
         let (ranges, sizes) = laid_end_to_end(
             objects
                 .iter()
                 .map(|parts| parts.iter().map(|p| (p.as_ptr() as u64, p.len() as u64))),
         );
         let total: u64 = sizes.iter().sum();
-        // A long call of smaller objects goes the usual way: its copy requests spread over
-        // the node's threads, where the node copies one request's small objects on one thread,
-        // and its round trips cost it little. Objects of `SPLIT_COPY_BYTES` or more the node
-        // copies on two threads itself.
-        let long = total as usize >= LONG_CALL_BYTES;
-        if sizes.contains(&0) || (long && sizes.iter().any(|s| (*s as usize) < SPLIT_COPY_BYTES)) {
+        if !node_takes(&sizes) {
             return None;
         }
+        let long = total as usize >= LONG_CALL_BYTES;
         let request = BatchPutStartRequest {
             client_id: self.master.client_id(),
             tenant: self.tenant.clone(),

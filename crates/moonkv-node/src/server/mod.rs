@@ -13,6 +13,7 @@
 //! - `memory`: READ / WRITE of segment bytes over the socket.
 //! - `same_host`: READ_LOCAL / WRITE_LOCAL, copied straight to and from the caller's memory.
 //! - `put_local`: PUT_LOCAL, a same-host put the node starts and ends at its master itself.
+//! - `put_whole`: PUT_WHOLE, the same over the socket, the bytes following the request.
 //! - `get_local`: GET_LOCAL, a same-host get whose replicas the node asks its master for.
 //! - `whole`: what those two share (per-key answers, looking at the caller once per step).
 //! - `file`: FILE_READ / FILE_WRITE of the disk tier's files.
@@ -22,6 +23,7 @@ mod get_local;
 mod handshake;
 mod memory;
 mod put_local;
+mod put_whole;
 mod requests;
 mod same_host;
 mod whole;
@@ -155,6 +157,7 @@ impl Counters {
             master: None,
             put_local: false,
             get_local: false,
+            put_whole: false,
         }
     }
 }
@@ -171,9 +174,14 @@ impl Drop for OpenConnection {
 impl Served {
     /// The master client PUT_LOCAL and GET_LOCAL go through, when this node takes them.
     pub(crate) fn put_local_master(&self) -> Option<&MasterRoute> {
-        let open = self.access.secret.is_none()
-            && self.access.grant_key.is_none()
-            && !self.access.refuse_same_host;
+        self.put_whole_master()
+            .filter(|_| !self.access.refuse_same_host)
+    }
+
+    /// The master client PUT_WHOLE goes through, when this node takes it: a node that checks
+    /// no secrets and no grants (its master trusts what a node asks in a caller's name).
+    pub(crate) fn put_whole_master(&self) -> Option<&MasterRoute> {
+        let open = self.access.secret.is_none() && self.access.grant_key.is_none();
         self.master.get().filter(|_| open)
     }
 
@@ -184,6 +192,7 @@ impl Served {
         stats.master = self.access.master_addr.clone();
         stats.put_local = self.put_local_master().is_some();
         stats.get_local = stats.put_local;
+        stats.put_whole = self.put_whole_master().is_some();
         stats
     }
 

@@ -22,7 +22,7 @@ use moonkv_proto::msg::{
     BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, Request, RevokeItem,
 };
 use moonkv_proto::{
-    Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaType,
+    ClientId, Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaType,
 };
 use std::io;
 use std::sync::Arc;
@@ -53,7 +53,7 @@ pub(super) async fn serve_put_local(
 
 /// The body, when it is well formed: as many sizes as keys (at least one, at most
 /// [`MAX_KEYS`]), adding up to the header's length.
-fn decode(body: &[u8], length: u64) -> Option<(bool, BatchPutStartRequest)> {
+pub(super) fn decode(body: &[u8], length: u64) -> Option<(bool, BatchPutStartRequest)> {
     let (upsert, request): (bool, BatchPutStartRequest) = rmp_serde::from_slice(body).ok()?;
     let n = request.keys.len();
     let total = request
@@ -73,6 +73,58 @@ async fn put(
     upsert: bool,
     request: BatchPutStartRequest,
 ) -> Vec<ItemResult<()>> {
+    let mut started = start(served, master, upsert, request).await;
+    let targets = std::mem::take(&mut started.targets);
+    copy_keys(peer, plan, targets, &mut started.results).await;
+    // The caller gave up (or its time ran out) while this node copied: whatever was copied may
+    // have changed under the copy, so none of it is ended.
+    if !peer.waiting(plan.deadline_ns) {
+        started.give_up(|| {
+            Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                "the caller stopped waiting before its put was ended; revoked",
+            )
+        });
+    }
+    finish(master, started).await
+}
+
+/// A write the node started at its master in a caller's name: each key's outcome so far, and
+/// what ending or revoking it needs.
+pub(super) struct Started {
+    upsert: bool,
+    client_id: ClientId,
+    tenant: String,
+    keys: Vec<String>,
+    /// Each key's bytes, in the order they are laid end to end.
+    pub(super) sizes: Vec<u64>,
+    /// Each key's outcome so far.
+    pub(super) results: Vec<Result<(), Error>>,
+    /// The replica ids of the keys the master started, to end or revoke.
+    ids: Vec<Option<Vec<ReplicaId>>>,
+    /// Every replica in this node's memory of every key placed wholly here, in key order.
+    pub(super) targets: Vec<Target>,
+}
+
+impl Started {
+    /// Every started key not failed yet fails with `error()`: it is revoked, never ended.
+    pub(super) fn give_up(&mut self, error: impl Fn() -> Error) {
+        for (result, ids) in self.results.iter_mut().zip(&self.ids) {
+            if ids.is_some() && result.is_ok() {
+                *result = Err(error());
+            }
+        }
+    }
+}
+
+/// Starts the write of `request` at the master as its caller; finds where each started key's
+/// replicas are in this node's memory.
+pub(super) async fn start(
+    served: &Served,
+    master: &MasterRoute,
+    upsert: bool,
+    request: BatchPutStartRequest,
+) -> Started {
     let n = request.keys.len();
     let (client_id, tenant) = (request.client_id, request.tenant.clone());
     let keys = request.keys.clone();
@@ -82,15 +134,12 @@ async fn put(
     } else {
         Request::BatchPutStart(request)
     };
-    let started = per_key::<Vec<ReplicaDescriptor>>(master.call(start).await, n);
-
-    // Each key's outcome, and the replica ids of the keys the master started (to end or revoke).
+    let outcomes = per_key::<Vec<ReplicaDescriptor>>(master.call(start).await, n);
     let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
     let mut ids: Vec<Option<Vec<ReplicaId>>> = Vec::with_capacity(n);
-    // Every replica of every key the master started here, copied together (`copy_keys`).
     let mut targets: Vec<Target> = Vec::new();
     let mut offset = 0u64;
-    for (i, outcome) in started.into_iter().enumerate() {
+    for (i, outcome) in outcomes.into_iter().enumerate() {
         let size = sizes[i];
         let at = offset;
         offset += size;
@@ -117,7 +166,30 @@ async fn put(
             Err(e) => results.push(Err(e)),
         }
     }
-    copy_keys(peer, plan, targets, &mut results).await;
+    Started {
+        upsert,
+        client_id,
+        tenant,
+        keys,
+        sizes,
+        results,
+        ids,
+        targets,
+    }
+}
+
+/// Ends every started key whose bytes are in, revokes every other started key; one result per
+/// key.
+pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemResult<()>> {
+    let Started {
+        upsert,
+        client_id,
+        tenant,
+        keys,
+        mut results,
+        ids,
+        ..
+    } = started;
     let mut ended: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
     let mut revoked: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
     for (i, ids) in ids.into_iter().enumerate() {
@@ -126,17 +198,6 @@ async fn put(
                 Ok(()) => ended.push((i, ids)),
                 Err(_) => revoked.push((i, ids)),
             }
-        }
-    }
-    // The caller gave up (or its time ran out) while this node copied: whatever was copied may
-    // have changed under the copy, so none of it is ended.
-    if !ended.is_empty() && !peer.waiting(plan.deadline_ns) {
-        for (i, ids) in ended.drain(..) {
-            results[i] = Err(Error::new(
-                ErrorCode::TRANSFER_FAIL,
-                "the caller stopped waiting before its put was ended; revoked",
-            ));
-            revoked.push((i, ids));
         }
     }
     if !ended.is_empty() {
@@ -191,7 +252,7 @@ async fn put(
             };
             if let Err(e) = master.call::<Vec<ItemResult<()>>>(request).await {
                 // The master frees them at its release timeout.
-                tracing::debug!(error = %e, "revoking a same-host put's keys failed");
+                tracing::debug!(error = %e, "revoking a put taken whole failed");
             }
         }
     }
@@ -207,7 +268,7 @@ fn stopped_waiting() -> Error {
 }
 
 /// The answer for a key whose bytes could not be copied.
-fn not_copied(status: DataStatus) -> Error {
+pub(super) fn not_copied(status: DataStatus) -> Error {
     Error::new(
         ErrorCode::TRANSFER_FAIL,
         format!(

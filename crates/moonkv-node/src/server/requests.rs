@@ -6,6 +6,7 @@ use super::get_local::serve_get_local;
 use super::handshake::{attach, greet, refuse_connection};
 use super::memory::{serve_read, serve_write};
 use super::put_local::serve_put_local;
+use super::put_whole::serve_put_whole;
 use super::same_host::{read_plan, serve_local};
 use super::{refuse, respond, Conn, Served};
 use crate::claims::Claims;
@@ -121,7 +122,9 @@ pub(super) async fn serve_requests(
         // secret) is what admits it. Standalone clients learn their master from it.
         // PUT_LOCAL and GET_LOCAL carry none either: only a node that checks no grants takes
         // them.
-        let needs_grant = header.op != DataOp::Stats as u8 && !whole;
+        // PUT_WHOLE neither: a node that checks grants refuses it, after draining its payload.
+        let needs_grant =
+            header.op != DataOp::Stats as u8 && !whole && header.op != DataOp::PutWhole as u8;
         if let Some(key) = served.access.grant_key.as_ref().filter(|_| needs_grant) {
             match check_grant(key, &served.access.claims, &header, &grant[..grant_len]) {
                 Ok(size) => granted_file_size = size,
@@ -186,6 +189,16 @@ pub(super) async fn serve_requests(
                 }
                 ok
             }
+            op if op == DataOp::PutWhole as u8 => {
+                let Some(body) = read_body(stream).await? else {
+                    respond(stream, DataStatus::BadHeader, header.request_id).await?;
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "put request body too long",
+                    ));
+                };
+                serve_put_whole(stream, &header, served, &body).await?
+            }
             op if op == DataOp::FileRead as u8 => {
                 serve_file_read(stream, &header, served.disk(id)).await?
             }
@@ -203,7 +216,7 @@ pub(super) async fn serve_requests(
     }
 }
 
-/// The length-prefixed body of a PUT_LOCAL or GET_LOCAL; `None` when it is longer than
+/// The length-prefixed body of a PUT_LOCAL, GET_LOCAL or PUT_WHOLE; `None` when it is longer than
 /// [`MAX_PUT_LOCAL_BODY`] (the stream can then not be kept in step).
 async fn read_body(stream: &mut Conn) -> io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];

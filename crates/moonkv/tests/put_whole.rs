@@ -1,0 +1,324 @@
+//! Puts handed whole to the node a store's writes land on (PUT_WHOLE over the socket, PUT_LOCAL
+//! on the same host; `docs/data-plane.md`, *Puts through the node*), by a store that was only
+//! given the master's address: the usual client of `moonkv up`. Real master and nodes on
+//! 127.0.0.1; the caller is this process.
+
+use moonkv_client::{Store, StoreConfig};
+use moonkv_dataplane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use moonkv_master::server::{self, MasterConfig, MasterHandle};
+use moonkv_node::{Node, NodeConfig, NodeHandle};
+use moonkv_proto::msg::BatchPutStartRequest;
+use moonkv_proto::{ClientId, ErrorCode, ItemResult, ReplicateConfig};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MIB: u64 = 1 << 20;
+
+async fn master() -> MasterHandle {
+    server::start(MasterConfig::ephemeral())
+        .await
+        .expect("master starts")
+}
+
+/// A node of `master`; `in_process`: reaching it by calls, as in `moonkv up`.
+async fn node(master: &MasterHandle, in_process: bool) -> NodeHandle {
+    let mut config = NodeConfig::new(master.rpc_addr().to_string(), 64 * MIB);
+    config.huge_pages = false;
+    if in_process {
+        config.in_process_master = Some(master.in_process());
+    }
+    Node::start(config).await.expect("node starts")
+}
+
+/// A store that knows only the master; `same_host` as `MOONKV_SAME_HOST` would set it.
+async fn store(master: &MasterHandle, same_host: bool) -> Store {
+    let mut config = StoreConfig::new(master.rpc_addr().to_string());
+    config.same_host = same_host;
+    Store::connect(config).await.expect("store connects")
+}
+
+/// The value of counter `name` on the master's `/metrics`.
+async fn counter(master: &MasterHandle, name: &str) -> u64 {
+    let mut s = TcpStream::connect(master.admin_addr()).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn pattern(tag: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ tag).collect()
+}
+
+const PUT_STARTS: &str = "master_put_start_requests_total";
+const BATCH_STARTS: &str = "master_batch_put_start_requests_total";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_hands_its_puts_whole_to_its_one_node_and_keeps_every_answer() {
+    for (in_process, same_host) in [(true, false), (false, false), (true, true)] {
+        let case = format!("in_process={in_process} same_host={same_host}");
+        let m = master().await;
+        let n = node(&m, in_process).await;
+        assert!(n.data_plane_stats().put_whole);
+        let store = store(&m, same_host).await;
+        let cfg = ReplicateConfig::default();
+        // The first put goes the usual way and shows where writes land.
+        store.put("warm", b"w", &cfg).await.unwrap();
+        assert_eq!(counter(&m, PUT_STARTS).await, 1, "{case}");
+        let batch_starts = counter(&m, BATCH_STARTS).await;
+
+        let one = pattern(1, 300_001);
+        store.put_from("one", &one, &cfg).await.unwrap();
+        assert_eq!(store.get("one").await.unwrap(), one, "{case}");
+        // First writer wins, as on the usual path.
+        let again = store.put("one", b"other", &cfg).await.unwrap_err();
+        assert_eq!(
+            again.code,
+            ErrorCode::OBJECT_ALREADY_EXISTS,
+            "{case}: {again}"
+        );
+        store.upsert("one", b"short", &cfg).await.unwrap();
+        assert_eq!(store.get("one").await.unwrap(), b"short", "{case}");
+
+        // A batch at odd offsets of one buffer, with a key that exists already.
+        let big = pattern(3, 40_000 * 9);
+        let values: Vec<&[u8]> = (0..9)
+            .map(|i| &big[i * 40_000..(i + 1) * 40_000 - i])
+            .collect();
+        let mut keys: Vec<String> = (0..9).map(|i| format!("b{i}")).collect();
+        keys[4] = "one".into();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let results = store.batch_put_from(&refs, &values, &cfg).await;
+        for (i, r) in results.iter().enumerate() {
+            if i == 4 {
+                let e = r.as_ref().unwrap_err();
+                assert_eq!(e.code, ErrorCode::OBJECT_ALREADY_EXISTS, "{case}");
+            } else {
+                r.as_ref().unwrap();
+                assert_eq!(
+                    store.get(refs[i]).await.unwrap(),
+                    values[i],
+                    "{case} key {i}"
+                );
+            }
+        }
+        let results = store.batch_upsert_from(&refs, &values, &cfg).await;
+        assert!(results.iter().all(Result::is_ok), "{case}: {results:?}");
+        assert_eq!(store.get("one").await.unwrap(), values[4], "{case}");
+
+        // None of that took the three-step path: the node started every write itself.
+        assert_eq!(counter(&m, PUT_STARTS).await, 1, "{case}");
+        assert!(
+            counter(&m, BATCH_STARTS).await >= batch_starts + 3,
+            "{case}"
+        );
+
+        // A put too large for one connection goes the usual way over the socket, and the
+        // store keeps handing its small puts to the node.
+        let large = pattern(4, (2 * MIB + 3) as usize);
+        store.put_from("large", &large, &cfg).await.unwrap();
+        assert!(store.get("large").await.unwrap() == large, "{case}");
+        let usual = if same_host { 1 } else { 2 };
+        assert_eq!(counter(&m, PUT_STARTS).await, usual, "{case}");
+        store.put("after", b"a", &cfg).await.unwrap();
+        assert_eq!(counter(&m, PUT_STARTS).await, usual, "{case}");
+        assert_eq!(store.get("after").await.unwrap(), b"a", "{case}");
+        n.shutdown().await;
+        m.shutdown().await;
+    }
+}
+
+/// With two nodes the master places about half the keys on the other one: those come back
+/// and are written the usual way, and the store soon stops handing puts to one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_nodes_every_key_lands_and_the_store_stops_handing_puts_over() {
+    let m = master().await;
+    let (a, b) = (node(&m, true).await, node(&m, false).await);
+    let store = store(&m, false).await;
+    let cfg = ReplicateConfig::default();
+    let n = 200;
+    for i in 0..n {
+        store
+            .put(&format!("k{i}"), &pattern(i as u8, 4096 + i), &cfg)
+            .await
+            .unwrap();
+    }
+    let mut on = std::collections::BTreeSet::new();
+    for i in 0..n {
+        let key = format!("k{i}");
+        assert_eq!(store.get(&key).await.unwrap(), pattern(i as u8, 4096 + i));
+        for r in store.replicas(&key).await.unwrap().replicas {
+            on.insert(r.endpoint);
+        }
+    }
+    assert_eq!(on.len(), 2, "keys on both nodes: {on:?}");
+    // Handed over until the share left behind was judged, then never again.
+    let handed = counter(&m, BATCH_STARTS).await;
+    assert!(handed > 0, "the store tried the node first");
+    assert!(handed <= 64, "{handed} puts handed to one node of two");
+    assert!(counter(&m, PUT_STARTS).await >= (n as u64) - handed);
+    a.shutdown().await;
+    b.shutdown().await;
+    m.shutdown().await;
+}
+
+/// A node killed while a store hands it puts: the store goes back to the usual path and
+/// places its next puts on the node that is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_node_is_gone_writes_the_usual_way_again() {
+    let m = master().await;
+    let a = node(&m, false).await;
+    let store = store(&m, false).await;
+    let cfg = ReplicateConfig::default();
+    for i in 0..4 {
+        store.put(&format!("a{i}"), b"x", &cfg).await.unwrap();
+    }
+    assert!(counter(&m, BATCH_STARTS).await >= 2, "handed to node a");
+    let b = node(&m, false).await;
+    let b_endpoint = b.endpoint().to_string();
+    a.shutdown().await;
+    // Bounded: the master learns that a's segment is gone when it unmounts.
+    let mut written = false;
+    for attempt in 0..50 {
+        match store.put(&format!("b{attempt}"), b"y", &cfg).await {
+            Ok(()) => {
+                let on = store.replicas(&format!("b{attempt}")).await.unwrap();
+                assert!(on.replicas.iter().all(|r| r.endpoint == b_endpoint));
+                written = true;
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(written, "no put succeeded after the node went away");
+    for i in 0..4 {
+        store.put(&format!("c{i}"), b"z", &cfg).await.unwrap();
+        assert_eq!(store.get(&format!("c{i}")).await.unwrap(), b"z");
+    }
+    b.shutdown().await;
+    m.shutdown().await;
+}
+
+fn put_whole(id: u64, body: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut bytes = RequestHeader::new(
+        DataOp::PutWhole,
+        id,
+        moonkv_proto::SegmentId::new(0, 0),
+        0,
+        payload.len() as u64,
+    )
+    .encode()
+    .to_vec();
+    bytes.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(body);
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+fn body(keys: &[&str], sizes: &[u64]) -> Vec<u8> {
+    let request = BatchPutStartRequest {
+        client_id: ClientId::random(),
+        tenant: String::new(),
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        sizes: sizes.to_vec(),
+        config: ReplicateConfig::default(),
+    };
+    rmp_serde::to_vec_named(&(false, &request)).unwrap()
+}
+
+async fn answer(stream: &mut TcpStream) -> ResponseHeader {
+    let mut raw = [0u8; RESPONSE_LEN];
+    stream.read_exact(&mut raw).await.unwrap();
+    ResponseHeader::decode(&raw).unwrap()
+}
+
+async fn items(stream: &mut TcpStream, length: u64) -> Vec<ItemResult<()>> {
+    let mut raw = vec![0u8; length as usize];
+    stream.read_exact(&mut raw).await.unwrap();
+    rmp_serde::from_slice(&raw).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_broken_whole_puts_are_refused_and_place_nothing() {
+    let m = master().await;
+    let n = node(&m, true).await;
+    let value = pattern(5, 4096);
+    let mut s = TcpStream::connect(n.endpoint()).await.unwrap();
+    // A body that is not a request, sizes that do not add up to the length, no key, more
+    // sizes than keys: each refused after its payload was read, on the same connection.
+    let bad = [
+        b"\xc1 not msgpack".to_vec(),
+        body(&["x"], &[4000]),
+        body(&[], &[]),
+        body(&["x"], &[2048, 2048]),
+    ];
+    for (i, b) in bad.iter().enumerate() {
+        let id = 10 + i as u64;
+        s.write_all(&put_whole(id, b, &value)).await.unwrap();
+        let a = answer(&mut s).await;
+        assert_eq!(
+            (a.request_id, a.status),
+            (id, DataStatus::OutOfRange),
+            "case {i}"
+        );
+    }
+    // Then a good one, two keys, on the same connection.
+    let two = [value.clone(), pattern(6, 100)].concat();
+    s.write_all(&put_whole(20, &body(&["x", "y"], &[4096, 100]), &two))
+        .await
+        .unwrap();
+    let a = answer(&mut s).await;
+    assert_eq!((a.request_id, a.status), (20, DataStatus::Ok));
+    let got = items(&mut s, a.length).await;
+    assert!(got.iter().all(|i| i.0.is_ok()), "{got:?}");
+    // A key that exists is answered as the master answers it, its bytes read and dropped;
+    // the request's other key is written.
+    s.write_all(&put_whole(21, &body(&["x", "z"], &[4096, 100]), &two))
+        .await
+        .unwrap();
+    let a = answer(&mut s).await;
+    let got = items(&mut s, a.length).await;
+    assert_eq!(
+        got[0].0.as_ref().unwrap_err().code,
+        ErrorCode::OBJECT_ALREADY_EXISTS
+    );
+    assert!(got[1].0.is_ok());
+
+    // A put whose connection breaks mid-payload: half the bytes, then the caller is gone.
+    let cut = put_whole(30, &body(&["cut"], &[8192]), &pattern(7, 8192));
+    s.write_all(&cut[..cut.len() - 4096]).await.unwrap();
+    drop(s);
+
+    let store = store(&m, false).await;
+    assert_eq!(store.get("x").await.unwrap(), value);
+    assert_eq!(store.get("y").await.unwrap(), pattern(6, 100));
+    assert_eq!(store.get("z").await.unwrap(), pattern(6, 100));
+    // The broken put was revoked by the node: the key is free, never half written. Bounded,
+    // while the node notices the close.
+    let mut freed = false;
+    for _ in 0..100 {
+        match store
+            .put("cut", b"whole", &ReplicateConfig::default())
+            .await
+        {
+            Ok(()) => {
+                freed = true;
+                break;
+            }
+            Err(e) => {
+                assert_ne!(e.code, ErrorCode::OBJECT_NOT_FOUND);
+                assert!(store.get("cut").await.is_err(), "half a value is readable");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert!(freed, "the broken put's key stayed taken");
+    assert_eq!(store.get("cut").await.unwrap(), b"whole");
+    n.shutdown().await;
+    m.shutdown().await;
+}
