@@ -162,6 +162,9 @@ impl Store {
         );
         let total: u64 = sizes.iter().sum();
         let (endpoint, local) = self.whole_route().await?;
+        // PUT_LOCAL needs an attached connection in this store's own pool (a sibling's pool
+        // starts empty); a node that attaches none takes the bytes over the socket.
+        let local = local && self.attached_to(&endpoint).await;
         // Calls the node would not take go the usual way, and the route stays.
         let takes = if local {
             node_takes(&sizes) && ranges.len() <= MAX_LOCAL_RANGES
@@ -185,6 +188,18 @@ impl Store {
         let left = answers.iter().filter(|a| a.is_none()).count() as u64;
         self.whole.count(keys.len() as u64, left);
         Some(answers)
+    }
+
+    /// Whether this store's pool copies straight to and from the node at `endpoint`, dialling
+    /// it first when the pool holds no connection there yet.
+    async fn attached_to(&self, endpoint: &str) -> bool {
+        let pool = self.transfer.pool();
+        if !pool.same_host(endpoint) {
+            if let Ok((conn, _)) = pool.checkout(endpoint).await {
+                pool.checkin(conn);
+            }
+        }
+        pool.same_host(endpoint)
     }
 
     /// The node puts are handed to, asking a candidate's STATS first.
