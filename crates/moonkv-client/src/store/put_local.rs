@@ -46,6 +46,25 @@ impl Store {
             .await
     }
 
+    /// The body of a put the node takes whole (PUT_LOCAL, PUT_WHOLE): the batch start it sends
+    /// the master in this store's name.
+    pub(crate) fn whole_put_body(
+        &self,
+        kind: WriteKind,
+        keys: &[&str],
+        sizes: Vec<u64>,
+        config: &ReplicateConfig,
+    ) -> Option<Vec<u8>> {
+        let request = BatchPutStartRequest {
+            client_id: self.master.client_id(),
+            tenant: self.tenant.clone(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            sizes,
+            config: config.clone(),
+        };
+        rmp_serde::to_vec_named(&(kind == WriteKind::Upsert, &request)).ok()
+    }
+
     /// [`Store::put_through_node`] through the node at `endpoint`.
     pub(crate) async fn put_through_node_at(
         &self,
@@ -65,14 +84,7 @@ impl Store {
             return None;
         }
         let long = total as usize >= LONG_CALL_BYTES;
-        let request = BatchPutStartRequest {
-            client_id: self.master.client_id(),
-            tenant: self.tenant.clone(),
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-            sizes,
-            config: config.clone(),
-        };
-        let body = rmp_serde::to_vec_named(&(kind == WriteKind::Upsert, &request)).ok()?;
+        let body = self.whole_put_body(kind, keys, sizes, config)?;
         let flags = if long { LocalPlan::LONG_CALL } else { 0 };
         let items = self
             .call_node::<()>(

@@ -19,7 +19,6 @@ use super::node_call::{laid_end_to_end, left_to_caller};
 use super::put_local::{node_takes, NodeAnswers};
 use super::{Store, WriteKind, MAX_KEYS_THROUGH_NODE};
 use moonkv_dataplane::header::MAX_LOCAL_RANGES;
-use moonkv_proto::msg::BatchPutStartRequest;
 use moonkv_proto::{Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaKind, ReplicateConfig};
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
@@ -270,14 +269,7 @@ impl Store {
             .map(|parts| parts.iter().map(|p| p.len() as u64).sum())
             .collect();
         let total: u64 = sizes.iter().sum();
-        let request = BatchPutStartRequest {
-            client_id: self.master.client_id(),
-            tenant: self.tenant.clone(),
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-            sizes,
-            config: config.clone(),
-        };
-        let body = rmp_serde::to_vec_named(&(kind == WriteKind::Upsert, &request)).ok()?;
+        let body = self.whole_put_body(kind, keys, sizes, config)?;
         let parts: Vec<&[u8]> = objects.iter().flat_map(|p| p.iter().copied()).collect();
         let failed = |e: Error| Some((0..keys.len()).map(|_| Some(Err(e.clone()))).collect());
         // The node's start, the bytes, its end.
