@@ -322,3 +322,68 @@ async fn malformed_or_broken_whole_puts_are_refused_and_place_nothing() {
     n.shutdown().await;
     m.shutdown().await;
 }
+
+/// Polls `call` at most `polls` times; `None` when it was dropped unfinished (what a caller's
+/// timeout does, at a point chosen by wake-ups rather than by the timer's resolution).
+async fn cut_after<F: std::future::Future>(polls: u32, call: F) -> Option<F::Output> {
+    let mut call = std::pin::pin!(call);
+    let mut seen = 0;
+    std::future::poll_fn(|cx| {
+        seen += 1;
+        if seen > polls {
+            return std::task::Poll::Ready(None);
+        }
+        call.as_mut().poll(cx).map(Some)
+    })
+    .await
+}
+
+/// A caller that gives up on its puts mid-call (the future dropped while the bytes are on their
+/// way, or while the node ends the write): readers see one writer's whole value or none, never
+/// a mix, and the key takes a new write afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_dropped_mid_call_leave_whole_values_or_none() {
+    let m = master().await;
+    let n = node(&m, true).await;
+    let store = store(&m, false).await;
+    let cfg = ReplicateConfig::default();
+    store.put("warm", b"w", &cfg).await.unwrap();
+    let values = [pattern(1, MIB as usize), pattern(2, MIB as usize)];
+    let mut dropped = 0;
+    for polls in 1..=40u32 {
+        let value = &values[(polls % 2) as usize];
+        if cut_after(polls, store.upsert("c", value, &cfg))
+            .await
+            .is_none()
+        {
+            dropped += 1;
+        }
+        match store.get("c").await {
+            Ok(got) => assert!(
+                got == values[0] || got == values[1],
+                "a mix after {polls} polls"
+            ),
+            Err(e) => assert!(
+                matches!(
+                    e.code,
+                    ErrorCode::OBJECT_NOT_FOUND | ErrorCode::REPLICA_IS_NOT_READY
+                ),
+                "{e}"
+            ),
+        }
+    }
+    assert!(dropped > 0, "no call was cut");
+    // Bounded: a write cut after its start is revoked once the node sees the connection go.
+    let mut written = false;
+    for _ in 0..100 {
+        if store.upsert("c", b"last", &cfg).await.is_ok() {
+            written = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(written, "the key never took a new write");
+    assert_eq!(store.get("c").await.unwrap(), b"last");
+    n.shutdown().await;
+    m.shutdown().await;
+}

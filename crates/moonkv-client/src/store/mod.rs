@@ -172,7 +172,8 @@ impl Store {
 
     /// Builds a store that connects to the master on its first call.
     fn lazy(config: StoreConfig) -> Result<Store> {
-        Self::lazy_sharing(config, Arc::default(), Arc::default())
+        let whole = Arc::new(put_whole::WholeRoute::for_config(&config));
+        Self::lazy_sharing(config, Arc::default(), whole)
     }
 
     /// [`Store::lazy`], listing its started writes in `in_flight` (shared with the stores it

@@ -65,6 +65,17 @@ enum Route {
 }
 
 impl WholeRoute {
+    /// The route of a store built from `config`: off for good when the store must not hand
+    /// puts over (`hand_puts_to_node` off) or copies its own node's replicas in process
+    /// (`local_segments`), so its writes do not even note where they land.
+    pub(crate) fn for_config(config: &super::StoreConfig) -> WholeRoute {
+        let route = WholeRoute::default();
+        if !config.hand_puts_to_node || config.local_segments.is_some() {
+            *route.state.lock() = Route::Off;
+        }
+        route
+    }
+
     /// Notes where the master placed a write's keys (each key's replicas): the node that holds
     /// every memory replica of all of them, if there is one, becomes the candidate.
     pub(crate) fn note<'a>(&self, placed: impl IntoIterator<Item = &'a [ReplicaDescriptor]>) {
@@ -147,11 +158,7 @@ impl Store {
         objects: &[&[&[u8]]],
         config: &ReplicateConfig,
     ) -> Option<NodeAnswers> {
-        if !self.config.hand_puts_to_node
-            || self.config.local_segments.is_some()
-            || keys.is_empty()
-            || keys.len() > MAX_KEYS_THROUGH_NODE
-        {
+        if keys.is_empty() || keys.len() > MAX_KEYS_THROUGH_NODE {
             return None;
         }
         let (ranges, sizes) = laid_end_to_end(
@@ -177,7 +184,7 @@ impl Store {
             self.put_through_node_at(&endpoint, kind, keys, objects, config)
                 .await
         } else {
-            self.put_whole_over_socket(&endpoint, kind, keys, objects, config)
+            self.put_whole_over_socket(&endpoint, kind, keys, objects, sizes, config)
                 .await
         };
         let Some(answers) = answers else {
@@ -254,7 +261,7 @@ impl Store {
         }
     }
 
-    /// One PUT_WHOLE to the node at `endpoint`: one answer per key, `None` for a key the node
+    /// One PUT_WHOLE to the node at `endpoint` (`sizes`: each object's bytes): one answer per key, `None` for a key the node
     /// left to the usual path. `None` as a whole: the node took nothing.
     async fn put_whole_over_socket(
         &self,
@@ -262,12 +269,9 @@ impl Store {
         kind: WriteKind,
         keys: &[&str],
         objects: &[&[&[u8]]],
+        sizes: Vec<u64>,
         config: &ReplicateConfig,
     ) -> Option<NodeAnswers> {
-        let sizes: Vec<u64> = objects
-            .iter()
-            .map(|parts| parts.iter().map(|p| p.len() as u64).sum())
-            .collect();
         let total: u64 = sizes.iter().sum();
         let body = self.whole_put_body(kind, keys, sizes, config)?;
         let parts: Vec<&[u8]> = objects.iter().flat_map(|p| p.iter().copied()).collect();
@@ -340,6 +344,21 @@ mod tests {
             address: 0,
             grant: None,
         }
+    }
+
+    #[test]
+    fn a_store_that_must_not_hand_puts_over_never_learns_a_route() {
+        let mut config = super::super::StoreConfig::new("m:1");
+        config.hand_puts_to_node = false;
+        let route = WholeRoute::for_config(&config);
+        route.note([&[at("a:1", ReplicaKind::Memory)][..]]);
+        assert!(route.is_off());
+        assert_eq!(
+            *WholeRoute::for_config(&super::super::StoreConfig::new("m:1"))
+                .state
+                .lock(),
+            Route::Unknown
+        );
     }
 
     #[test]
