@@ -460,6 +460,91 @@ async fn a_timed_out_write_never_lands_on_a_newer_object() {
     );
 }
 
+/// A caller that gives up on a put it handed whole to the node (PUT_WHOLE) while the node is
+/// stalled between the halves of the payload: while it is stalled, readers see the old value,
+/// whole, or nothing (an upsert's replaced value goes at its start); once it wakes, the cut value
+/// lands whole or the key is free for a new write, never torn. (That the node revokes a write
+/// whose bytes never all arrived is `put_whole.rs`, on the raw protocol.) Every write the node
+/// reads stalls there for `STALL`, so a call cut after `CUT` cannot have been answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_put_given_up_mid_call_lands_whole_or_frees_its_key() {
+    const STALL: u64 = 800;
+    const CUT: Duration = Duration::from_millis(200);
+    let m = MOONKV.master(&[]);
+    let admin = m.field("admin");
+    let _n = MOONKV.node_with_failpoints(
+        &m.field("rpc"),
+        "seg-w",
+        "64MiB",
+        &format!("{WRITE_MID_PAYLOAD}=sleep({STALL})"),
+    );
+    let store = store(&m, |c| c.same_host = false).await;
+    let cfg = ReplicateConfig::default();
+    let size = 256 << 10;
+    // The first put goes the usual way and shows the store its node; the second is handed over.
+    store.put("warm", b"w", &cfg).await.unwrap();
+    let old = payload(1, 0, size);
+    store.put("k", &old, &cfg).await.unwrap();
+    // Batch starts come from the node; the store itself sends single starts.
+    let count = |name: &str| metric(&admin, name).unwrap_or(0.0);
+    let handed = || {
+        count("master_batch_put_start_requests_total")
+            + count("master_batch_upsert_start_requests_total")
+    };
+    assert!(handed() >= 1.0, "the second put was not handed to the node");
+
+    for (round, key) in ["k", "fresh"].into_iter().enumerate() {
+        let before = handed();
+        let new = payload(2, round as u64, size);
+        let cut = tokio::time::timeout(CUT, store.upsert(key, &new, &cfg)).await;
+        assert!(cut.is_err(), "{key}: the stalled put was answered");
+        // The node is still stalled in the cut write.
+        match store.get(key).await {
+            Ok(got) => {
+                assert_eq!(key, "k", "a value appeared for a key never written");
+                assert!(got == old, "{key}: {:?}", payload_header(&got));
+            }
+            Err(e) => assert!(
+                matches!(
+                    e.code,
+                    ErrorCode::OBJECT_NOT_FOUND | ErrorCode::REPLICA_IS_NOT_READY
+                ),
+                "{key}: {e}"
+            ),
+        }
+        assert!(
+            handed() > before,
+            "{key}: the cut put was not handed to the node"
+        );
+        // Once the node wakes, the cut write either lands whole (its bytes were all in the
+        // socket before the cut) or is revoked, freeing the key for a new first write (a put,
+        // not an upsert, which would preempt the cut write). Either well before the master
+        // would discard the write on its own (30 s).
+        let last = payload(3, round as u64, size);
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match store.put(key, &last, &cfg).await {
+                Ok(()) => {
+                    let got = store.get(key).await.unwrap();
+                    assert!(got == last, "{key}: {:?}", payload_header(&got));
+                    break;
+                }
+                Err(e) if e.code == ErrorCode::OBJECT_ALREADY_EXISTS => {
+                    if let Ok(got) = store.get(key).await {
+                        assert!(got == new, "{key}: {:?}", payload_header(&got));
+                        break;
+                    }
+                }
+                Err(e) => assert!(Instant::now() < until, "{key}: {e}"),
+            }
+            assert!(Instant::now() < until, "{key} is still being written");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(all_keys(&admin).unwrap(), ["fresh", "k", "warm"]);
+    assert_eq!(count("master_upsert_start_requests_total"), 0.0);
+}
+
 fn raw_put_start(c: &Connection, me: ClientId, key: &str, size: u64) {
     let start = PutStartRequest {
         client_id: me,
