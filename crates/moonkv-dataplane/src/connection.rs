@@ -306,6 +306,73 @@ impl DataConnection {
         self.read_answer_body(id).await
     }
 
+    /// A get through the node over the socket ([`DataOp::GetWhole`]): `body` is the encoded
+    /// request, `capacity` the most bytes the caller takes (the request's `length`). Returns
+    /// the node's answer (a MessagePack `Vec<ItemResult<GotWhole>>`) and how many bytes follow
+    /// it on the connection, or the status the node refused the request with. The bytes are
+    /// read with [`DataConnection::read_whole_bytes`]; the connection is back in step (and may
+    /// return to its pool) once all of them were.
+    pub async fn get_whole(
+        &mut self,
+        body: &[u8],
+        capacity: u64,
+    ) -> Result<std::result::Result<(Vec<u8>, u64), DataStatus>> {
+        let id = self.take_id();
+        let header = RequestHeader::new(DataOp::GetWhole, id, SegmentId::new(0, 0), 0, capacity);
+        let head = head(header, &[])?;
+        let body_len = u32::try_from(body.len())
+            .ok()
+            .filter(|n| *n <= crate::header::MAX_PUT_LOCAL_BODY)
+            .ok_or_else(|| transfer_fail(&self.endpoint, "get request too long"))?;
+        let mut out = Vec::with_capacity(head.len() + 4 + body.len());
+        out.extend_from_slice(&head);
+        out.extend_from_slice(&body_len.to_be_bytes());
+        out.extend_from_slice(body);
+        self.healthy = false;
+        self.stream
+            .write_all(&out)
+            .await
+            .map_err(|e| self.io_fail("send get", e))?;
+        let response = self.read_response(id).await?;
+        if response.status != DataStatus::Ok {
+            self.healthy = stays_in_step(response.status);
+            return Ok(Err(response.status));
+        }
+        let mut len = [0u8; 4];
+        self.stream
+            .read_exact(&mut len)
+            .await
+            .map_err(|e| self.io_fail("receive the answer of a get", e))?;
+        let len = u64::from(u32::from_be_bytes(len));
+        let bytes = response
+            .length
+            .checked_sub(4 + len)
+            .filter(|b| len <= u64::from(crate::header::MAX_PUT_LOCAL_BODY) && *b <= capacity)
+            .ok_or_else(|| transfer_fail(&self.endpoint, "malformed answer of a get"))?;
+        let mut answer = vec![0u8; len as usize];
+        self.stream
+            .read_exact(&mut answer)
+            .await
+            .map_err(|e| self.io_fail("receive the answer of a get", e))?;
+        if bytes == 0 {
+            self.healthy = true;
+        }
+        Ok(Ok((answer, bytes)))
+    }
+
+    /// Reads the next `buf.len()` bytes of a [`DataConnection::get_whole`] answer; `last`: the
+    /// last of them, after which the connection is back in step.
+    pub async fn read_whole_bytes(&mut self, buf: &mut [u8], last: bool) -> Result<()> {
+        self.stream
+            .read_exact(buf)
+            .await
+            .map_err(|e| self.io_fail("receive the bytes of a get", e))?;
+        if last {
+            self.healthy = true;
+        }
+        Ok(())
+    }
+
     /// Sends a request the node serves whole (PUT_LOCAL, GET_LOCAL) and reads its answer body.
     async fn through_node(
         &mut self,

@@ -73,6 +73,27 @@ pub enum DataOp {
     /// revoked. Only by a node that says so in STATS ([`NodeStats::put_whole`]); any other
     /// node answers after draining the payload, or closes the connection.
     PutWhole = 11,
+    /// Get through the node over the socket: the node asks its master for the replicas of the
+    /// keys in the caller's tenant and sends the bytes of each object it holds in its own
+    /// memory. A `u32` body length and the MessagePack body of [`DataOp::GetLocal`]
+    /// (`(tenant, keys, capacities)`, the most bytes the caller takes for each key) follow the
+    /// header; `length` is the capacities' sum, at most 64 MiB. Answered OK with `length`
+    /// bytes: a `u32` answer length, a MessagePack `Vec<ItemResult<`[`GotWhole`]`>>`, one per
+    /// key, then the bytes of every key answered [`GotWhole::Bytes`], in key order. A key the
+    /// node does not hold, or that is larger than its capacity, comes back
+    /// [`GotWhole::Elsewhere`] with its replica list, which the caller reads the usual way.
+    /// Only by a node that says so in STATS ([`NodeStats::get_whole`]).
+    GetWhole = 12,
+}
+
+/// One key's answer to a [`DataOp::GetWhole`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum GotWhole {
+    /// This many bytes of the key follow the answer.
+    Bytes(u64),
+    /// The node did not read the key (no complete replica in its memory, or larger than the
+    /// caller's capacity): its replica list, with the read lease the master granted.
+    Elsewhere(moonkv_proto::types::GetReplicaListResponse),
 }
 
 impl DataOp {
@@ -230,6 +251,10 @@ pub struct NodeStats {
     /// them at its master itself, so a caller's small put is one round trip.
     #[serde(default)]
     pub put_whole: bool,
+    /// The node takes gets whole over the socket ([`DataOp::GetWhole`]): it asks its master for
+    /// the replicas itself, so a caller's small get is one round trip.
+    #[serde(default)]
+    pub get_whole: bool,
 }
 
 /// Largest STATS answer a caller accepts.

@@ -20,7 +20,7 @@ use std::time::Duration;
 /// The data-plane operations, with their `op` label.
 /// Same-host reads and writes count as reads and writes (`node_data_same_host_requests` tells
 /// them apart).
-const OPS: [(DataOp, &str); 8] = [
+const OPS: [(DataOp, &str); 9] = [
     (DataOp::Read, "read"),
     (DataOp::Write, "write"),
     (DataOp::FileRead, "file_read"),
@@ -29,6 +29,7 @@ const OPS: [(DataOp, &str); 8] = [
     (DataOp::PutLocal, "put_local"),
     (DataOp::GetLocal, "get_local"),
     (DataOp::PutWhole, "put_whole"),
+    (DataOp::GetWhole, "get_whole"),
 ];
 
 /// Why a grant was refused, with its `reason` label.

@@ -461,8 +461,8 @@ async fn a_timed_out_write_never_lands_on_a_newer_object() {
 }
 
 /// A caller that gives up on a put it handed whole to the node (PUT_WHOLE) while the node is
-/// stalled between the halves of the payload: while it is stalled, readers see the old value,
-/// whole, or nothing (an upsert's replaced value goes at its start); once it wakes, the cut value
+/// stalled between the halves of the payload: readers see the old value, the new one, whole, or
+/// nothing (an upsert's replaced value goes at its start); once the node wakes, the cut value
 /// lands whole or the key is free for a new write, never torn. (That the node revokes a write
 /// whose bytes never all arrived is `put_whole.rs`, on the raw protocol.) Every write the node
 /// reads stalls there for `STALL`, so a call cut after `CUT` cannot have been answered.
@@ -498,12 +498,14 @@ async fn a_whole_put_given_up_mid_call_lands_whole_or_frees_its_key() {
         let new = payload(2, round as u64, size);
         let cut = tokio::time::timeout(CUT, store.upsert(key, &new, &cfg)).await;
         assert!(cut.is_err(), "{key}: the stalled put was answered");
-        // The node is still stalled in the cut write.
+        // Most likely while the node is still stalled in the cut write; on a loaded machine
+        // perhaps after it landed.
         match store.get(key).await {
-            Ok(got) => {
-                assert_eq!(key, "k", "a value appeared for a key never written");
-                assert!(got == old, "{key}: {:?}", payload_header(&got));
-            }
+            Ok(got) => assert!(
+                got == new || (key == "k" && got == old),
+                "{key}: {:?}",
+                payload_header(&got)
+            ),
             Err(e) => assert!(
                 matches!(
                     e.code,
@@ -512,10 +514,15 @@ async fn a_whole_put_given_up_mid_call_lands_whole_or_frees_its_key() {
                 "{key}: {e}"
             ),
         }
-        assert!(
-            handed() > before,
-            "{key}: the cut put was not handed to the node"
-        );
+        // The node got the cut request (bounded: a loaded machine may be slow to show it).
+        let until = Instant::now() + Duration::from_secs(10);
+        while handed() <= before {
+            assert!(
+                Instant::now() < until,
+                "{key}: the cut put was not handed to the node"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // Once the node wakes, the cut write either lands whole (its bytes were all in the
         // socket before the cut) or is revoked, freeing the key for a new first write (a put,
         // not an upsert, which would preempt the cut write). Either well before the master

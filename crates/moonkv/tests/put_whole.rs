@@ -4,7 +4,9 @@
 //! 127.0.0.1; the caller is this process.
 
 use moonkv_client::{Store, StoreConfig};
-use moonkv_dataplane::header::{DataOp, DataStatus, RequestHeader, ResponseHeader, RESPONSE_LEN};
+use moonkv_dataplane::header::{
+    DataOp, DataStatus, GotWhole, RequestHeader, ResponseHeader, RESPONSE_LEN,
+};
 use moonkv_master::server::{self, MasterConfig, MasterHandle};
 use moonkv_node::{Node, NodeConfig, NodeHandle};
 use moonkv_proto::msg::BatchPutStartRequest;
@@ -379,6 +381,247 @@ async fn puts_dropped_mid_call_leave_whole_values_or_none() {
     }
     assert!(written, "the key never took a new write");
     assert_eq!(store.get("c").await.unwrap(), b"last");
+    n.shutdown().await;
+    m.shutdown().await;
+}
+
+const LISTS: &str = "master_get_replica_list_requests_total";
+const BATCH_LISTS: &str = "master_batch_get_replica_list_requests_total";
+
+/// A store that takes the usual path for everything, to compare answers with.
+async fn usual_store(master: &MasterHandle) -> Store {
+    let mut config = StoreConfig::new(master.rpc_addr().to_string());
+    config.same_host = false;
+    config.hand_puts_to_node = false;
+    Store::connect(config).await.expect("store connects")
+}
+
+/// Gets over the socket, once the store hands its puts to its node, go whole to that node
+/// (GET_WHOLE): the same bytes and errors as the usual path, and no replica list asked by the
+/// store itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_gets_whole_from_its_node_with_the_answers_of_the_usual_path() {
+    for in_process in [true, false] {
+        let case = format!("in_process={in_process}");
+        let m = master().await;
+        let n = node(&m, in_process).await;
+        assert!(n.data_plane_stats().get_whole, "{case}");
+        let store = store(&m, false).await;
+        let usual = usual_store(&m).await;
+        let cfg = ReplicateConfig::default();
+        store.put("warm", b"w", &cfg).await.unwrap();
+        store.put("warm2", b"w", &cfg).await.unwrap();
+        let sizes = [1usize, 4096, 300_001, MIB as usize];
+        let values: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| pattern(i as u8, *s))
+            .collect();
+        for (i, v) in values.iter().enumerate() {
+            store.put(&format!("v{i}"), v, &cfg).await.unwrap();
+        }
+        let large = pattern(9, (2 * MIB + 3) as usize);
+        store.put("large", &large, &cfg).await.unwrap();
+
+        let lists = counter(&m, LISTS).await;
+        let batch_lists = counter(&m, BATCH_LISTS).await;
+        for (i, v) in values.iter().enumerate() {
+            let key = format!("v{i}");
+            assert!(store.get(&key).await.unwrap() == *v, "{case} get {key}");
+            let mut exact = vec![0u8; v.len()];
+            assert_eq!(store.get_into(&key, &mut exact).await.unwrap(), v.len());
+            assert!(exact == *v, "{case} get_into {key}");
+            let mut roomy = vec![7u8; v.len() + 100];
+            assert_eq!(store.get_into(&key, &mut roomy).await.unwrap(), v.len());
+            assert!(roomy[..v.len()] == v[..], "{case} roomy get_into {key}");
+        }
+        // The 2 MiB object is larger than a get hands over: the node sends its list back.
+        assert!(store.get("large").await.unwrap() == large, "{case}");
+        assert_eq!(
+            counter(&m, LISTS).await,
+            lists,
+            "{case}: the store asked for lists"
+        );
+        assert!(counter(&m, BATCH_LISTS).await > batch_lists, "{case}");
+
+        // Errors as on the usual path.
+        for key in ["missing", "v2"] {
+            let mut small = vec![0u8; 10];
+            let whole = store.get_into(key, &mut small).await.unwrap_err();
+            let other = usual.get_into(key, &mut small).await.unwrap_err();
+            assert_eq!(whole.code, other.code, "{case} {key}: {whole} / {other}");
+        }
+        let e = store.get("missing").await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::OBJECT_NOT_FOUND, "{case}: {e}");
+
+        // A batch into the caller's buffers, with a missing key and a buffer too small.
+        let keys = ["v0", "v1", "missing", "v2", "v1"];
+        let lens = [1usize, 4096, 5, 300_001, 100];
+        let mut whole_bufs: Vec<Vec<u8>> = lens.iter().map(|l| vec![0u8; *l]).collect();
+        let mut usual_bufs = whole_bufs.clone();
+        let mut refs: Vec<&mut [u8]> = whole_bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let got = store.batch_get_into(&keys, &mut refs).await;
+        let mut refs: Vec<&mut [u8]> = usual_bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let want = usual.batch_get_into(&keys, &mut refs).await;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            match (g, w) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{case} key {i}"),
+                (Err(a), Err(b)) => assert_eq!(a.code, b.code, "{case} key {i}: {a} / {b}"),
+                _ => panic!("{case} key {i}: {g:?} against {w:?}"),
+            }
+        }
+        assert_eq!(whole_bufs, usual_bufs, "{case}");
+        n.shutdown().await;
+        m.shutdown().await;
+    }
+}
+
+/// Two nodes: a store's gets go to the node its puts went to, and keys on the other node come
+/// back with their lists, read from that node without asking the master again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_on_another_node_are_read_with_the_list_the_node_sent() {
+    let m = master().await;
+    let (a, b) = (node(&m, true).await, node(&m, false).await);
+    let on = |n: &NodeHandle| ReplicateConfig {
+        preferred_segments: vec![n.segments()[0].name.clone()],
+        ..ReplicateConfig::default()
+    };
+    let store = store(&m, false).await;
+    for i in 0..3 {
+        store.put(&format!("a{i}"), b"on a", &on(&a)).await.unwrap();
+    }
+    let values: Vec<Vec<u8>> = (0..4).map(|i| pattern(i, 10_000 + i as usize)).collect();
+    for (i, v) in values.iter().enumerate() {
+        store.put(&format!("b{i}"), v, &on(&b)).await.unwrap();
+        let r = store.replicas(&format!("b{i}")).await.unwrap();
+        assert_eq!(r.replicas[0].endpoint, b.endpoint());
+    }
+    let lists = counter(&m, LISTS).await;
+    for (i, v) in values.iter().enumerate() {
+        assert_eq!(store.get(&format!("b{i}")).await.unwrap(), *v);
+    }
+    assert_eq!(store.get("a0").await.unwrap(), b"on a");
+    assert_eq!(counter(&m, LISTS).await, lists, "the store asked for lists");
+    a.shutdown().await;
+    b.shutdown().await;
+    m.shutdown().await;
+}
+
+fn get_whole(id: u64, body: &[u8], capacity: u64) -> Vec<u8> {
+    let mut bytes = RequestHeader::new(
+        DataOp::GetWhole,
+        id,
+        moonkv_proto::SegmentId::new(0, 0),
+        0,
+        capacity,
+    )
+    .encode()
+    .to_vec();
+    bytes.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// Malformed GET_WHOLE requests are refused with the connection still in step; a good one is
+/// answered with one item per key, then the bytes of the keys read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_whole_gets_are_refused_and_good_ones_answered_key_by_key() {
+    let m = master().await;
+    let n = node(&m, true).await;
+    let store = store(&m, false).await;
+    let cfg = ReplicateConfig::default();
+    let (x, y) = (pattern(1, 5000), pattern(2, 300));
+    store.put("x", &x, &cfg).await.unwrap();
+    store.put("y", &y, &cfg).await.unwrap();
+    let req = |keys: &[&str], caps: &[u64]| rmp_serde::to_vec(&("", keys, caps)).unwrap();
+    let mut s = TcpStream::connect(n.endpoint()).await.unwrap();
+    // Not a request, capacities that do not add up, no key, more capacities than keys, a
+    // zero... each refused on the same connection.
+    let bad: [(Vec<u8>, u64); 4] = [
+        (b"\xc1 not msgpack".to_vec(), 10),
+        (req(&["x"], &[10]), 11),
+        (req(&[], &[]), 0),
+        (req(&["x"], &[5, 5]), 10),
+    ];
+    for (i, (b, cap)) in bad.iter().enumerate() {
+        let id = 10 + i as u64;
+        s.write_all(&get_whole(id, b, *cap)).await.unwrap();
+        let a = answer(&mut s).await;
+        assert_eq!(
+            (a.request_id, a.status, a.length),
+            (id, DataStatus::OutOfRange, 0),
+            "case {i}"
+        );
+    }
+    s.write_all(&get_whole(19, &req(&["x"], &[65 << 20]), 65 << 20))
+        .await
+        .unwrap();
+    let a = answer(&mut s).await;
+    assert_eq!((a.request_id, a.status), (19, DataStatus::TooLarge));
+    // Then a good one: x read, a missing key, y larger than its capacity (its list instead).
+    s.write_all(&get_whole(
+        20,
+        &req(&["x", "nope", "y"], &[6000, 10, 299]),
+        6309,
+    ))
+    .await
+    .unwrap();
+    let a = answer(&mut s).await;
+    assert_eq!((a.request_id, a.status), (20, DataStatus::Ok));
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.unwrap();
+    let len = u32::from_be_bytes(len) as u64;
+    let mut raw = vec![0u8; len as usize];
+    s.read_exact(&mut raw).await.unwrap();
+    let got: Vec<ItemResult<GotWhole>> = rmp_serde::from_slice(&raw).unwrap();
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[0].0.as_ref().unwrap(), &GotWhole::Bytes(5000));
+    assert_eq!(
+        got[1].0.as_ref().unwrap_err().code,
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    match got[2].0.as_ref().unwrap() {
+        GotWhole::Elsewhere(list) => assert_eq!(list.replicas[0].size, 300),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.length, 4 + len + 5000);
+    let mut bytes = vec![0u8; 5000];
+    s.read_exact(&mut bytes).await.unwrap();
+    assert_eq!(bytes, x);
+    // Still in step: another request on the same connection.
+    s.write_all(&get_whole(21, &req(&["y"], &[300]), 300))
+        .await
+        .unwrap();
+    let a = answer(&mut s).await;
+    assert_eq!((a.request_id, a.status), (21, DataStatus::Ok));
+    n.shutdown().await;
+    m.shutdown().await;
+}
+
+/// A caller that gives up on its gets mid-call: the store's next gets still read the right
+/// bytes (a connection left mid-answer is never reused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gets_dropped_mid_call_leave_the_store_reading_right() {
+    let m = master().await;
+    let n = node(&m, true).await;
+    let store = store(&m, false).await;
+    let cfg = ReplicateConfig::default();
+    store.put("warm", b"w", &cfg).await.unwrap();
+    let values = [pattern(1, MIB as usize), pattern(2, 200_000)];
+    store.put("a", &values[0], &cfg).await.unwrap();
+    store.put("b", &values[1], &cfg).await.unwrap();
+    let mut buf = vec![0u8; MIB as usize];
+    for polls in 1..=40u32 {
+        let key = ["a", "b"][(polls % 2) as usize];
+        let _ = cut_after(polls, store.get_into(key, &mut buf)).await;
+        for (key, value) in [("a", &values[0]), ("b", &values[1])] {
+            let n = store.get_into(key, &mut buf).await.unwrap();
+            assert!(
+                buf[..n] == value[..],
+                "{key} after a get cut at {polls} polls"
+            );
+        }
+    }
     n.shutdown().await;
     m.shutdown().await;
 }

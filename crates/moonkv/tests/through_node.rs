@@ -217,8 +217,11 @@ async fn concurrent_batches_copied_on_two_threads_end_and_keep_whole_values() {
     m.shutdown().await;
 }
 
+/// A node that copies nothing to or from this process (`refuse_same_host`): the store's puts
+/// and gets are not taken as same-host requests; once the store knows its node, its gets go
+/// whole over the socket (GET_WHOLE) instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_whose_node_does_not_take_puts_or_gets_uses_the_usual_way() {
+async fn a_store_whose_node_takes_no_same_host_copies_gets_over_the_socket() {
     let m = master().await;
     let mut config = NodeConfig::new(m.rpc_addr().to_string(), 16 * MIB);
     config.huge_pages = false;
@@ -226,6 +229,7 @@ async fn a_store_whose_node_does_not_take_puts_or_gets_uses_the_usual_way() {
     let n = Node::start(config).await.unwrap();
     assert!(!n.data_plane_stats().put_local);
     assert!(!n.data_plane_stats().get_local);
+    assert!(n.data_plane_stats().get_whole);
     let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
         .await
         .unwrap();
@@ -241,6 +245,10 @@ async fn a_store_whose_node_does_not_take_puts_or_gets_uses_the_usual_way() {
     assert_eq!(counter(&m, "master_put_start_requests_total").await, 1);
     assert_eq!(
         counter(&m, "master_get_replica_list_requests_total").await,
+        0
+    );
+    assert_eq!(
+        counter(&m, "master_batch_get_replica_list_requests_total").await,
         2
     );
     n.shutdown().await;

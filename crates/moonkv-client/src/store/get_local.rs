@@ -9,6 +9,7 @@
 //! could not read itself (answered `NOT_SUPPORTED`, nothing written), which the usual path
 //! reads or answers with its own errors.
 
+use super::get_whole::{Sink, Took};
 use super::node_call::{laid_end_to_end, left_to_caller, Whole};
 use super::Store;
 use moonkv_proto::{Error, ErrorCode, Result};
@@ -80,7 +81,7 @@ impl Store {
             None
         };
         let Some(answers) = through_node else {
-            return self.read_keys_usual(keys, targets).await;
+            return self.read_keys_whole(keys, targets).await;
         };
         let mut results: Vec<Option<Result<usize>>> = Vec::with_capacity(keys.len());
         let (mut rest_keys, mut rest_targets, mut rest_at) = (Vec::new(), Vec::new(), Vec::new());
@@ -94,6 +95,59 @@ impl Store {
         }
         if !rest_keys.is_empty() {
             let rest = self.read_keys_usual(&rest_keys, rest_targets).await;
+            for (i, result) in rest_at.into_iter().zip(rest) {
+                results[i] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(Error::new(
+                        ErrorCode::INTERNAL_ERROR,
+                        "no result for the key",
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Reads each key into its target through GET_WHOLE when this store hands gets to a node
+    /// over the socket (`get_whole.rs`), the keys it leaves with the lists it sent back; else
+    /// the usual way.
+    async fn read_keys_whole(
+        &self,
+        keys: &[&str],
+        targets: Vec<Vec<&mut [u8]>>,
+    ) -> Vec<Result<usize>> {
+        if !keys.iter().all(|k| crate::util::check_key(k).is_ok()) {
+            return self.read_keys_usual(keys, targets).await;
+        }
+        let mut sinks: Vec<Sink<'_>> = targets.into_iter().map(Sink::Parts).collect();
+        let Some((started, took)) = self.get_whole(keys, &mut sinks).await else {
+            let targets = sinks.into_iter().map(Sink::into_parts).collect();
+            return self.read_keys_usual(keys, targets).await;
+        };
+        let mut results: Vec<Option<Result<usize>>> = Vec::with_capacity(keys.len());
+        let (mut rest_keys, mut rest_lists, mut rest_targets, mut rest_at) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (i, (took, sink)) in took.into_iter().zip(sinks).enumerate() {
+            results.push(match took {
+                Took::Read(size) => Some(Ok(size)),
+                Took::Failed(e) => Some(Err(e)),
+                Took::Listed(list) => {
+                    rest_keys.push(keys[i]);
+                    rest_lists.push(Ok(list));
+                    rest_targets.push(Some(sink.into_parts()));
+                    rest_at.push(i);
+                    None
+                }
+            });
+        }
+        if !rest_keys.is_empty() {
+            let rest = self
+                .read_batch(&rest_keys, rest_lists, started, rest_targets)
+                .await;
             for (i, result) in rest_at.into_iter().zip(rest) {
                 results[i] = Some(result);
             }

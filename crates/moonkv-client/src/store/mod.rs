@@ -13,6 +13,7 @@ mod batch;
 mod caller;
 mod failover;
 mod get_local;
+mod get_whole;
 mod in_flight;
 mod lanes;
 mod node_call;
@@ -308,12 +309,18 @@ impl Store {
     /// (see [`ErrorExt::is_not_found`]).
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
         check_key(key)?;
-        let started = Instant::now();
-        let list = self
-            .master
-            .get_replica_list(self.key_request(key))
-            .await
-            .map_err(|e| self.about(key, e))?;
+        let mut sinks = [get_whole::Sink::Fresh(None)];
+        let (started, list) = match self.get_whole(&[key], &mut sinks).await {
+            Some((started, mut took)) => match (took.pop(), sinks) {
+                (Some(get_whole::Took::Read(_)), [get_whole::Sink::Fresh(Some(buf))]) => {
+                    return Ok(buf)
+                }
+                (Some(get_whole::Took::Failed(e)), _) => return Err(self.about(key, e)),
+                (Some(get_whole::Took::Listed(list)), _) => (started, list),
+                _ => self.listed(key).await?,
+            },
+            None => self.listed(key).await?,
+        };
         let size = object_size(key, &list)?;
         let mut buf = zeroed(size)?;
         self.read_object(key, &list, started, &mut buf).await?;
@@ -329,16 +336,39 @@ impl Store {
                 return answer.map_err(|e| self.about(key, e));
             }
         }
+        let mut listed = None;
+        {
+            let mut sinks = [get_whole::Sink::Parts(vec![&mut *buf])];
+            if let Some((started, mut took)) = self.get_whole(&[key], &mut sinks).await {
+                match took.pop() {
+                    Some(get_whole::Took::Read(size)) => return Ok(size),
+                    Some(get_whole::Took::Failed(e)) => return Err(self.about(key, e)),
+                    Some(get_whole::Took::Listed(list)) => listed = Some((started, list)),
+                    None => {}
+                }
+            }
+        }
+        let (started, list) = match listed {
+            Some(listed) => listed,
+            None => self.listed(key).await?,
+        };
+        let size = object_size(key, &list)?;
+        let target = buffer_for(key, buf, size)?;
+        self.read_object(key, &list, started, target).await?;
+        Ok(size)
+    }
+
+    /// The key's replica list from the master, and when it was asked for; a store that has
+    /// not learnt where its writes land yet learns it from the reads too.
+    async fn listed(&self, key: &str) -> Result<(Instant, GetReplicaListResponse)> {
         let started = Instant::now();
         let list = self
             .master
             .get_replica_list(self.key_request(key))
             .await
             .map_err(|e| self.about(key, e))?;
-        let size = object_size(key, &list)?;
-        let target = buffer_for(key, buf, size)?;
-        self.read_object(key, &list, started, target).await?;
-        Ok(size)
+        self.whole.note([list.replicas.as_slice()]);
+        Ok((started, list))
     }
 
     /// Whether the object exists (and is readable).

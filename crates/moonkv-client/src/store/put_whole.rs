@@ -52,10 +52,12 @@ enum Route {
     Unknown,
     /// Writes landed wholly on this node; its STATS are asked on the next put.
     Candidate(String),
-    /// Puts go whole to this node (`local`: PUT_LOCAL, else PUT_WHOLE).
+    /// Puts go whole to this node (`local`: PUT_LOCAL, else PUT_WHOLE); `gets`: it takes
+    /// gets whole over the socket too (GET_WHOLE).
     Via {
         endpoint: String,
         local: bool,
+        gets: bool,
         handed: u64,
         left: u64,
     },
@@ -124,7 +126,7 @@ impl WholeRoute {
     /// Back to learning: the node could not be reached, refused the request, or its
     /// connection broke. After [`BROKEN_LIMIT`] such routes in a row, off for good (a node
     /// that refuses what its STATS promised).
-    fn forget(&self) {
+    pub(crate) fn forget(&self) {
         let broken = self.broken.fetch_add(1, Ordering::Relaxed) + 1;
         let mut state = self.state.lock();
         if matches!(*state, Route::Via { .. } | Route::Candidate(_)) {
@@ -167,7 +169,7 @@ impl Store {
                 .map(|parts| parts.iter().map(|p| (p.as_ptr() as u64, p.len() as u64))),
         );
         let total: u64 = sizes.iter().sum();
-        let (endpoint, local) = self.whole_route().await?;
+        let (endpoint, local, _) = self.whole_route().await?;
         // PUT_LOCAL needs an attached connection in this store's own pool (a sibling's pool
         // starts empty); a node that attaches none takes the bytes over the socket.
         let local = local && self.attached_to(&endpoint).await;
@@ -208,27 +210,26 @@ impl Store {
         pool.same_host(endpoint)
     }
 
-    /// The node puts are handed to, asking a candidate's STATS first.
-    async fn whole_route(&self) -> Option<(String, bool)> {
+    /// The node puts (and gets) are handed to, asking a candidate's STATS first: its
+    /// endpoint, whether puts go to it as PUT_LOCAL, and whether it takes gets whole.
+    pub(crate) async fn whole_route(&self) -> Option<(String, bool, bool)> {
         let candidate = match &*self.whole.state.lock() {
             Route::Via {
-                endpoint, local, ..
-            } => return Some((endpoint.clone(), *local)),
+                endpoint,
+                local,
+                gets,
+                ..
+            } => return Some((endpoint.clone(), *local, *gets)),
             Route::Candidate(endpoint) => endpoint.clone(),
             Route::Unknown | Route::Off => return None,
         };
         let stats = self.node_stats(&candidate).await;
         let local = self.config.same_host && self.transfer.pool().same_host(&candidate);
         let next = match stats {
-            Some(s) if local && s.put_local => Route::Via {
+            Some(s) if (local && s.put_local) || s.put_whole => Route::Via {
                 endpoint: candidate.clone(),
-                local: true,
-                handed: 0,
-                left: 0,
-            },
-            Some(s) if s.put_whole => Route::Via {
-                endpoint: candidate.clone(),
-                local: false,
+                local: local && s.put_local,
+                gets: s.get_whole,
                 handed: 0,
                 left: 0,
             },
@@ -241,8 +242,11 @@ impl Store {
         }
         match &*state {
             Route::Via {
-                endpoint, local, ..
-            } => Some((endpoint.clone(), *local)),
+                endpoint,
+                local,
+                gets,
+                ..
+            } => Some((endpoint.clone(), *local, *gets)),
             _ => None,
         }
     }
@@ -383,6 +387,7 @@ mod tests {
         *route.state.lock() = Route::Via {
             endpoint: "a:1".into(),
             local: false,
+            gets: false,
             handed: 0,
             left: 0,
         };
@@ -403,6 +408,7 @@ mod tests {
         *route.state.lock() = Route::Via {
             endpoint: "a:1".into(),
             local: true,
+            gets: false,
             handed: 0,
             left: 0,
         };
@@ -420,6 +426,7 @@ mod tests {
         let via = || Route::Via {
             endpoint: "a:1".into(),
             local: true,
+            gets: false,
             handed: 0,
             left: 0,
         };

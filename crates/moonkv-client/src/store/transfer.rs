@@ -532,6 +532,11 @@ pub(crate) const WHOLE_READ_CHUNKS: usize = 2;
 /// Calls of this process moving bytes over sockets right now ([`SocketCall`]).
 static SOCKET_CALLS: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether no call of this process moves bytes over sockets right now.
+pub(crate) fn no_socket_calls() -> bool {
+    SOCKET_CALLS.load(Ordering::Acquire) == 0
+}
+
 /// Counts one call among those moving bytes over sockets while it lives.
 pub(crate) struct SocketCall;
 

@@ -51,7 +51,7 @@ pub(super) async fn serve_get_local(
 
 /// The body, when it is well formed: as many buffer sizes as keys (at least one, at most
 /// [`MAX_KEYS`]), adding up to the header's length.
-fn decode(body: &[u8], length: u64) -> Option<(String, Vec<String>, Vec<u64>)> {
+pub(super) fn decode(body: &[u8], length: u64) -> Option<(String, Vec<String>, Vec<u64>)> {
     let (tenant, keys, capacities): (String, Vec<String>, Vec<u64>) =
         rmp_serde::from_slice(body).ok()?;
     let n = keys.len();
@@ -227,7 +227,7 @@ fn cut(view: &[u8], piece: usize) -> Vec<&[u8]> {
 
 /// The replica this node reads a key from: the first complete memory replica in one of its
 /// own segments.
-fn readable_here<'r>(
+pub(super) fn readable_here<'r>(
     served: &Served,
     replicas: &'r [ReplicaDescriptor],
 ) -> Option<&'r ReplicaDescriptor> {

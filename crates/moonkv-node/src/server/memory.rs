@@ -48,7 +48,7 @@ pub(super) async fn serve_read(
 }
 
 /// Writes every byte of `slices`, in order, with as few writes as the stream allows.
-async fn write_all_vectored(
+pub(super) async fn write_all_vectored(
     stream: &mut Conn,
     mut slices: &mut [io::IoSlice<'_>],
 ) -> io::Result<()> {

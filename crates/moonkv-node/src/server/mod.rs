@@ -14,12 +14,14 @@
 //! - `same_host`: READ_LOCAL / WRITE_LOCAL, copied straight to and from the caller's memory.
 //! - `put_local`: PUT_LOCAL, a same-host put the node starts and ends at its master itself.
 //! - `put_whole`: PUT_WHOLE, the same over the socket, the bytes following the request.
+//! - `get_whole`: GET_WHOLE, a get taken whole over the socket, the bytes following the answer.
 //! - `get_local`: GET_LOCAL, a same-host get whose replicas the node asks its master for.
 //! - `whole`: what those two share (per-key answers, looking at the caller once per step).
 //! - `file`: FILE_READ / FILE_WRITE of the disk tier's files.
 
 mod file;
 mod get_local;
+mod get_whole;
 mod handshake;
 mod memory;
 mod put_local;
@@ -158,6 +160,7 @@ impl Counters {
             put_local: false,
             get_local: false,
             put_whole: false,
+            get_whole: false,
         }
     }
 }
@@ -193,6 +196,7 @@ impl Served {
         stats.put_local = self.put_local_master().is_some();
         stats.get_local = stats.put_local;
         stats.put_whole = self.put_whole_master().is_some();
+        stats.get_whole = stats.put_whole;
         stats
     }
 

@@ -3,6 +3,7 @@
 
 use super::file::{serve_file_read, serve_file_write};
 use super::get_local::serve_get_local;
+use super::get_whole::serve_get_whole;
 use super::handshake::{attach, greet, refuse_connection};
 use super::memory::{serve_read, serve_write};
 use super::put_local::serve_put_local;
@@ -122,9 +123,12 @@ pub(super) async fn serve_requests(
         // secret) is what admits it. Standalone clients learn their master from it.
         // PUT_LOCAL and GET_LOCAL carry none either: only a node that checks no grants takes
         // them.
-        // PUT_WHOLE neither: a node that checks grants refuses it, after draining its payload.
-        let needs_grant =
-            header.op != DataOp::Stats as u8 && !whole && header.op != DataOp::PutWhole as u8;
+        // PUT_WHOLE and GET_WHOLE neither: a node that checks grants refuses them (PUT_WHOLE
+        // after draining its payload).
+        let needs_grant = header.op != DataOp::Stats as u8
+            && !whole
+            && header.op != DataOp::PutWhole as u8
+            && header.op != DataOp::GetWhole as u8;
         if let Some(key) = served.access.grant_key.as_ref().filter(|_| needs_grant) {
             match check_grant(key, &served.access.claims, &header, &grant[..grant_len]) {
                 Ok(size) => granted_file_size = size,
@@ -198,6 +202,16 @@ pub(super) async fn serve_requests(
                     ));
                 };
                 serve_put_whole(stream, &header, served, &body).await?
+            }
+            op if op == DataOp::GetWhole as u8 => {
+                let Some(body) = read_body(stream).await? else {
+                    respond(stream, DataStatus::BadHeader, header.request_id).await?;
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "get request body too long",
+                    ));
+                };
+                serve_get_whole(stream, &header, served, &body).await?
             }
             op if op == DataOp::FileRead as u8 => {
                 serve_file_read(stream, &header, served.disk(id)).await?
