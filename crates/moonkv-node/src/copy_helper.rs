@@ -30,11 +30,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-pub static DBG: [AtomicUsize; 3] = [
-    AtomicUsize::new(0),
-    AtomicUsize::new(0),
-    AtomicUsize::new(0),
-];
 /// Copies shorter than this stay on one thread. A 1 MiB copy was slower with the helper: it
 /// takes about as long as the helper takes to join, and the helper's spinning then delays the
 /// caller's next request.
@@ -144,11 +139,6 @@ pub(crate) fn split<T: Send>(
         let Some(item) = cells.get(i).and_then(|cell| cell.lock().take()) else {
             return;
         };
-        if std::thread::current().name() == Some("moonkv-copy") {
-            DBG[0].fetch_add(1, Ordering::Relaxed);
-        } else {
-            DBG[1].fetch_add(1, Ordering::Relaxed);
-        }
         let done = catch_unwind(AssertUnwindSafe(|| copy(item)))
             .unwrap_or_else(|_| Err(io::Error::other("a copy piece panicked")));
         if let Err(e) = done {
@@ -250,7 +240,6 @@ impl Helper {
                 if self.now_ns() >= self.warm_until.load(Ordering::Relaxed) {
                     let mut parked = self.parked.lock();
                     *parked = true;
-                    DBG[2].fetch_add(1, Ordering::Relaxed);
                     while self.posted.load(Ordering::Acquire) == seen
                         && self.now_ns() >= self.warm_until.load(Ordering::Relaxed)
                     {

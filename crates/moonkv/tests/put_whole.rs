@@ -120,6 +120,22 @@ async fn a_store_hands_its_puts_whole_to_its_one_node_and_keeps_every_answer() {
             "{case}"
         );
 
+        // A batch of 3 MiB goes as three requests at once over the socket, one on the same
+        // host; the master still sees no single start.
+        let chunky = pattern(5, 24 * 128 * 1024);
+        let parts: Vec<&[u8]> = chunky.chunks(128 * 1024).collect();
+        let names: Vec<String> = (0..24).map(|i| format!("g{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let before = counter(&m, BATCH_STARTS).await;
+        let results = store.batch_put_from(&refs, &parts, &cfg).await;
+        assert!(results.iter().all(Result::is_ok), "{case}: {results:?}");
+        let starts = counter(&m, BATCH_STARTS).await - before;
+        assert_eq!(starts, if same_host { 1 } else { 3 }, "{case}");
+        for (name, part) in refs.iter().zip(&parts) {
+            assert!(store.get(name).await.unwrap() == *part, "{case} {name}");
+        }
+        assert_eq!(counter(&m, PUT_STARTS).await, 1, "{case}");
+
         // A put too large for one connection goes the usual way over the socket, and the
         // store keeps handing its small puts to the node.
         let large = pattern(4, (2 * MIB + 3) as usize);
@@ -396,17 +412,18 @@ async fn usual_store(master: &MasterHandle) -> Store {
     Store::connect(config).await.expect("store connects")
 }
 
-/// Gets over the socket, once the store hands its puts to its node, go whole to that node
-/// (GET_WHOLE): the same bytes and errors as the usual path, and no replica list asked by the
-/// store itself.
+/// Gets, once the store hands its puts to its node, go whole to that node (GET_WHOLE over the
+/// socket, GET_LOCAL on the same host): the same bytes and errors as the usual path, and no
+/// replica list asked by the store itself (but for `get` on the same host, which must learn
+/// the size first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_gets_whole_from_its_node_with_the_answers_of_the_usual_path() {
-    for in_process in [true, false] {
-        let case = format!("in_process={in_process}");
+    for (in_process, same_host) in [(true, false), (false, false), (true, true)] {
+        let case = format!("in_process={in_process} same_host={same_host}");
         let m = master().await;
         let n = node(&m, in_process).await;
         assert!(n.data_plane_stats().get_whole, "{case}");
-        let store = store(&m, false).await;
+        let store = store(&m, same_host).await;
         let usual = usual_store(&m).await;
         let cfg = ReplicateConfig::default();
         store.put("warm", b"w", &cfg).await.unwrap();
@@ -437,9 +454,14 @@ async fn a_store_gets_whole_from_its_node_with_the_answers_of_the_usual_path() {
         }
         // The 2 MiB object is larger than a get hands over: the node sends its list back.
         assert!(store.get("large").await.unwrap() == large, "{case}");
+        let gets = if same_host {
+            values.len() as u64 + 1
+        } else {
+            0
+        };
         assert_eq!(
             counter(&m, LISTS).await,
-            lists,
+            lists + gets,
             "{case}: the store asked for lists"
         );
         assert!(counter(&m, BATCH_LISTS).await > batch_lists, "{case}");

@@ -1,6 +1,7 @@
 //! Gets through the node (`docs/data-plane.md`, *Gets through the node*): a standalone store
-//! whose node takes whole gets (its STATS say `get_local`) hands it the keys and its buffers
-//! in one GET_LOCAL request. The node asks the master for the replicas in this store's tenant
+//! whose node takes whole gets (its STATS say `get_local`), or a store that hands its puts to
+//! a node on this machine (`put_whole.rs`), hands it the keys and its buffers in one GET_LOCAL
+//! request. The node asks the master for the replicas in this store's tenant
 //! and copies each object it holds straight into this process: one request crossing
 //! processes instead of a replica list and a copy request.
 //!
@@ -27,10 +28,10 @@ impl Store {
         keys: &[&str],
         targets: &[Vec<&mut [u8]>],
     ) -> Option<NodeReads> {
-        let endpoint = self.config.get_local_node.as_deref()?;
         if keys.len() != targets.len() {
             return None;
         }
+        let endpoint = &self.local_get_node().await?;
         let (ranges, capacities) = laid_end_to_end(
             targets
                 .iter()
@@ -65,6 +66,17 @@ impl Store {
         Some(answers)
     }
 
+    /// The node this store's gets go through as GET_LOCAL: a standalone store's node, or the
+    /// node on this machine a store hands its puts to, once this store's pool has attached a
+    /// connection there.
+    async fn local_get_node(&self) -> Option<String> {
+        if let Some(node) = &self.config.get_local_node {
+            return Some(node.clone());
+        }
+        let (endpoint, local, gets) = self.whole_route().await?;
+        (local && gets && self.attached_to(&endpoint).await).then_some(endpoint)
+    }
+
     /// Reads each key into the leading buffers of its target: through the node first, when
     /// this store has one that takes gets, then the keys it left (or all of them) the usual
     /// way: one replica list for them, then the bytes.
@@ -73,9 +85,7 @@ impl Store {
         keys: &[&str],
         targets: Vec<Vec<&mut [u8]>>,
     ) -> Vec<Result<usize>> {
-        let through_node = if self.config.get_local_node.is_some()
-            && keys.iter().all(|k| crate::util::check_key(k).is_ok())
-        {
+        let through_node = if keys.iter().all(|k| crate::util::check_key(k).is_ok()) {
             self.get_through_node(keys, &targets).await
         } else {
             None

@@ -330,11 +330,9 @@ impl Store {
     /// Reads the object into `buf` and returns its size; `buf` must be at least that large.
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
         check_key(key)?;
-        if self.config.get_local_node.is_some() {
-            let answer = self.get_through_node(&[key], &[vec![&mut *buf]]).await;
-            if let Some(Some(answer)) = answer.and_then(|a| a.into_iter().next()) {
-                return answer.map_err(|e| self.about(key, e));
-            }
+        let answer = self.get_through_node(&[key], &[vec![&mut *buf]]).await;
+        if let Some(Some(answer)) = answer.and_then(|a| a.into_iter().next()) {
+            return answer.map_err(|e| self.about(key, e));
         }
         let mut listed = None;
         {

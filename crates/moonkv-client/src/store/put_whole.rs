@@ -53,7 +53,7 @@ enum Route {
     /// Writes landed wholly on this node; its STATS are asked on the next put.
     Candidate(String),
     /// Puts go whole to this node (`local`: PUT_LOCAL, else PUT_WHOLE); `gets`: it takes
-    /// gets whole over the socket too (GET_WHOLE).
+    /// gets whole the same way too (GET_LOCAL, else GET_WHOLE).
     Via {
         endpoint: String,
         local: bool,
@@ -177,7 +177,9 @@ impl Store {
         let takes = if local {
             node_takes(&sizes) && ranges.len() <= MAX_LOCAL_RANGES
         } else {
-            total <= WHOLE_SOCKET_BYTES && !sizes.contains(&0)
+            !sizes.contains(&0)
+                && (total <= WHOLE_SOCKET_BYTES
+                    || socket_groups(keys, &sizes, self.transfer.pool_cap()).is_some())
         };
         if !takes {
             return None;
@@ -185,8 +187,11 @@ impl Store {
         let answers = if local {
             self.put_through_node_at(&endpoint, kind, keys, objects, config)
                 .await
-        } else {
+        } else if total <= WHOLE_SOCKET_BYTES {
             self.put_whole_over_socket(&endpoint, kind, keys, objects, sizes, config)
+                .await
+        } else {
+            self.put_whole_in_groups(&endpoint, kind, keys, objects, &sizes, config)
                 .await
         };
         let Some(answers) = answers else {
@@ -200,7 +205,7 @@ impl Store {
 
     /// Whether this store's pool copies straight to and from the node at `endpoint`, dialling
     /// it first when the pool holds no connection there yet.
-    async fn attached_to(&self, endpoint: &str) -> bool {
+    pub(crate) async fn attached_to(&self, endpoint: &str) -> bool {
         let pool = self.transfer.pool();
         if !pool.same_host(endpoint) {
             if let Ok((conn, _)) = pool.checkout(endpoint).await {
@@ -229,7 +234,12 @@ impl Store {
             Some(s) if (local && s.put_local) || s.put_whole => Route::Via {
                 endpoint: candidate.clone(),
                 local: local && s.put_local,
-                gets: s.get_whole,
+                // Gets go as the puts do: GET_LOCAL on this machine, else GET_WHOLE.
+                gets: if local && s.put_local {
+                    s.get_local
+                } else {
+                    s.get_whole
+                },
                 handed: 0,
                 left: 0,
             },
@@ -263,6 +273,44 @@ impl Store {
             }
             _ => None,
         }
+    }
+
+    /// A call of more than [`WHOLE_SOCKET_BYTES`] as several PUT_WHOLE requests at once, each
+    /// on its own connection ([`socket_groups`]): one answer per key, `None` for a key the
+    /// node left to the usual path (all the keys of a group it took nothing of). `None` as a
+    /// whole: the node took nothing.
+    async fn put_whole_in_groups(
+        &self,
+        endpoint: &str,
+        kind: WriteKind,
+        keys: &[&str],
+        objects: &[&[&[u8]]],
+        sizes: &[u64],
+        config: &ReplicateConfig,
+    ) -> Option<NodeAnswers> {
+        let groups = socket_groups(keys, sizes, self.transfer.pool_cap())?;
+        let calls = groups.iter().map(|range| {
+            self.put_whole_over_socket(
+                endpoint,
+                kind,
+                &keys[range.clone()],
+                &objects[range.clone()],
+                sizes[range.clone()].to_vec(),
+                config,
+            )
+        });
+        let answered = futures_util::future::join_all(calls).await;
+        if answered.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut answers = Vec::with_capacity(keys.len());
+        for (range, group) in groups.into_iter().zip(answered) {
+            match group {
+                Some(group) => answers.extend(group),
+                None => answers.extend(range.map(|_| None)),
+            }
+        }
+        Some(answers)
     }
 
     /// One PUT_WHOLE to the node at `endpoint` (`sizes`: each object's bytes): one answer per key, `None` for a key the node
@@ -331,6 +379,50 @@ impl Store {
     }
 }
 
+/// Most requests one call over the socket is cut into: a 32 × 128 KiB batch (4 MiB) goes as
+/// four PUT_WHOLE requests of 1 MiB on four connections, each one round trip, where the usual
+/// way is the batch's start, 32 WRITE requests and its end.
+pub(crate) const WHOLE_SOCKET_GROUPS: usize = 4;
+
+/// How a call of more than [`WHOLE_SOCKET_BYTES`] is cut into PUT_WHOLE requests: runs of
+/// consecutive keys of at most that many bytes each, about even, at most
+/// [`WHOLE_SOCKET_GROUPS`] (and `connections`) of them. `None`: the call is not cut (a key
+/// larger than a request, too many bytes, or a key named twice, whose order two requests at
+/// once would not keep).
+pub(crate) fn socket_groups(
+    keys: &[&str],
+    sizes: &[u64],
+    connections: usize,
+) -> Option<Vec<std::ops::Range<usize>>> {
+    let total: u64 = sizes.iter().sum();
+    let most = WHOLE_SOCKET_GROUPS.min(connections) as u64;
+    if keys.len() < 2 || keys.len() != sizes.len() || total > most * WHOLE_SOCKET_BYTES {
+        return None;
+    }
+    if sizes.iter().any(|s| *s > WHOLE_SOCKET_BYTES) {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    if !keys.iter().all(|k| seen.insert(*k)) {
+        return None;
+    }
+    let wanted = total.div_ceil(WHOLE_SOCKET_BYTES);
+    let even = total.div_ceil(wanted);
+    let mut groups = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, size) in sizes.iter().enumerate() {
+        // Close the run when this key would pass the even share (or a request's bytes).
+        if i > start && (bytes + size > WHOLE_SOCKET_BYTES || bytes >= even) {
+            groups.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    groups.push(start..keys.len());
+    (groups.len() as u64 <= most).then_some(groups)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +471,29 @@ mod tests {
         assert_eq!(*route.state.lock(), Route::Candidate("a:1".into()));
         route.note([&b[..]]);
         assert_eq!(*route.state.lock(), Route::Candidate("a:1".into()), "kept");
+    }
+
+    #[test]
+    fn calls_over_a_request_are_cut_into_even_runs_of_at_most_a_request() {
+        let keys: Vec<String> = (0..32).map(|i| format!("k{i}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let kib = |n: u64| n << 10;
+        // 32 × 128 KiB: four runs of eight.
+        let groups = socket_groups(&refs, &[kib(128); 32], 4).unwrap();
+        assert_eq!(groups, vec![0..8, 8..16, 16..24, 24..32]);
+        // 12 × 200 KiB (2.3 MiB): three runs, each within a request.
+        let groups = socket_groups(&refs[..12], &[kib(200); 12], 4).unwrap();
+        assert_eq!(groups.len(), 3);
+        assert!(groups
+            .iter()
+            .all(|g| g.len() as u64 * kib(200) <= WHOLE_SOCKET_BYTES));
+        assert_eq!(groups.last().unwrap().end, 12);
+        // Too many bytes, a key larger than a request, fewer connections, a key twice.
+        assert!(socket_groups(&refs, &[kib(160); 32], 4).is_none());
+        assert!(socket_groups(&refs[..2], &[kib(1025), 1], 4).is_none());
+        assert!(socket_groups(&refs, &[kib(128); 32], 2).is_none());
+        let twice = ["a", "b", "a"];
+        assert!(socket_groups(&twice, &[WHOLE_SOCKET_BYTES; 3], 4).is_none());
     }
 
     #[test]
