@@ -493,6 +493,18 @@ async fn a_store_gets_whole_from_its_node_with_the_answers_of_the_usual_path() {
             }
         }
         assert_eq!(whole_bufs, usual_bufs, "{case}");
+
+        // A batch into new buffers, with a missing key and one larger than a whole get.
+        let keys = ["v0", "v1", "missing", "v2", "large", "v1"];
+        let got = store.batch_get(&keys).await;
+        let want = usual.batch_get(&keys).await;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            match (g, w) {
+                (Ok(a), Ok(b)) => assert!(a == b, "{case} key {i}"),
+                (Err(a), Err(b)) => assert_eq!(a.code, b.code, "{case} key {i}: {a} / {b}"),
+                _ => panic!("{case} key {i}: {:?} against {:?}", g.is_ok(), w.is_ok()),
+            }
+        }
         n.shutdown().await;
         m.shutdown().await;
     }

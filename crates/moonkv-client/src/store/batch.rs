@@ -455,7 +455,68 @@ impl Store {
 
     /// Reads each key into a new buffer.
     pub async fn batch_get(&self, keys: &[&str]) -> Vec<Result<Vec<u8>>> {
+        if !keys.is_empty() && keys.iter().all(|k| check_key(k).is_ok()) {
+            if let Some(got) = self.batch_get_whole(keys).await {
+                return got;
+            }
+        }
         let (started, lists) = self.batch_lists(keys).await;
+        self.batch_get_listed(keys, lists, started).await
+    }
+
+    /// `batch_get` through GET_WHOLE (`get_whole.rs`), the keys the node leaves read with the
+    /// lists it sent back; `None`: the node read nothing.
+    async fn batch_get_whole(&self, keys: &[&str]) -> Option<Vec<Result<Vec<u8>>>> {
+        use super::get_whole::{Sink, Took};
+        let mut sinks: Vec<Sink<'_>> = keys.iter().map(|_| Sink::Fresh(None)).collect();
+        let (started, took) = self.get_whole(keys, &mut sinks).await?;
+        let mut results: Vec<Option<Result<Vec<u8>>>> = Vec::with_capacity(keys.len());
+        let (mut rest_keys, mut rest_lists, mut rest_at) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, (took, sink)) in took.into_iter().zip(sinks).enumerate() {
+            results.push(match (took, sink) {
+                (Took::Read(_), Sink::Fresh(Some(buf))) => Some(Ok(buf)),
+                (Took::Failed(e), _) => Some(Err(e)),
+                (Took::Listed(list), _) => {
+                    rest_keys.push(keys[i]);
+                    rest_lists.push(Ok(list));
+                    rest_at.push(i);
+                    None
+                }
+                (Took::Read(_), _) => Some(Err(Error::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    "no buffer for a key the node read",
+                ))),
+            });
+        }
+        if !rest_keys.is_empty() {
+            let rest = self.batch_get_listed(&rest_keys, rest_lists, started).await;
+            for (i, got) in rest_at.into_iter().zip(rest) {
+                results[i] = Some(got);
+            }
+        }
+        Some(
+            results
+                .into_iter()
+                .map(|r| {
+                    r.unwrap_or_else(|| {
+                        Err(Error::new(
+                            ErrorCode::INTERNAL_ERROR,
+                            "no result for the key",
+                        ))
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    /// Reads each key, whose replica list is in `lists` (asked at `started`), into a new
+    /// buffer.
+    async fn batch_get_listed(
+        &self,
+        keys: &[&str],
+        lists: Vec<Result<GetReplicaListResponse>>,
+        started: Instant,
+    ) -> Vec<Result<Vec<u8>>> {
         let mut bufs: Vec<Result<Vec<u8>>> = lists
             .iter()
             .zip(keys)
