@@ -494,19 +494,7 @@ impl Store {
                 results[i] = Some(got);
             }
         }
-        Some(
-            results
-                .into_iter()
-                .map(|r| {
-                    r.unwrap_or_else(|| {
-                        Err(Error::new(
-                            ErrorCode::INTERNAL_ERROR,
-                            "no result for the key",
-                        ))
-                    })
-                })
-                .collect(),
-        )
+        Some(super::every_key(results))
     }
 
     /// Reads each key, whose replica list is in `lists` (asked at `started`), into a new

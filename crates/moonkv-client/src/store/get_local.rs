@@ -109,17 +109,7 @@ impl Store {
                 results[i] = Some(result);
             }
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(Error::new(
-                        ErrorCode::INTERNAL_ERROR,
-                        "no result for the key",
-                    ))
-                })
-            })
-            .collect()
+        super::every_key(results)
     }
 
     /// Reads each key into its target through GET_WHOLE when this store hands gets to a node
@@ -162,17 +152,7 @@ impl Store {
                 results[i] = Some(result);
             }
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(Error::new(
-                        ErrorCode::INTERNAL_ERROR,
-                        "no result for the key",
-                    ))
-                })
-            })
-            .collect()
+        super::every_key(results)
     }
 
     async fn read_keys_usual(

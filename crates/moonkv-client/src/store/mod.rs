@@ -910,6 +910,22 @@ pub(crate) fn zeroed(size: usize) -> Result<Vec<u8>> {
 
 pub(crate) use transfer::first;
 
+/// One result per key from answers gathered in parts; a key left without one (which the
+/// callers do not leave) fails.
+pub(crate) fn every_key<T>(results: Vec<Option<Result<T>>>) -> Vec<Result<T>> {
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(Error::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    "no result for the key",
+                ))
+            })
+        })
+        .collect()
+}
+
 /// The only result of a one-key batch call.
 pub(crate) fn first_of<T>(results: Vec<Result<T>>) -> Result<T> {
     results.into_iter().next().unwrap_or_else(|| {

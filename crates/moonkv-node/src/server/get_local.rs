@@ -13,11 +13,12 @@
 //! the caller's deadline, nothing once the caller is gone or gave up.
 
 use super::whole::{
-    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Target, MAX_KEYS,
+    answer_items, caller_waits, in_lock_order, per_key, revalidate, settle, Copies, Target,
+    MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
-use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
+use moonkv_proto::msg::{KeysRequest, Request};
 use moonkv_proto::types::GetReplicaListResponse;
 use moonkv_proto::{
     Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaStatus,
@@ -142,30 +143,15 @@ async fn get(
                 .map(|(id, _)| (i, id))
         })
         .collect();
-    if !expired.is_empty() {
-        let request = Request::RevalidateReplicas(RevalidateRequest {
-            tenant,
-            items: expired
-                .iter()
-                .map(|(i, id)| RevalidateItem {
-                    key: keys[*i].clone(),
-                    replica_ids: vec![*id],
-                })
-                .collect(),
-        });
-        let verdicts = per_key::<()>(master.call(request).await, expired.len());
-        for ((i, _), verdict) in expired.into_iter().zip(verdicts) {
-            if let Err(e) = verdict {
-                results[i] = Err(Error::new(
-                    ErrorCode::LEASE_EXPIRED,
-                    format!(
-                        "the read lease of '{}' expired during the copy and the replica read is no longer current ({e})",
-                        keys[i]
-                    ),
-                ));
-            }
-        }
-    }
+    revalidate(
+        master,
+        tenant,
+        &keys,
+        expired,
+        &mut results,
+        "during the copy",
+    )
+    .await;
     results.into_iter().map(ItemResult).collect()
 }
 

@@ -12,12 +12,12 @@
 
 use super::get_local::{decode, readable_here};
 use super::memory::write_all_vectored;
-use super::whole::{in_lock_order, per_key, Target};
+use super::whole::{in_lock_order, per_key, revalidate, Target};
 use super::{respond, Conn, Served, MAX_DRAIN_BYTES};
 use moonkv_dataplane::header::{DataStatus, GotWhole, RequestHeader, ResponseHeader};
-use moonkv_proto::msg::{KeysRequest, Request, RevalidateItem, RevalidateRequest};
+use moonkv_proto::msg::{KeysRequest, Request};
 use moonkv_proto::types::GetReplicaListResponse;
-use moonkv_proto::{Error, ErrorCode, ItemResult};
+use moonkv_proto::{Error, ItemResult};
 use std::io;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -105,30 +105,15 @@ pub(super) async fn serve_get_whole(
         })
         .map(|(i, id, ..)| (*i, *id))
         .collect();
-    if !expired.is_empty() {
-        let request = Request::RevalidateReplicas(RevalidateRequest {
-            tenant,
-            items: expired
-                .iter()
-                .map(|(i, id)| RevalidateItem {
-                    key: keys[*i].clone(),
-                    replica_ids: vec![*id],
-                })
-                .collect(),
-        });
-        let verdicts = per_key::<()>(master.call(request).await, expired.len());
-        for ((i, _), verdict) in expired.into_iter().zip(verdicts) {
-            if let Err(e) = verdict {
-                results[i] = Err(Error::new(
-                    ErrorCode::LEASE_EXPIRED,
-                    format!(
-                        "the read lease of '{}' expired before the node read it and the replica is no longer current ({e})",
-                        keys[i]
-                    ),
-                ));
-            }
-        }
-    }
+    revalidate(
+        master,
+        tenant,
+        &keys,
+        expired,
+        &mut results,
+        "before the node read it",
+    )
+    .await;
     // The bytes of every key answered `Bytes`, in key order.
     views.retain(|(i, _)| matches!(results[*i], Ok(GotWhole::Bytes(_))));
     views.sort_by_key(|(i, _)| *i);

@@ -33,6 +33,45 @@ pub(super) fn per_key<T>(
     }
 }
 
+/// Asks the master whether the replicas read for the keys of `expired` (key index, replica id:
+/// reads whose lease ran out) are still current; a key whose replica is not gets
+/// `LEASE_EXPIRED` in `results`, `when` saying when the lease ran out.
+pub(super) async fn revalidate<T>(
+    master: &super::MasterRoute,
+    tenant: String,
+    keys: &[String],
+    expired: Vec<(usize, moonkv_proto::ReplicaId)>,
+    results: &mut [Result<T, Error>],
+    when: &str,
+) {
+    use moonkv_proto::msg::{Request, RevalidateItem, RevalidateRequest};
+    if expired.is_empty() {
+        return;
+    }
+    let request = Request::RevalidateReplicas(RevalidateRequest {
+        tenant,
+        items: expired
+            .iter()
+            .map(|(i, id)| RevalidateItem {
+                key: keys[*i].clone(),
+                replica_ids: vec![*id],
+            })
+            .collect(),
+    });
+    let verdicts = per_key::<()>(master.call(request).await, expired.len());
+    for ((i, _), verdict) in expired.into_iter().zip(verdicts) {
+        if let Err(e) = verdict {
+            results[i] = Err(Error::new(
+                ErrorCode::LEASE_EXPIRED,
+                format!(
+                    "the read lease of '{}' expired {when} and the replica read is no longer current ({e})",
+                    keys[i]
+                ),
+            ));
+        }
+    }
+}
+
 /// Answers a request the node served whole with one result per key; `Ok(true)` when every key
 /// succeeded.
 pub(super) async fn answer_items<T: serde::Serialize>(
