@@ -22,6 +22,9 @@ pub const ANNOUNCE_MID_CATALOG: &str = "node::announce_mid_catalog";
 /// about to copy it. `sleep(ms)` stalls it there, as a node descheduled between its checks and
 /// the copy.
 pub const LOCAL_STEP_STALL: &str = "node::local_step_stall";
+/// A node serving a GET_WHOLE has its master's replica lists, before it locks the ranges it
+/// reads. `sleep(ms)` stalls it there, as a node descheduled while the read leases run.
+pub const GET_WHOLE_LISTED: &str = "node::get_whole_listed";
 /// A store has its replicas from PutStart (or BatchPutStart), before writing any byte.
 pub const AFTER_PUT_START: &str = moonkv_client::failpoints::AFTER_PUT_START;
 

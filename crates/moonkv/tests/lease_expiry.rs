@@ -108,3 +108,62 @@ async fn lease_expiry_mid_get_returns_bytes_only_for_unchanged_replicas() {
         .expect_err("the replica read from is gone");
     assert_eq!(err.code, ErrorCode::LEASE_EXPIRED, "{err}");
 }
+
+/// A get the node takes whole (GET_WHOLE) whose node stalls, after its master answered, past
+/// the lease: the bytes come back only if the master confirms the replica read is unchanged;
+/// replaced while the node stalled, the key is answered `LEASE_EXPIRED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_in_a_whole_get_returns_bytes_only_for_unchanged_replicas() {
+    let m = MOONKV.master(&[
+        "--default-kv-lease-ttl",
+        "200ms",
+        "--client-live-ttl-sec",
+        "600",
+    ]);
+    let admin = m.field("admin");
+    let stall = format!(
+        "{}=sleep({})",
+        moonkv_node::failpoints::GET_WHOLE_LISTED,
+        (LEASE * 3).as_millis()
+    );
+    let _a = MOONKV.node_with_failpoints(&m.field("rpc"), "seg-a", "64MiB", &stall);
+    let _b = MOONKV.node(&m.field("rpc"), "seg-b", "64MiB");
+    let mut config = StoreConfig::new(m.field("rpc"));
+    config.same_host = false;
+    let s = Store::connect(config).await.expect("store connects");
+    let size = 100_000;
+    let (v1, v2) = (payload(2, 1, size), payload(2, 2, size));
+    // Two puts on seg-a show the store its node; its gets then go whole there.
+    s.put("warm", b"w", &on("seg-a")).await.unwrap();
+    s.put("k", &v1, &on("seg-a")).await.unwrap();
+    let whole_gets = || metric(&admin, "master_batch_get_replica_list_requests").unwrap_or(0.0);
+    let revalidations = || metric(&admin, "master_revalidate_replicas_requests").unwrap_or(0.0);
+
+    // Unchanged: confirmed, the bytes come back.
+    let (gets, checks) = (whole_gets(), revalidations());
+    assert!(s.get("k").await.expect("unchanged replica") == v1);
+    assert!(whole_gets() > gets, "the get went whole to the node");
+    assert!(
+        revalidations() > checks,
+        "the read went through revalidation"
+    );
+
+    // Replaced while the node stalls: removed, and written again on both nodes' free space.
+    let reader = s.clone();
+    let gets = whole_gets();
+    let task = tokio::spawn(async move { reader.get("k").await });
+    wait_for(Duration::from_secs(30), "the node's replica list", || {
+        (whole_gets() > gets).then_some(())
+    });
+    s.remove("k", true).await.expect("forced remove");
+    s.put("k", &v2, &on("seg-b")).await.expect("put v2");
+    s.put("other", &v2, &on("seg-a"))
+        .await
+        .expect("put over the freed range");
+    let err = task
+        .await
+        .expect("join")
+        .expect_err("the replica read from was replaced");
+    assert_eq!(err.code, ErrorCode::LEASE_EXPIRED, "{err}");
+    assert!(s.get("k").await.expect("the new value") == v2);
+}

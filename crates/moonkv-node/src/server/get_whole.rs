@@ -81,6 +81,7 @@ pub(super) async fn serve_get_whole(
         });
         chosen.push((i, replica.id, list.lease_ttl_ms, list));
     }
+    crate::failpoints::hit(crate::failpoints::GET_WHOLE_LISTED);
     in_lock_order(&mut targets);
     let mut views = Vec::with_capacity(targets.len());
     for t in &targets {
