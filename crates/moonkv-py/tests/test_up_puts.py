@@ -276,3 +276,70 @@ def test_callers_given_the_master_hand_their_puts_to_the_node(up, key, monkeypat
         assert up.counter("master_batch_put_start_requests_total") > handed + 160
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("same_host", ["0", "1"])
+def test_callers_given_the_master_take_their_gets_from_the_node(up, key, monkeypatch, same_host):
+    """Once a caller given the master hands its puts to its node, its gets go there whole too
+    (GET_WHOLE over the socket with MOONKV_SAME_HOST=0, GET_LOCAL on the same host): the bytes
+    and codes of the usual path, from threads sharing the store behind a barrier, and no
+    replica list asked by the caller itself."""
+    monkeypatch.setenv("MOONKV_SAME_HOST", same_host)
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", up.ready["rpc"]) == OK
+    try:
+        sizes = [1, 4096, 300_001, 1 << 20]
+        keys = [f"{key}-g{i}" for i in range(len(sizes))]
+        assert s.put(f"{key}-warm", b"w") == OK
+        for k, n in zip(keys, sizes):
+            assert s.put(k, pattern(k, n)) == OK
+        size = 2 << 20
+        buf = ctypes.create_string_buffer(size)
+        ptr = ctypes.addressof(buf)
+        assert s.register_buffer(ptr, size) == OK
+        assert s.get_into(keys[0], ptr, 10) == 1  # the node's STATS, and the connection
+        singles = up.counter("master_get_replica_list_requests_total")
+        for k, n in zip(keys, sizes):
+            ctypes.memset(ptr, 0xEE, n + 64)
+            assert s.get_into(k, ptr + 3, n + 50) == n
+            assert ctypes.string_at(ptr + 3, n) == pattern(k, n)
+            assert ctypes.string_at(ptr + 3 + n, 50) == b"\xee" * 50
+        assert s.get_into(f"{key}-missing", ptr, 4096) == -704
+        lens = [1, 4096, 10, 100_000]
+        names = [keys[0], keys[1], f"{key}-missing", keys[1]]
+        outs = [ptr + sum(lens[:i]) for i in range(len(names))]
+        assert s.batch_get_into(names, outs, lens) == [1, 4096, -704, 4096]
+        assert ctypes.string_at(outs[3], 4096) == pattern(keys[1], 4096)
+
+        barrier = threading.Barrier(4)
+        errors: list = []
+
+        def reader(t: int) -> None:
+            mine = ctypes.create_string_buffer(1 << 20)
+            at = ctypes.addressof(mine)
+            try:
+                assert s.register_buffer(at, 1 << 20) == OK
+                barrier.wait(timeout=30)
+                for i in range(30):
+                    k, n = keys[i % 3], sizes[i % 3]
+                    got = s.get_into(k, at, 1 << 20)
+                    if got != n or ctypes.string_at(at, n) != pattern(k, n):
+                        errors.append((t, k, got))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        assert up.counter("master_get_replica_list_requests_total") == singles
+        # Codes of the usual path for what the node leaves to it: a buffer too small.
+        assert s.get_into(keys[2], ptr, 100) == -600
+        for k, n in zip(keys, sizes):
+            assert s.get(k) == pattern(k, n)
+        got = s.get_batch(keys + [f"{key}-missing"])
+        assert got[:-1] == [pattern(k, n) for k, n in zip(keys, sizes)]
+    finally:
+        s.close()
