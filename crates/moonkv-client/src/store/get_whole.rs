@@ -14,9 +14,10 @@
 //! worth (the store's `chunk_size`) only while no other call of the process moves bytes over
 //! sockets, the rule lone reads follow (`transfer.rs`, `WHOLE_READ_CHUNKS`). A one-key get
 //! asks for that much at most, whatever its buffer; a larger object comes back with its list.
-//! A batch goes whole when its buffers add up to no more. Anything that
-//! goes wrong before the bytes are in (a refusal, a broken connection, an answer that does
-//! not add up, no answer within the deadline) sends the call the usual way.
+//! A batch into the caller's buffers goes whole when they add up to no more; a batch into new
+//! buffers asks for an even share per key. Anything that goes wrong before the bytes are in (a
+//! refusal, a broken connection, an answer that does not add up, no answer within the
+//! deadline) sends the call the usual way.
 
 use super::put_whole::WHOLE_SOCKET_BYTES;
 use super::transfer::{no_socket_calls, SocketCall, WHOLE_READ_CHUNKS};
