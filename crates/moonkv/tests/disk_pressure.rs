@@ -445,6 +445,9 @@ async fn a_disk_object_read_twice_is_promoted_to_memory_without_a_torn_read() {
         .replicas
         .iter()
         .any(|r| r.kind == moonkv_proto::ReplicaKind::Memory));
+    // The promotion's event reaches the follower after the snapshot shows it: wait for the
+    // follower to catch up with the master's last sequence first.
+    converged(&admin, &follower);
     let kinds: Vec<(String, String)> = follower
         .events
         .lock()
