@@ -256,19 +256,17 @@ impl DataConnection {
     ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let id = self.take_id();
-        let header =
-            RequestHeader::new(DataOp::PutWhole, id, SegmentId::new(0, 0), 0, total as u64);
-        let head = head(header, &[])?;
-        let body_len = u32::try_from(body.len())
-            .ok()
-            .filter(|n| *n <= crate::header::MAX_PUT_LOCAL_BODY)
-            .ok_or_else(|| transfer_fail(&self.endpoint, "put request too long"))?;
         // The request and, when they are small, the bytes in one write.
         let inline = if total <= INLINE_PAYLOAD { total } else { 0 };
-        let mut out = Vec::with_capacity(head.len() + 4 + body.len() + inline);
-        out.extend_from_slice(&head);
-        out.extend_from_slice(&body_len.to_be_bytes());
-        out.extend_from_slice(body);
+        let mut out = self.whole_request(
+            DataOp::PutWhole,
+            id,
+            total as u64,
+            None,
+            body,
+            inline,
+            "put",
+        )?;
         if inline > 0 {
             parts.iter().for_each(|p| out.extend_from_slice(p));
         }
@@ -318,16 +316,7 @@ impl DataConnection {
         capacity: u64,
     ) -> Result<std::result::Result<(Vec<u8>, u64), DataStatus>> {
         let id = self.take_id();
-        let header = RequestHeader::new(DataOp::GetWhole, id, SegmentId::new(0, 0), 0, capacity);
-        let head = head(header, &[])?;
-        let body_len = u32::try_from(body.len())
-            .ok()
-            .filter(|n| *n <= crate::header::MAX_PUT_LOCAL_BODY)
-            .ok_or_else(|| transfer_fail(&self.endpoint, "get request too long"))?;
-        let mut out = Vec::with_capacity(head.len() + 4 + body.len());
-        out.extend_from_slice(&head);
-        out.extend_from_slice(&body_len.to_be_bytes());
-        out.extend_from_slice(body);
+        let out = self.whole_request(DataOp::GetWhole, id, capacity, None, body, 0, "get")?;
         self.healthy = false;
         self.stream
             .write_all(&out)
@@ -373,6 +362,40 @@ impl DataConnection {
         Ok(())
     }
 
+    /// The start of a request the node serves whole (PUT_LOCAL, GET_LOCAL, PUT_WHOLE,
+    /// GET_WHOLE): its header (`length`), a same-host request's plan, then the body with its
+    /// `u32` length; `room`: bytes the caller appends after it. `what` names the request in
+    /// the error for a body over the limit.
+    #[allow(clippy::too_many_arguments)]
+    fn whole_request(
+        &self,
+        op: DataOp,
+        id: u64,
+        length: u64,
+        plan: Option<&LocalPlan>,
+        body: &[u8],
+        room: usize,
+        what: &str,
+    ) -> Result<Vec<u8>> {
+        let head = head(
+            RequestHeader::new(op, id, SegmentId::new(0, 0), 0, length),
+            &[],
+        )?;
+        let body_len = u32::try_from(body.len())
+            .ok()
+            .filter(|n| *n <= crate::header::MAX_PUT_LOCAL_BODY)
+            .ok_or_else(|| transfer_fail(&self.endpoint, &format!("{what} request too long")))?;
+        let plan_len = plan.map_or(0, |p| 16 * (p.ranges.len() + 1));
+        let mut out = Vec::with_capacity(head.len() + plan_len + 4 + body.len() + room);
+        out.extend_from_slice(&head);
+        if let Some(plan) = plan {
+            plan.encode_into(&mut out);
+        }
+        out.extend_from_slice(&body_len.to_be_bytes());
+        out.extend_from_slice(body);
+        Ok(out)
+    }
+
     /// Sends a request the node serves whole (PUT_LOCAL, GET_LOCAL) and reads its answer body.
     async fn through_node(
         &mut self,
@@ -382,18 +405,7 @@ impl DataConnection {
         body: &[u8],
     ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
         let id = self.take_id();
-        let header = RequestHeader::new(op, id, SegmentId::new(0, 0), 0, total);
-        let head = head(header, &[])?;
-        let body_len = u32::try_from(body.len())
-            .ok()
-            .filter(|n| *n <= crate::header::MAX_PUT_LOCAL_BODY)
-            .ok_or_else(|| transfer_fail(&self.endpoint, "same-host request too long"))?;
-        let mut out =
-            Vec::with_capacity(head.len() + 16 * (plan.ranges.len() + 1) + 4 + body.len());
-        out.extend_from_slice(&head);
-        plan.encode_into(&mut out);
-        out.extend_from_slice(&body_len.to_be_bytes());
-        out.extend_from_slice(body);
+        let out = self.whole_request(op, id, total, Some(plan), body, 0, "same-host")?;
         self.healthy = false;
         self.stream
             .write_all(&out)
