@@ -13,7 +13,9 @@
 //!   went from 9.4–10.0 GB/s to 13.3–13.6 when memory bandwidth was scarce, and stayed even
 //!   when it was not. Smaller calls keep ordinary stores: a 4 MiB object replaced in a loop
 //!   stays in the cache, and streaming made it 20% slower. Copies out of the store (gets) use
-//!   ordinary stores: the caller reads its buffer next.
+//!   ordinary stores: the caller reads its buffer next. A put (not an upsert) of 2 MiB or
+//!   more streams too: its ranges were just allocated, so they are rarely cached
+//!   (`server::put_local`, `FRESH_STREAM_MIN`).
 //!
 //! Pieces under [`VECTOR_MIN`] bytes, and CPUs without AVX2, use `copy_nonoverlapping`.
 //!

@@ -110,6 +110,24 @@ async fn puts_through_the_node_keep_every_byte_and_every_answer_of_the_usual_pat
                 assert_eq!(store.get(refs[i]).await.unwrap(), values[i], "key {i}");
             }
         }
+        // A batch of 2 MiB or more to fresh keys, copied with streaming stores: odd lengths at
+        // odd offsets of one buffer, so every copy has an unaligned head and a short tail.
+        let wide = pattern(5, 24 * (128 << 10));
+        let streamed: Vec<&[u8]> = (0..24)
+            .map(|i| &wide[i * (128 << 10) + i..(i + 1) * (128 << 10) - 3 * i])
+            .collect();
+        assert!(streamed.iter().map(|v| v.len()).sum::<usize>() >= 2 << 20);
+        let names: Vec<String> = (0..24).map(|i| format!("s{i}")).collect();
+        let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let results = store.batch_put_from(&name_refs, &streamed, &cfg).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        for (name, v) in name_refs.iter().zip(&streamed) {
+            assert!(
+                store.get(name).await.unwrap() == *v,
+                "{name} in_process={in_process}"
+            );
+        }
+
         // The batch form of the replacement writes them all.
         let results = store.batch_upsert_from(&refs, &values, &cfg).await;
         assert!(results.iter().all(Result::is_ok), "{results:?}");

@@ -75,7 +75,8 @@ async fn put(
 ) -> Vec<ItemResult<()>> {
     let mut started = start(served, master, upsert, request).await;
     let targets = std::mem::take(&mut started.targets);
-    copy_keys(peer, plan, targets, &mut started.results).await;
+    let stream = streams(plan.flags, upsert, targets.iter().map(|t| t.size).sum());
+    copy_keys(peer, plan, targets, stream, &mut started.results).await;
     // The caller gave up (or its time ran out) while this node copied: whatever was copied may
     // have changed under the copy, so none of it is ended.
     if !peer.waiting(plan.deadline_ns) {
@@ -87,6 +88,20 @@ async fn put(
         });
     }
     finish(master, started).await
+}
+
+/// Puts of at least this many bytes, into space the master has just allocated, are copied with
+/// streaming stores ([`streams`]).
+pub(crate) const FRESH_STREAM_MIN: u64 = crate::copy_helper::SPLIT_MIN as u64;
+
+/// Whether a put's copies use streaming stores (`crate::copy`): for a long call (the caller's
+/// `LONG_CALL`), and for a put (not an upsert) of [`FRESH_STREAM_MIN`] bytes or more. A put's
+/// ranges are newly allocated, so they are rarely in a cache: ordinary stores would read every
+/// line before writing it. An upsert may rewrite an object of the same size in place, whose
+/// lines a loop of rewrites keeps in the cache, where ordinary stores are faster.
+/// `flags` are the caller's plan's, `bytes` what the put copies into this node.
+fn streams(flags: u32, upsert: bool, bytes: u64) -> bool {
+    flags & LocalPlan::LONG_CALL != 0 || (!upsert && bytes >= FRESH_STREAM_MIN)
 }
 
 /// A write the node started at its master in a caller's name: each key's outcome so far, and
@@ -309,19 +324,19 @@ fn placed_here(
 }
 
 /// Copies the keys of one request all together ([`Copies`]), their ranges locked in address
-/// order first. A key any of whose copies failed, or was not made, gets its error in
-/// `results`.
+/// order first; `stream`: with streaming stores ([`streams`]). A key any of whose copies
+/// failed, or was not made, gets its error in `results`.
 async fn copy_keys(
     peer: &crate::same_host::Peer,
     plan: &LocalPlan,
     mut targets: Vec<Target>,
+    stream: bool,
     results: &mut [Result<(), Error>],
 ) {
     if targets.is_empty() || !caller_waits(peer, plan, &targets, results, stopped_waiting) {
         return;
     }
     in_lock_order(&mut targets);
-    let stream = plan.flags & LocalPlan::LONG_CALL != 0;
     let mut views = Vec::with_capacity(targets.len());
     for t in &targets {
         match t.segment.write_view(t.address, t.size).await {
@@ -356,4 +371,24 @@ impl AsRef<[u8]> for Piece<'_> {
 
 fn cut_mut(view: &mut [u8], piece: usize) -> Vec<Piece<'_>> {
     view.chunks_mut(piece).map(Piece).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_calls_and_large_fresh_puts_stream_and_upserts_do_not() {
+        let long = LocalPlan::LONG_CALL;
+        // A put of 2 MiB or more goes to newly allocated space: streamed.
+        assert!(streams(0, false, FRESH_STREAM_MIN));
+        assert!(streams(0, false, 4 << 20));
+        assert!(!streams(0, false, FRESH_STREAM_MIN - 1));
+        assert!(!streams(0, false, 4096));
+        // An upsert may rewrite in place, in the cache: ordinary stores unless the call is long.
+        assert!(!streams(0, true, 4 << 20));
+        assert!(!streams(0, true, 64 << 20));
+        assert!(streams(long, true, 4 << 20));
+        assert!(streams(long, false, 4096));
+    }
 }
