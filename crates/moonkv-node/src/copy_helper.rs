@@ -11,7 +11,9 @@
 //! Waking a sleeping thread costs about 50 µs on that VM, as long as a 4 MiB copy takes, so the
 //! helper is woken when a request that will copy arrives ([`warm`]), before its master round
 //! trip, and it spins for up to [`LINGER`] after each piece of work and each such call before it
-//! sleeps again. A machine with a single CPU gets no helper, nor does a process started with
+//! sleeps again. It spins by yielding its CPU: a same-host caller whose answer was just sent is
+//! often woken on the helper's CPU, and a plain spin kept it waiting for the rest of [`LINGER`]
+//! (about 47 µs of each 32 × 128 KiB get, in `perf sched timehist`). A machine with a single CPU gets no helper, nor does a process started with
 //! `MOONKV_COPY_HELPER=off`. While one copy is under way in the process, a second one gets no
 //! help: the other CPU is busy then.
 //!
@@ -248,7 +250,10 @@ impl Helper {
                     *parked = false;
                     continue;
                 }
-                std::hint::spin_loop();
+                // Spinning only hopes for work: any thread that can run on this CPU runs first.
+                // Above all the caller a same-host answer just woke, which its scheduler often
+                // queues on this CPU, behind the helper.
+                std::thread::yield_now();
             }
             let job = {
                 let slot = self.slot.lock();
