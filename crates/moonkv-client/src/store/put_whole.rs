@@ -173,25 +173,22 @@ impl Store {
         // PUT_LOCAL needs an attached connection in this store's own pool (a sibling's pool
         // starts empty); a node that attaches none takes the bytes over the socket.
         let local = local && self.attached_to(&endpoint).await;
-        // Calls the node would not take go the usual way, and the route stays.
-        let takes = if local {
-            node_takes(&sizes) && ranges.len() <= MAX_LOCAL_RANGES
-        } else {
-            !sizes.contains(&0)
-                && (total <= WHOLE_SOCKET_BYTES
-                    || socket_groups(keys, &sizes, self.transfer.pool_cap()).is_some())
-        };
-        if !takes {
-            return None;
-        }
+        // Calls the node would not take go the usual way, and the route stays. A socket call
+        // over one request's bytes goes as several at once ([`socket_groups`]), or not whole.
         let answers = if local {
+            if !node_takes(&sizes) || ranges.len() > MAX_LOCAL_RANGES {
+                return None;
+            }
             self.put_through_node_at(&endpoint, kind, keys, objects, config)
                 .await
+        } else if sizes.contains(&0) {
+            return None;
         } else if total <= WHOLE_SOCKET_BYTES {
             self.put_whole_over_socket(&endpoint, kind, keys, objects, sizes, config)
                 .await
         } else {
-            self.put_whole_in_groups(&endpoint, kind, keys, objects, &sizes, config)
+            let groups = socket_groups(keys, &sizes, self.transfer.pool_cap())?;
+            self.put_whole_in_groups(&endpoint, kind, keys, objects, &sizes, groups, config)
                 .await
         };
         let Some(answers) = answers else {
@@ -275,10 +272,11 @@ impl Store {
         }
     }
 
-    /// A call of more than [`WHOLE_SOCKET_BYTES`] as several PUT_WHOLE requests at once, each
-    /// on its own connection ([`socket_groups`]): one answer per key, `None` for a key the
-    /// node left to the usual path (all the keys of a group it took nothing of). `None` as a
-    /// whole: the node took nothing.
+    /// A call of more than [`WHOLE_SOCKET_BYTES`] as several PUT_WHOLE requests at once, one
+    /// per run of `groups` ([`socket_groups`]), each on its own connection: one answer per key,
+    /// `None` for a key the node left to the usual path (all the keys of a group it took
+    /// nothing of). `None` as a whole: the node took nothing.
+    #[allow(clippy::too_many_arguments)]
     async fn put_whole_in_groups(
         &self,
         endpoint: &str,
@@ -286,9 +284,9 @@ impl Store {
         keys: &[&str],
         objects: &[&[&[u8]]],
         sizes: &[u64],
+        groups: Vec<std::ops::Range<usize>>,
         config: &ReplicateConfig,
     ) -> Option<NodeAnswers> {
-        let groups = socket_groups(keys, sizes, self.transfer.pool_cap())?;
         let calls = groups.iter().map(|range| {
             self.put_whole_over_socket(
                 endpoint,
