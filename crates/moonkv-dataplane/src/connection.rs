@@ -8,6 +8,7 @@ use crate::header::{
     AttachRequest, DataOp, DataStatus, FileMeta, LocalPlan, RequestHeader, ResponseHeader,
     REQUEST_LEN, RESPONSE_LEN,
 };
+use crate::low_water::{read_payload, LowWater};
 use crate::stream::{ConnectFailure, Stream, TlsConnector};
 use moonkv_proto::auth::{Secret, NONCE_LEN, SECRET_ENV, SECRET_FILE_ENV};
 use moonkv_proto::grant::GRANT_LEN;
@@ -20,6 +21,10 @@ const INLINE_PAYLOAD: usize = 64 << 10;
 
 /// One data-plane connection to a node.
 pub struct DataConnection {
+    /// The receive low-water mark while a [`DataConnection::get_whole`] answer's bytes are
+    /// read over several calls. Declared before `stream` so that it is dropped (and the mark
+    /// set back) while the socket is still open.
+    whole_mark: Option<LowWater>,
     stream: Stream,
     endpoint: String,
     next_request_id: u64,
@@ -34,6 +39,8 @@ pub struct DataConnection {
     pub(crate) permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Keeps the pool's count of open connections right when this one is dropped.
     pub(crate) _open: Option<crate::pool::OpenGuard>,
+    /// Bytes of a [`DataConnection::get_whole`] answer not read yet.
+    whole_left: u64,
 }
 
 impl DataConnection {
@@ -77,6 +84,7 @@ impl DataConnection {
             .await
             .map_err(|_| transfer_fail(endpoint, "connect timed out"))??;
         Ok(DataConnection {
+            whole_mark: None,
             stream,
             endpoint: endpoint.to_string(),
             next_request_id: 1,
@@ -84,6 +92,7 @@ impl DataConnection {
             lend_socket: None,
             permit: None,
             _open: None,
+            whole_left: 0,
         })
     }
 
@@ -141,6 +150,10 @@ impl DataConnection {
             self.lend_socket = Some(std::sync::Arc::new(lend_socket));
         }
         Ok(attached)
+    }
+
+    pub(crate) fn stream_ref(&self) -> &Stream {
+        &self.stream
     }
 
     pub(crate) fn stream_mut(&mut self) -> &mut Stream {
@@ -316,6 +329,7 @@ impl DataConnection {
         capacity: u64,
     ) -> Result<std::result::Result<(Vec<u8>, u64), DataStatus>> {
         let id = self.take_id();
+        self.whole_mark = None;
         let out = self.whole_request(DataOp::GetWhole, id, capacity, None, body, 0, "get")?;
         self.healthy = false;
         self.stream
@@ -346,16 +360,25 @@ impl DataConnection {
         if bytes == 0 {
             self.healthy = true;
         }
+        self.whole_left = bytes;
         Ok(Ok((answer, bytes)))
     }
 
     /// Reads the next `buf.len()` bytes of a [`DataConnection::get_whole`] answer; `last`: the
     /// last of them, after which the connection is back in step.
     pub async fn read_whole_bytes(&mut self, buf: &mut [u8], last: bool) -> Result<()> {
-        self.stream
-            .read_exact(buf)
-            .await
-            .map_err(|e| self.io_fail("receive the bytes of a get", e))?;
+        // Never more than the answer still owes: `buf` is part of it.
+        let left = self.whole_left.max(buf.len() as u64);
+        // One mark for all of the answer's bytes, set back after its last part (or a failure).
+        let mark = self
+            .whole_mark
+            .get_or_insert_with(|| LowWater::of(&self.stream));
+        let read = read_payload(&mut self.stream, buf, left, mark).await;
+        if read.is_err() || last {
+            self.whole_mark = None;
+        }
+        read.map_err(|e| self.io_fail("receive the bytes of a get", e))?;
+        self.whole_left = left - buf.len() as u64;
         if last {
             self.healthy = true;
         }
@@ -510,10 +533,10 @@ impl DataConnection {
                 "read answered with a different length",
             ));
         }
-        self.stream
-            .read_exact(buf)
-            .await
-            .map_err(|e| self.io_fail("receive read bytes", e))?;
+        let mut mark = LowWater::of(&self.stream);
+        let read = read_payload(&mut self.stream, buf, buf.len() as u64, &mut mark).await;
+        drop(mark);
+        read.map_err(|e| self.io_fail("receive read bytes", e))?;
         if op == DataOp::FileRead {
             // The node checked the file's checksum while streaming it: the trailer says whether
             // the bytes just received are good.

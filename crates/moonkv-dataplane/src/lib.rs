@@ -13,9 +13,12 @@
 //!   same process, so local replicas are copied without the network.
 //! - [`same_host`]: what a caller on the node's own machine needs to let the node copy bytes
 //!   straight between its segments and the caller's memory (READ_LOCAL / WRITE_LOCAL).
+//! - [`low_water`]: long payloads read with a receive low-water mark, so the reader wakes
+//!   for large chunks instead of every segment.
 //!
-//! Unsafe code is denied crate-wide and no module allows it (the system calls of `same_host`
-//! go through rustix's safe wrappers).
+//! Unsafe code is denied crate-wide. One module allows it: `low_water`, for its one
+//! `setsockopt` call, which rustix does not wrap (the system calls of `same_host` go through
+//! rustix's safe wrappers).
 
 #![deny(unsafe_code)]
 
@@ -23,6 +26,7 @@ pub mod connection;
 pub mod handshake;
 pub mod header;
 pub mod local;
+pub mod low_water;
 pub mod pipeline;
 pub mod pool;
 pub mod same_host;

@@ -17,6 +17,7 @@ use crate::connection::{
 use crate::header::{
     DataOp, DataStatus, LocalPlan, RequestHeader, ResponseHeader, MAX_LOCAL_RANGES, RESPONSE_LEN,
 };
+use crate::low_water::{read_payload, LowWater};
 use moonkv_proto::{Error, ErrorCode, Result, SegmentId};
 use std::io::IoSlice;
 use std::pin::pin;
@@ -267,10 +268,12 @@ impl DataConnection {
             .filter(|_| sends.iter().any(|send| !send.extra.is_empty()))
             .zip(deadline_ns)
             .map(|(socket, deadline_ns)| crate::same_host::Lent::new(socket, deadline_ns));
+        // Payloads read in this burst wake the reader for large chunks, not every segment.
+        let mut mark = LowWater::of(self.stream_ref());
         let burst = {
             let (reader, writer) = tokio::io::split(self.stream_mut());
             let mut send_all = pin!(send_all(writer, &sends, step));
-            let mut receive = pin!(receive_all(reader, expects, step, &endpoint));
+            let mut receive = pin!(receive_all(reader, expects, step, &endpoint, &mut mark));
             // The answers decide when the burst is over: once they stop, a send still blocked on a
             // node that no longer reads is abandoned.
             let mut send_end = None;
@@ -372,6 +375,7 @@ async fn receive_all<R: AsyncRead + Unpin>(
     expects: Vec<Expect<'_>>,
     step: Duration,
     endpoint: &str,
+    mark: &mut LowWater,
 ) -> Burst {
     let mut input = AnswerReader::new(reader);
     let mut results = Vec::with_capacity(expects.len());
@@ -438,8 +442,13 @@ async fn receive_all<R: AsyncRead + Unpin>(
                 let error = transfer_fail(endpoint, "read answered with a different length");
                 return stop(results, error, false);
             }
+            // Bytes of this answer's payload still to come.
+            let mut left = expect.len;
             for sink in expect.sinks {
-                match tokio::time::timeout(step, input.read_payload(sink)).await {
+                let len = sink.len() as u64;
+                let read = input.read_payload(sink, left, mark);
+                left = left.saturating_sub(len);
+                match tokio::time::timeout(step, read).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
                         let error = transfer_io_fail(endpoint, "receive read bytes", e);
@@ -448,6 +457,8 @@ async fn receive_all<R: AsyncRead + Unpin>(
                     Err(_) => return stop(results, timed_out(), true),
                 }
             }
+            // The next answer may be a bare header.
+            mark.want(1);
         }
         results.push(Ok(()));
     }
@@ -510,8 +521,14 @@ impl<R: AsyncRead + Unpin> AnswerReader<R> {
         Ok(())
     }
 
-    /// Fills `sink` with the next payload bytes.
-    async fn read_payload(&mut self, sink: &mut [u8]) -> std::io::Result<()> {
+    /// Fills `sink` with the next payload bytes; `left` bytes of the payload are still to
+    /// come, `sink`'s included.
+    async fn read_payload(
+        &mut self,
+        sink: &mut [u8],
+        left: u64,
+        mark: &mut LowWater,
+    ) -> std::io::Result<()> {
         let buffered = (self.end - self.start).min(sink.len());
         sink[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
         self.start += buffered;
@@ -520,7 +537,8 @@ impl<R: AsyncRead + Unpin> AnswerReader<R> {
             self.end = 0;
         }
         if buffered < sink.len() {
-            self.inner.read_exact(&mut sink[buffered..]).await?;
+            let left = left.saturating_sub(buffered as u64);
+            read_payload(&mut self.inner, &mut sink[buffered..], left, mark).await?;
         }
         Ok(())
     }

@@ -119,6 +119,11 @@ impl<S> Timed<S> {
         }
     }
 
+    /// The stream inside.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
     /// Sets the limit for the operations from now on.
     pub fn set_limit(&mut self, limit: Duration) {
         if limit != self.limit {

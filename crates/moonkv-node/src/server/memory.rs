@@ -4,9 +4,10 @@
 use super::{refuse_write, respond, Conn};
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, RequestHeader, ResponseHeader};
+use moonkv_dataplane::low_water::read_payload;
 use std::io;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 pub(super) async fn serve_read(
     stream: &mut Conn,
@@ -83,10 +84,13 @@ pub(super) async fn serve_write(
         Err(status) => return refuse_write(stream, h, status).await.map(|()| false),
     };
     // Straight from the socket into segment memory; acknowledged only once all bytes landed.
+    // The reader wakes for large chunks of the payload, not every segment.
+    let mut mark = super::low_water(stream);
     let half = view.len() / 2;
-    stream.read_exact(&mut view[..half]).await?;
+    read_payload(stream, &mut view[..half], h.length, &mut mark).await?;
     crate::failpoints::hit(crate::failpoints::WRITE_MID_PAYLOAD);
-    stream.read_exact(&mut view[half..]).await?;
+    read_payload(stream, &mut view[half..], h.length - half as u64, &mut mark).await?;
+    drop(mark);
     drop(view);
     respond(stream, DataStatus::Ok, h.request_id)
         .await

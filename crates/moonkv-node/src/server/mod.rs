@@ -57,6 +57,12 @@ pub(crate) const MAX_DRAIN_BYTES: u64 = 64 << 20;
 /// A connection as the request loop sees it: buffered both ways.
 pub(crate) type Conn = BufReader<BufWriter<Timed<Stream>>>;
 
+/// The receive low-water mark of a connection's socket while a payload is read from it
+/// (`moonkv_dataplane::low_water`).
+pub(crate) fn low_water(stream: &Conn) -> moonkv_dataplane::low_water::LowWater {
+    moonkv_dataplane::low_water::LowWater::of(stream.get_ref().get_ref().inner())
+}
+
 /// Buffer of each direction of a connection: pipelined small requests and answers coalesce up
 /// to this size; larger payloads go straight between the socket and segment memory.
 const CONNECTION_BUFFER: usize = 64 << 10;

@@ -14,6 +14,7 @@ use super::put_local::{decode, finish, not_copied, start};
 use super::whole::{answer_items, Target};
 use super::{refuse_write, Conn, Served, MAX_DRAIN_BYTES};
 use moonkv_dataplane::header::{DataStatus, RequestHeader};
+use moonkv_dataplane::low_water::read_payload;
 use moonkv_proto::{Error, ErrorCode};
 use std::io;
 use tokio::io::AsyncReadExt;
@@ -70,6 +71,8 @@ async fn receive(
     results: &mut [Result<(), Error>],
 ) -> io::Result<()> {
     let mut next = 0;
+    // The reader wakes for large chunks of the payload, not every segment.
+    let mut mark = super::low_water(stream);
     for (key, &size) in sizes.iter().enumerate() {
         let first = next;
         while next < targets.len() && targets[next].key == key {
@@ -91,9 +94,10 @@ async fn receive(
             };
             // Half, then the rest, as a WRITE: a node may be stopped between them in tests.
             let half = view.len() / 2;
-            stream.read_exact(&mut view[..half]).await?;
+            let left = size + sizes[key + 1..].iter().sum::<u64>();
+            read_payload(stream, &mut view[..half], left, &mut mark).await?;
             crate::failpoints::hit(crate::failpoints::WRITE_MID_PAYLOAD);
-            stream.read_exact(&mut view[half..]).await?;
+            read_payload(stream, &mut view[half..], left - half as u64, &mut mark).await?;
             continue;
         }
         // Several replicas on this node: the bytes once, then into each (one range locked
