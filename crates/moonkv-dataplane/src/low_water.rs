@@ -58,15 +58,6 @@ impl LowWater {
         }
     }
 
-    /// A guard that never changes anything (a reader with no socket of its own).
-    pub fn none() -> LowWater {
-        LowWater {
-            #[cfg(unix)]
-            fd: None,
-            set: 1,
-        }
-    }
-
     /// The mark set now.
     pub fn mark(&self) -> u64 {
         self.set

@@ -341,6 +341,65 @@ async fn malformed_or_broken_whole_puts_are_refused_and_place_nothing() {
     m.shutdown().await;
 }
 
+/// A payload read with a receive low-water mark (`docs/data-plane.md`, *Waking for whole
+/// chunks*): a large key, then a key whose bytes are read and dropped (it exists already), the
+/// last of whose bytes come after a pause. The answer comes at once, not after the node's
+/// 30-second no-progress deadline (a mark left from the large key, above the bytes still to
+/// come, would hold the read until then), and the connection serves its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_key_after_a_large_one_is_read_without_waiting_for_bytes_not_coming() {
+    let m = master().await;
+    let n = node(&m, true).await;
+    let store = store(&m, false).await;
+    store
+        .put("lw-b", b"already here", &ReplicateConfig::default())
+        .await
+        .unwrap();
+    let (a, b) = (pattern(11, 700_001), pattern(12, 200_000));
+    let payload = [a.clone(), b].concat();
+    let request = put_whole(40, &body(&["lw-a", "lw-b"], &[700_001, 200_000]), &payload);
+    let mut s = TcpStream::connect(n.endpoint()).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let exchange = async {
+        // All but the last 50,000 bytes, in pieces; then, once the node has read what came,
+        // the rest.
+        let (now, later) = request.split_at(request.len() - 50_000);
+        for piece in now.chunks(64_000) {
+            s.write_all(piece).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.write_all(later).await.unwrap();
+        let first = answer(&mut s).await;
+        let got = items(&mut s, first.length).await;
+        // The next request on the same connection: a small put, whose header the node must
+        // read with the default mark.
+        let small = pattern(14, 100);
+        s.write_all(&put_whole(41, &body(&["lw-d"], &[100]), &small))
+            .await
+            .unwrap();
+        let second = answer(&mut s).await;
+        let got2 = items(&mut s, second.length).await;
+        (first, got, second, got2)
+    };
+    let (first, got, second, got2) = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .expect("the node held a read for bytes that were not coming");
+    assert_eq!((first.request_id, first.status), (40, DataStatus::Ok));
+    assert!(got[0].0.is_ok(), "{got:?}");
+    assert_eq!(
+        got[1].0.as_ref().unwrap_err().code,
+        ErrorCode::OBJECT_ALREADY_EXISTS
+    );
+    assert_eq!((second.request_id, second.status), (41, DataStatus::Ok));
+    assert!(got2[0].0.is_ok(), "{got2:?}");
+    assert_eq!(store.get("lw-a").await.unwrap(), a);
+    assert_eq!(store.get("lw-b").await.unwrap(), b"already here");
+    assert_eq!(store.get("lw-d").await.unwrap(), pattern(14, 100));
+    n.shutdown().await;
+    m.shutdown().await;
+}
+
 /// Polls `call` at most `polls` times; `None` when it was dropped unfinished (what a caller's
 /// timeout does, at a point chosen by wake-ups rather than by the timer's resolution).
 async fn cut_after<F: std::future::Future>(polls: u32, call: F) -> Option<F::Output> {

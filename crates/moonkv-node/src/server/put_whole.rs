@@ -71,15 +71,20 @@ async fn receive(
     results: &mut [Result<(), Error>],
 ) -> io::Result<()> {
     let mut next = 0;
-    // The reader wakes for large chunks of the payload, not every segment.
+    // The reader wakes for large chunks of the payload, not every segment: the mark follows
+    // the payload's bytes still to come (`left`), and is the default for bytes read otherwise.
     let mut mark = super::low_water(stream);
+    let mut left: u64 = sizes.iter().sum();
     for (key, &size) in sizes.iter().enumerate() {
         let first = next;
         while next < targets.len() && targets[next].key == key {
             next += 1;
         }
         let here = &targets[first..next];
+        let at = left;
+        left -= size;
         if here.is_empty() || results[key].is_err() {
+            mark.want(1);
             skip(stream, size).await?;
             continue;
         }
@@ -88,22 +93,22 @@ async fn receive(
                 Ok(view) => view,
                 Err(status) => {
                     results[key] = Err(not_copied(status));
+                    mark.want(1);
                     skip(stream, size).await?;
                     continue;
                 }
             };
             // Half, then the rest, as a WRITE: a node may be stopped between them in tests.
             let half = view.len() / 2;
-            let left = size + sizes[key + 1..].iter().sum::<u64>();
-            read_payload(stream, &mut view[..half], left, &mut mark).await?;
+            read_payload(stream, &mut view[..half], at, &mut mark).await?;
             crate::failpoints::hit(crate::failpoints::WRITE_MID_PAYLOAD);
-            read_payload(stream, &mut view[half..], left - half as u64, &mut mark).await?;
+            read_payload(stream, &mut view[half..], at - half as u64, &mut mark).await?;
             continue;
         }
         // Several replicas on this node: the bytes once, then into each (one range locked
         // at a time).
         let mut bytes = vec![0u8; size as usize];
-        stream.read_exact(&mut bytes).await?;
+        read_payload(stream, &mut bytes, at, &mut mark).await?;
         for target in here {
             match target.segment.write_view(target.address, size).await {
                 Ok(mut view) => view.copy_from_slice(&bytes),
