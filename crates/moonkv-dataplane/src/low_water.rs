@@ -3,13 +3,12 @@
 //! A reader on a socket wakes at every segment that arrives: on loopback, a 1 MiB payload
 //! wakes the node's task five or six times, and each wake-up of an idle vCPU costs tens of µs
 //! on a VM. While a payload of known length is read, [`LowWater`] asks the kernel to report the
-//! socket readable only once `min(bytes still to come, 256 KiB)` have arrived, so the reader
-//! wakes a few times per MiB and reads large chunks (docs/data-plane.md, *Waking for whole
-//! chunks*).
+//! socket readable only once up to 256 KiB (never more than the bytes still to come) have
+//! arrived, so the reader wakes a few times per MiB and reads large chunks (docs/data-plane.md,
+//! *Waking for whole chunks*). Payloads under 128 KiB are read without a mark.
 //!
 //! The mark never exceeds the bytes the peer still owes for the payload being read
-//! ([`LowWater::want`] is given exactly that), so a wait never depends on bytes that will not
-//! come; the kernel also wakes a reader whose buffer is under memory pressure, and at the end
+//! ([`read_payload`] keeps it so), so a wait never depends on bytes that will not come; the kernel also wakes a reader whose buffer is under memory pressure, and at the end
 //! of the stream. The mark is set back to one byte when the guard is dropped, before the
 //! connection reads its next header. Plain TCP only: over TLS the bytes on the socket are
 //! records, not the payload, and nothing is changed.
@@ -25,6 +24,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Most bytes a reader waits for before it is woken.
 pub const LOW_WATER_MAX: u64 = 256 << 10;
+
+/// Fewest bytes worth a mark: a payload tail shorter than this arrives in a segment or two, and
+/// a mark would only cost its `setsockopt` calls.
+pub const LOW_WATER_MIN: u64 = 64 << 10;
 
 /// The receive low-water mark of one socket while a payload is read; back to one byte on drop.
 ///
@@ -111,7 +114,7 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
 ) -> io::Result<()> {
     let mut at = 0;
     while at < buf.len() {
-        mark.want(left);
+        mark.want(follow(mark.mark(), left));
         let n = reader.read(&mut buf[at..]).await?;
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
@@ -120,6 +123,30 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
         left = left.saturating_sub(n as u64);
     }
     Ok(())
+}
+
+/// The mark to read with, given the one set now (`now`) and the payload's bytes still to come
+/// (`left`): never above `left`, and changed seldom, since each change is a system call.
+/// - A mark above `left` would wait for bytes that are not coming: it drops to half of `left`,
+///   or to one byte once that half is under [`LOW_WATER_MIN`]. A payload of many small keys
+///   thus changes it a few times, not once per key.
+/// - The default (one byte) is raised, to `min(left, LOW_WATER_MAX)`, only while at least twice
+///   [`LOW_WATER_MIN`] is to come: small payloads never pay for a mark, and a mark dropped to
+///   one byte near a payload's end is not raised again (`left` only shrinks).
+/// - Otherwise the mark stays.
+fn follow(now: u64, left: u64) -> u64 {
+    if now > left {
+        let half = left / 2;
+        if half >= LOW_WATER_MIN {
+            half
+        } else {
+            1
+        }
+    } else if now == 1 && left >= 2 * LOW_WATER_MIN {
+        left.min(LOW_WATER_MAX)
+    } else {
+        now
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +252,45 @@ mod tests {
         assert!(got == payload, "the payload arrived changed");
         assert_eq!(&next, b"next");
         drop(writer.await.unwrap());
+    }
+
+    /// Follows a payload of `keys` keys of `size` bytes read whole, key by key, as the node
+    /// reads a batch: the marks set, in order.
+    fn marks_over(keys: u64, size: u64) -> Vec<u64> {
+        let (mut now, mut left, mut set) = (1, keys * size, Vec::new());
+        for _ in 0..keys {
+            let next = follow(now, left);
+            assert!(
+                next == 1 || next <= left,
+                "a mark of {next} with {left} left"
+            );
+            if next != now {
+                set.push(next);
+                now = next;
+            }
+            left -= size;
+        }
+        set
+    }
+
+    #[test]
+    fn small_payloads_pay_for_no_mark_and_many_small_keys_change_it_a_few_times() {
+        // A payload that arrives in a segment or two: no mark, so no system call.
+        assert!(marks_over(1, 4096).is_empty());
+        assert!(marks_over(1, 2 * LOW_WATER_MIN - 1).is_empty());
+        assert!(marks_over(16, 4096).is_empty());
+        // 128 keys of 4 KiB (512 KiB): raised once, then lowered by halves, not per key.
+        let batch = marks_over(128, 4096);
+        assert_eq!(batch.first(), Some(&LOW_WATER_MAX));
+        assert_eq!(batch.last(), Some(&1));
+        assert!(batch.len() <= 4, "{batch:?}");
+        // One large key: the mark rises to the most and ends at one byte.
+        assert_eq!(follow(1, 1 << 20), LOW_WATER_MAX);
+        assert_eq!(follow(LOW_WATER_MAX, 1 << 20), LOW_WATER_MAX);
+        assert_eq!(follow(LOW_WATER_MAX, 200_000), 100_000);
+        assert_eq!(follow(100_000, 90_000), 1);
+        // Lowered to one byte near the end, it is not raised again.
+        assert_eq!(follow(1, 2 * LOW_WATER_MIN - 1), 1);
     }
 
     #[tokio::test]

@@ -4,7 +4,6 @@
 use super::{refuse_write, respond, Conn};
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, RequestHeader, ResponseHeader};
-use moonkv_dataplane::low_water::read_payload;
 use std::io;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
@@ -86,10 +85,7 @@ pub(super) async fn serve_write(
     // Straight from the socket into segment memory; acknowledged only once all bytes landed.
     // The reader wakes for large chunks of the payload, not every segment.
     let mut mark = super::low_water(stream);
-    let half = view.len() / 2;
-    read_payload(stream, &mut view[..half], h.length, &mut mark).await?;
-    crate::failpoints::hit(crate::failpoints::WRITE_MID_PAYLOAD);
-    read_payload(stream, &mut view[half..], h.length - half as u64, &mut mark).await?;
+    super::read_into_view(stream, &mut view, h.length, &mut mark).await?;
     drop(mark);
     drop(view);
     respond(stream, DataStatus::Ok, h.request_id)

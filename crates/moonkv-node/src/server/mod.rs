@@ -63,6 +63,22 @@ pub(crate) fn low_water(stream: &Conn) -> moonkv_dataplane::low_water::LowWater 
     moonkv_dataplane::low_water::LowWater::of(stream.get_ref().get_ref().inner())
 }
 
+/// Reads a written value's bytes straight into `view`, half and then the rest (a node may be
+/// stopped between them in tests); `left`: the payload's bytes still to come, `view`'s
+/// included.
+pub(super) async fn read_into_view(
+    stream: &mut Conn,
+    view: &mut [u8],
+    left: u64,
+    mark: &mut moonkv_dataplane::low_water::LowWater,
+) -> io::Result<()> {
+    use moonkv_dataplane::low_water::read_payload;
+    let half = view.len() / 2;
+    read_payload(stream, &mut view[..half], left, mark).await?;
+    crate::failpoints::hit(crate::failpoints::WRITE_MID_PAYLOAD);
+    read_payload(stream, &mut view[half..], left - half as u64, mark).await
+}
+
 /// Buffer of each direction of a connection: pipelined small requests and answers coalesce up
 /// to this size; larger payloads go straight between the socket and segment memory.
 const CONNECTION_BUFFER: usize = 64 << 10;

@@ -98,11 +98,7 @@ async fn receive(
                     continue;
                 }
             };
-            // Half, then the rest, as a WRITE: a node may be stopped between them in tests.
-            let half = view.len() / 2;
-            read_payload(stream, &mut view[..half], at, &mut mark).await?;
-            crate::failpoints::hit(crate::failpoints::WRITE_MID_PAYLOAD);
-            read_payload(stream, &mut view[half..], at - half as u64, &mut mark).await?;
+            super::read_into_view(stream, &mut view, at, &mut mark).await?;
             continue;
         }
         // Several replicas on this node: the bytes once, then into each (one range locked
