@@ -173,22 +173,20 @@ impl Store {
         // PUT_LOCAL needs an attached connection in this store's own pool (a sibling's pool
         // starts empty); a node that attaches none takes the bytes over the socket.
         let local = local && self.attached_to(&endpoint).await;
-        // Calls the node would not take go the usual way, and the route stays. A socket call
-        // over one request's bytes goes as several at once ([`socket_groups`]), or not whole.
+        // Calls the node would not take go the usual way, and the route stays. So does a socket
+        // call over one request's bytes: several lanes at once move it faster than one
+        // connection, and as fast as several PUT_WHOLE requests at once (`docs/benchmarks.md`,
+        // *Socket batches over 1 MiB the usual way again*).
         let answers = if local {
             if !node_takes(&sizes) || ranges.len() > MAX_LOCAL_RANGES {
                 return None;
             }
             self.put_through_node_at(&endpoint, kind, keys, objects, config)
                 .await
-        } else if sizes.contains(&0) {
+        } else if sizes.contains(&0) || total > WHOLE_SOCKET_BYTES {
             return None;
-        } else if total <= WHOLE_SOCKET_BYTES {
-            self.put_whole_over_socket(&endpoint, kind, keys, objects, sizes, config)
-                .await
         } else {
-            let groups = socket_groups(keys, &sizes, self.transfer.pool_cap())?;
-            self.put_whole_in_groups(&endpoint, kind, keys, objects, &sizes, groups, config)
+            self.put_whole_over_socket(&endpoint, kind, keys, objects, sizes, config)
                 .await
         };
         let Some(answers) = answers else {
@@ -272,45 +270,6 @@ impl Store {
         }
     }
 
-    /// A call of more than [`WHOLE_SOCKET_BYTES`] as several PUT_WHOLE requests at once, one
-    /// per run of `groups` ([`socket_groups`]), each on its own connection: one answer per key,
-    /// `None` for a key the node left to the usual path (all the keys of a group it took
-    /// nothing of). `None` as a whole: the node took nothing.
-    #[allow(clippy::too_many_arguments)]
-    async fn put_whole_in_groups(
-        &self,
-        endpoint: &str,
-        kind: WriteKind,
-        keys: &[&str],
-        objects: &[&[&[u8]]],
-        sizes: &[u64],
-        groups: Vec<std::ops::Range<usize>>,
-        config: &ReplicateConfig,
-    ) -> Option<NodeAnswers> {
-        let calls = groups.iter().map(|range| {
-            self.put_whole_over_socket(
-                endpoint,
-                kind,
-                &keys[range.clone()],
-                &objects[range.clone()],
-                sizes[range.clone()].to_vec(),
-                config,
-            )
-        });
-        let answered = futures_util::future::join_all(calls).await;
-        if answered.iter().all(Option::is_none) {
-            return None;
-        }
-        let mut answers = Vec::with_capacity(keys.len());
-        for (range, group) in groups.into_iter().zip(answered) {
-            match group {
-                Some(group) => answers.extend(group),
-                None => answers.extend(range.map(|_| None)),
-            }
-        }
-        Some(answers)
-    }
-
     /// One PUT_WHOLE to the node at `endpoint` (`sizes`: each object's bytes): one answer per key, `None` for a key the node
     /// left to the usual path. `None` as a whole: the node took nothing.
     async fn put_whole_over_socket(
@@ -377,50 +336,6 @@ impl Store {
     }
 }
 
-/// Most requests one call over the socket is cut into: a 32 × 128 KiB batch (4 MiB) goes as
-/// four PUT_WHOLE requests of 1 MiB on four connections, each one round trip, where the usual
-/// way is the batch's start, 32 WRITE requests and its end.
-pub(crate) const WHOLE_SOCKET_GROUPS: usize = 4;
-
-/// How a call of more than [`WHOLE_SOCKET_BYTES`] is cut into PUT_WHOLE requests: runs of
-/// consecutive keys of at most that many bytes each, about even, at most
-/// [`WHOLE_SOCKET_GROUPS`] (and `connections`) of them. `None`: the call is not cut (a key
-/// larger than a request, too many bytes, or a key named twice, whose order two requests at
-/// once would not keep).
-pub(crate) fn socket_groups(
-    keys: &[&str],
-    sizes: &[u64],
-    connections: usize,
-) -> Option<Vec<std::ops::Range<usize>>> {
-    let total: u64 = sizes.iter().sum();
-    let most = WHOLE_SOCKET_GROUPS.min(connections) as u64;
-    if keys.len() < 2 || keys.len() != sizes.len() || total > most * WHOLE_SOCKET_BYTES {
-        return None;
-    }
-    if sizes.iter().any(|s| *s > WHOLE_SOCKET_BYTES) {
-        return None;
-    }
-    let mut seen = std::collections::HashSet::with_capacity(keys.len());
-    if !keys.iter().all(|k| seen.insert(*k)) {
-        return None;
-    }
-    let wanted = total.div_ceil(WHOLE_SOCKET_BYTES);
-    let even = total.div_ceil(wanted);
-    let mut groups = Vec::new();
-    let (mut start, mut bytes) = (0, 0u64);
-    for (i, size) in sizes.iter().enumerate() {
-        // Close the run when this key would pass the even share (or a request's bytes).
-        if i > start && (bytes + size > WHOLE_SOCKET_BYTES || bytes >= even) {
-            groups.push(start..i);
-            start = i;
-            bytes = 0;
-        }
-        bytes += size;
-    }
-    groups.push(start..keys.len());
-    (groups.len() as u64 <= most).then_some(groups)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,29 +384,6 @@ mod tests {
         assert_eq!(*route.state.lock(), Route::Candidate("a:1".into()));
         route.note([&b[..]]);
         assert_eq!(*route.state.lock(), Route::Candidate("a:1".into()), "kept");
-    }
-
-    #[test]
-    fn calls_over_a_request_are_cut_into_even_runs_of_at_most_a_request() {
-        let keys: Vec<String> = (0..32).map(|i| format!("k{i}")).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let kib = |n: u64| n << 10;
-        // 32 × 128 KiB: four runs of eight.
-        let groups = socket_groups(&refs, &[kib(128); 32], 4).unwrap();
-        assert_eq!(groups, vec![0..8, 8..16, 16..24, 24..32]);
-        // 12 × 200 KiB (2.3 MiB): three runs, each within a request.
-        let groups = socket_groups(&refs[..12], &[kib(200); 12], 4).unwrap();
-        assert_eq!(groups.len(), 3);
-        assert!(groups
-            .iter()
-            .all(|g| g.len() as u64 * kib(200) <= WHOLE_SOCKET_BYTES));
-        assert_eq!(groups.last().unwrap().end, 12);
-        // Too many bytes, a key larger than a request, fewer connections, a key twice.
-        assert!(socket_groups(&refs, &[kib(160); 32], 4).is_none());
-        assert!(socket_groups(&refs[..2], &[kib(1025), 1], 4).is_none());
-        assert!(socket_groups(&refs, &[kib(128); 32], 2).is_none());
-        let twice = ["a", "b", "a"];
-        assert!(socket_groups(&twice, &[WHOLE_SOCKET_BYTES; 3], 4).is_none());
     }
 
     #[test]
