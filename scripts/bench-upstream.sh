@@ -37,6 +37,10 @@
 # one call (its bytes one way over loopback TCP, a 16-byte answer back, 1 and 4 connections);
 # the socket column shows each cell as a fraction of the floor for the bytes and keys of its
 # calls (a 128 × 4 KiB batch: 512 KiB per call; an existence check: a bare round trip).
+#   WARM=1          before the first round, write and remove about CALLS x 4 MiB + 256 MiB of
+#                   fresh keys (untimed, 64 MiB objects) on each cluster, so that no round pays
+#                   for first writes into its segment's pages (slow on a VM whose host backs
+#                   guest memory lazily); WARM=0 skips it. Its output goes to OUT_DIR/warm.
 #   PREFAULT=1      start moonkv's node with --prefault (its segment committed at start; on this
 #                   VM that takes about 9 s per GiB, and the node's readiness wait must allow it)
 #
@@ -139,7 +143,7 @@ trap stop_all EXIT
     echo "moonkv: $("$MOONKV_BIN" --version), binary $MOONKV_BIN, checkout $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')"
     echo "moonkv python package: $("$PY" -c 'import moonkv, os; print(os.path.dirname(moonkv.__file__))')"
     echo "upstream: $("$VENV/bin/pip" show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/ {print $2}') $("$VENV/bin/mooncake_master" --version 2>&1 | grep -i -m1 'debug build' || true)"
-    echo "runs: $RUNS, dataplane ${DURATION}s per op and size, batch $CALLS calls, small $SMALL_N keys, segment $SEG bytes, cells ${CELLS:-all}, systems ${SYSTEMS[*]}, client prefix '${CLIENT_PREFIX:-}'"
+    echo "runs: $RUNS, dataplane ${DURATION}s per op and size, batch $CALLS calls, small $SMALL_N keys, segment $SEG bytes, cells ${CELLS:-all}, systems ${SYSTEMS[*]}, client prefix '${CLIENT_PREFIX:-}', warm-up ${WARM:-1}"
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 
@@ -174,7 +178,7 @@ echo "moonkv node data address: $MK_DATA" >>"$OUT/machine.txt"
 run() {
     local sys=$1 round=$2 cell=$3
     shift 3
-    local base=$OUT/raw/$cell.$sys.$round rc=0
+    local base=${RAW_DIR:-$OUT/raw}/$cell.$sys.$round rc=0
     log "round $round  $cell  $sys"
     case $sys in
     upstream)
@@ -220,6 +224,25 @@ cell_args() {
     small) echo small --n "$SMALL_N" --size 4096 ;;
     esac
 }
+
+# ---- warm both clusters --------------------------------------------------------------------
+# The first write into a segment page the process never touched is slow where the host backs
+# guest memory lazily: about 0.16 GB/s on the development VM (docs/benchmarks.md, *First writes
+# into a segment are slow on this VM*). Without this pass, the first round of whichever system
+# writes first into each cluster pays for it, and its median is the worse of the two others.
+# The largest footprint of fresh keys is a batch cell's (CALLS x 4 MiB); each cluster gets that
+# and 256 MiB more, written and removed, capped at three quarters of its segment.
+if [[ ${WARM:-1} != 0 ]]; then
+    WARM_OBJ=$((64 << 20))
+    WARM_BYTES=$(((CALLS * 4 + 256) << 20))
+    ((WARM_BYTES > SEG / 4 * 3)) && WARM_BYTES=$((SEG / 4 * 3))
+    WARM_CALLS=$(((WARM_BYTES + 8 * WARM_OBJ - 1) / (8 * WARM_OBJ)))
+    mkdir -p "$OUT/warm"
+    for sys in upstream moonkv; do
+        log "warming the $sys cluster: $WARM_CALLS untimed calls of 8 x 64 MiB fresh keys"
+        RAW_DIR=$OUT/warm run "$sys" 0 warm batch --batch 8 --size "$WARM_OBJ" --calls "$WARM_CALLS"
+    done
+fi
 
 T0=$(date +%s)
 for ((r = 1; r <= RUNS; r++)); do

@@ -175,8 +175,8 @@ impl Store {
         let local = local && self.attached_to(&endpoint).await;
         // Calls the node would not take go the usual way, and the route stays. So does a socket
         // call over one request's bytes: several lanes at once move it faster than one
-        // connection, and as fast as several PUT_WHOLE requests at once (`docs/benchmarks.md`,
-        // *Socket batches over 1 MiB the usual way again*).
+        // connection, and faster than several PUT_WHOLE requests at once did
+        // (`docs/benchmarks.md`, *Socket batches over 1 MiB the usual way again*).
         let answers = if local {
             if !node_takes(&sizes) || ranges.len() > MAX_LOCAL_RANGES {
                 return None;
