@@ -8,9 +8,10 @@
 //! *Waking for whole chunks*). Payloads under 128 KiB are read without a mark.
 //!
 //! The mark never exceeds the bytes the peer still owes for the payload being read
-//! ([`read_payload`] keeps it so), so a wait never depends on bytes that will not come; the kernel also wakes a reader whose buffer is under memory pressure, and at the end
-//! of the stream. The mark is set back to one byte when the guard is dropped, before the
-//! connection reads its next header. Plain TCP only: over TLS the bytes on the socket are
+//! ([`read_payload`] keeps it so), so a wait never depends on bytes that will not come; the
+//! kernel also wakes a reader whose buffer is under memory pressure, and at the end of the
+//! stream. The mark is set back to one byte when the guard is dropped, before the connection
+//! reads its next header. Plain TCP only: over TLS the bytes on the socket are
 //! records, not the payload, and nothing is changed.
 //!
 //! Unsafe code: one `setsockopt` call on a socket the caller's stream owns for the whole life of
@@ -58,6 +59,16 @@ impl LowWater {
         {
             let _ = stream;
             LowWater { set: 1 }
+        }
+    }
+
+    /// A guard that never changes the socket's mark: [`read_payload`] with it reads as
+    /// `read_exact` does.
+    pub fn unmarked() -> LowWater {
+        LowWater {
+            #[cfg(unix)]
+            fd: None,
+            set: 1,
         }
     }
 
@@ -291,6 +302,32 @@ mod tests {
         assert_eq!(follow(100_000, 90_000), 1);
         // Lowered to one byte near the end, it is not raised again.
         assert_eq!(follow(1, 2 * LOW_WATER_MIN - 1), 1);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn an_unmarked_guard_reads_a_long_payload_whole_and_leaves_the_socket_alone() {
+        use std::os::fd::AsRawFd;
+        let (mut client, server) = pair().await;
+        let fd = server.as_raw_fd();
+        let mut server = Stream::Plain(server);
+        let payload: Vec<u8> = (0..600_000u32).map(|i| i as u8).collect();
+        let sent = payload.clone();
+        let writer = tokio::spawn(async move {
+            for piece in sent.chunks(100_000) {
+                client.write_all(piece).await.unwrap();
+            }
+            client
+        });
+        let mut mark = LowWater::unmarked();
+        let mut buf = vec![0u8; payload.len()];
+        read_payload(&mut server, &mut buf, payload.len() as u64, &mut mark)
+            .await
+            .unwrap();
+        assert!(buf == payload);
+        assert_eq!(mark.mark(), 1);
+        assert_eq!(kernel_mark(fd), 1, "an unmarked guard set a mark");
+        drop(writer.await.unwrap());
     }
 
     #[tokio::test]

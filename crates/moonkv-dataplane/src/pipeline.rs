@@ -276,11 +276,15 @@ impl DataConnection {
         // long one keeps its socket busy, so the mark saves little there, and measured, it
         // lengthened the tail (64 MiB gets: p99 42 -> 60 ms).
         let reads = expects.iter().filter(|e| e.op == DataOp::Read).count();
-        let mut mark = (reads <= MARKED_BURST_READS).then(|| LowWater::of(self.stream_ref()));
+        let mut mark = if reads <= MARKED_BURST_READS {
+            LowWater::of(self.stream_ref())
+        } else {
+            LowWater::unmarked()
+        };
         let burst = {
             let (reader, writer) = tokio::io::split(self.stream_mut());
             let mut send_all = pin!(send_all(writer, &sends, step));
-            let mut receive = pin!(receive_all(reader, expects, step, &endpoint, mark.as_mut()));
+            let mut receive = pin!(receive_all(reader, expects, step, &endpoint, &mut mark));
             // The answers decide when the burst is over: once they stop, a send still blocked on a
             // node that no longer reads is abandoned.
             let mut send_end = None;
@@ -382,7 +386,7 @@ async fn receive_all<R: AsyncRead + Unpin>(
     expects: Vec<Expect<'_>>,
     step: Duration,
     endpoint: &str,
-    mut mark: Option<&mut LowWater>,
+    mark: &mut LowWater,
 ) -> Burst {
     let mut input = AnswerReader::new(reader);
     let mut results = Vec::with_capacity(expects.len());
@@ -453,7 +457,7 @@ async fn receive_all<R: AsyncRead + Unpin>(
             let mut left = expect.len;
             for sink in expect.sinks {
                 let len = sink.len() as u64;
-                let read = input.read_payload(sink, left, mark.as_deref_mut());
+                let read = input.read_payload(sink, left, mark);
                 left = left.saturating_sub(len);
                 match tokio::time::timeout(step, read).await {
                     Ok(Ok(_)) => {}
@@ -465,9 +469,7 @@ async fn receive_all<R: AsyncRead + Unpin>(
                 }
             }
             // The next answer may be a bare header.
-            if let Some(mark) = mark.as_deref_mut() {
-                mark.want(1);
-            }
+            mark.want(1);
         }
         results.push(Ok(()));
     }
@@ -536,7 +538,7 @@ impl<R: AsyncRead + Unpin> AnswerReader<R> {
         &mut self,
         sink: &mut [u8],
         left: u64,
-        mark: Option<&mut LowWater>,
+        mark: &mut LowWater,
     ) -> std::io::Result<()> {
         let buffered = (self.end - self.start).min(sink.len());
         sink[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
@@ -546,16 +548,8 @@ impl<R: AsyncRead + Unpin> AnswerReader<R> {
             self.end = 0;
         }
         if buffered < sink.len() {
-            let rest = &mut sink[buffered..];
-            match mark {
-                Some(mark) => {
-                    let left = left.saturating_sub(buffered as u64);
-                    read_payload(&mut self.inner, rest, left, mark).await?;
-                }
-                None => {
-                    self.inner.read_exact(rest).await?;
-                }
-            }
+            let left = left.saturating_sub(buffered as u64);
+            read_payload(&mut self.inner, &mut sink[buffered..], left, mark).await?;
         }
         Ok(())
     }
