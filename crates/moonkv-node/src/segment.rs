@@ -30,16 +30,29 @@ use std::sync::Arc;
 
 /// Alignment of every segment: one page.
 pub(crate) const PAGE_SIZE: usize = 4096;
-/// Alignment of segment memory. Kept at the allocator's natural alignment on purpose: a larger
-/// alignment makes the system allocator zero every byte up front (touching the whole segment),
-/// while this one takes the calloc path, whose large blocks come from fresh, lazily zeroed
-/// pages — a 1 GiB segment costs nothing until it is written.
-pub(crate) const SEGMENT_ALIGN: usize = 16;
+/// Alignment of the allocation behind a segment. Kept at the allocator's natural alignment on
+/// purpose: a larger alignment makes the system allocator zero every byte up front (touching
+/// the whole segment), while this one takes the calloc path, whose large blocks come from
+/// fresh, lazily zeroed pages — a 1 GiB segment costs nothing until it is written.
+const ALLOC_ALIGN: usize = 16;
+
+/// Alignment of a segment's first byte, taken inside a slightly larger allocation (see
+/// [`ALLOC_ALIGN`]). One huge page: the segment's 2 MiB blocks are whole huge pages, and every
+/// replica, whose offset is a multiple of 64, starts on a cache line. calloc's own start
+/// (16 bytes past a page) put every replica 16 bytes into a line, and the same-host copies'
+/// streaming stores into such lines ran at half speed (`docs/benchmarks.md`, *Segments
+/// aligned to cache lines*).
+pub(crate) const SEGMENT_ALIGN: usize = 2 << 20;
 
 /// The bytes of one mounted segment.
 pub struct SegmentMemory {
     id: SegmentId,
+    /// The segment's first byte, [`SEGMENT_ALIGN`]ed, inside the allocation at `alloc`.
     ptr: NonNull<u8>,
+    /// The segment's bytes.
+    len: usize,
+    /// The allocation (from `alloc_zeroed(layout)`), freed in `Drop`.
+    alloc: NonNull<u8>,
     layout: Layout,
     locks: RangeLock,
     /// Committed replicas held here, by address (see `crate::catalog`).
@@ -64,19 +77,28 @@ impl SegmentMemory {
             .ok()
             .and_then(|s| s.checked_next_multiple_of(PAGE_SIZE))
             .ok_or_else(|| bad(format!("segment size {size} does not fit in memory")))?;
-        let layout = Layout::from_size_align(size, SEGMENT_ALIGN)
-            .map_err(|e| bad(format!("segment size {size}: {e}")))?;
+        let layout = size
+            .checked_add(SEGMENT_ALIGN)
+            .and_then(|whole| Layout::from_size_align(whole, ALLOC_ALIGN).ok())
+            .ok_or_else(|| bad(format!("segment size {size} does not fit in memory")))?;
         // SAFETY: `layout` has a non-zero size (checked above).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| {
+        let alloc = NonNull::new(raw).ok_or_else(|| {
             Error::new(
                 ErrorCode::INTERNAL_ERROR,
                 format!("could not allocate a segment of {size} bytes"),
             )
         })?;
+        // Below `SEGMENT_ALIGN`, so the segment's `size` bytes from there lie inside the
+        // allocation.
+        let skip = (raw as usize).next_multiple_of(SEGMENT_ALIGN) - raw as usize;
+        // SAFETY: `skip + size < layout.size()`: inside the allocation, and not null.
+        let ptr = unsafe { NonNull::new_unchecked(raw.add(skip)) };
         Ok(SegmentMemory {
             id,
             ptr,
+            len: size,
+            alloc,
             layout,
             locks: RangeLock::default(),
             catalog: parking_lot::Mutex::new(BTreeMap::new()),
@@ -88,9 +110,9 @@ impl SegmentMemory {
     /// pay a page fault per 4 KiB and a segment the machine cannot hold fails at start, not
     /// mid-put. Only before the segment serves: the fallback writes zeros.
     pub(crate) fn prefault(&self) -> std::io::Result<()> {
-        let (base, len) = (self.ptr.as_ptr(), self.layout.size());
-        // The allocation starts wherever calloc put it: populate its whole pages, then touch the
-        // partial ones at either end.
+        let (base, len) = (self.ptr.as_ptr(), self.len);
+        // Populate the whole pages, then touch the partial ones at either end (there are none
+        // while the segment starts on a huge page and its size is whole pages).
         let skip = base.align_offset(PAGE_SIZE).min(len);
         let whole = (len - skip) / PAGE_SIZE * PAGE_SIZE;
         let populated = whole == 0 || {
@@ -130,7 +152,7 @@ impl SegmentMemory {
     /// keeps 4 KiB pages.
     pub(crate) fn advise_huge_pages(&self) -> std::io::Result<()> {
         const HUGE: usize = 2 << 20;
-        let (base, len) = (self.ptr.as_ptr(), self.layout.size());
+        let (base, len) = (self.ptr.as_ptr(), self.len);
         let skip = base.align_offset(HUGE);
         let whole = len.saturating_sub(skip) / HUGE * HUGE;
         if skip >= len || whole == 0 {
@@ -192,7 +214,7 @@ impl SegmentMemory {
 
     /// Size in bytes.
     pub(crate) fn size(&self) -> u64 {
-        self.layout.size() as u64
+        self.len as u64
     }
 
     /// Range-lock acquisitions that had to wait, and the microseconds they waited in total.
@@ -262,9 +284,9 @@ fn forget_overlapping(catalog: &mut BTreeMap<u64, CatalogEntry>, address: u64, l
 
 impl Drop for SegmentMemory {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from `alloc_zeroed(self.layout)` and is freed exactly once, here.
+        // SAFETY: `alloc` came from `alloc_zeroed(self.layout)` and is freed exactly once, here.
         // Views borrow `self`, so none can outlive this point.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        unsafe { std::alloc::dealloc(self.alloc.as_ptr(), self.layout) }
     }
 }
 
@@ -402,7 +424,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn segments_are_page_aligned_zeroed_and_bounds_checked() {
+    async fn segments_start_on_a_huge_page_and_are_zeroed_and_bounds_checked() {
         let seg = SegmentMemory::allocate(SegmentId::new(0, 1), 5000).unwrap();
         assert_ne!(seg.base(), 0);
         assert_eq!(seg.base() % SEGMENT_ALIGN as u64, 0);
