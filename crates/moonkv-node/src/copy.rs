@@ -11,11 +11,16 @@
 //!   (`LocalPlan::LONG_CALL`, set by the caller) rarely finds its destination in a cache.
 //!   Non-temporal stores write whole lines without reading them first: 16 and 64 MiB puts
 //!   went from 9.4–10.0 GB/s to 13.3–13.6 when memory bandwidth was scarce, and stayed even
-//!   when it was not. Smaller calls keep ordinary stores: a 4 MiB object replaced in a loop
-//!   stays in the cache, and streaming made it 20% slower. Copies out of the store (gets) use
-//!   ordinary stores: the caller reads its buffer next. A put (not an upsert) of 2 MiB or
-//!   more streams too: its ranges were just allocated, so they are rarely cached
-//!   (`server::put_local`, `FRESH_STREAM_MIN`).
+//!   when it was not. Smaller calls keep ordinary stores where the cache is large: a 4 MiB
+//!   object replaced in a loop stayed in a 32 MiB L3, and streaming made it 20% slower. A put
+//!   (not an upsert) of 2 MiB or more streams too: its ranges were just allocated, so they are
+//!   rarely cached (`server::put_local`, `FRESH_STREAM_MIN`).
+//! - **Streaming by the cache's size, both ways.** A same-host copy, into the store or out of
+//!   it, of a quarter of the last-level cache or more streams ([`cache_stream_min`]): its
+//!   source and destination no longer both fit in the cache, so even a loop of the same copy
+//!   finds no destination line there. On a VM with an 8 MiB L3 that is 2 MiB, and 4 MiB gets
+//!   and rewrites doubled in speed; with a 32 MiB L3 it is 8 MiB, where long calls stream
+//!   already.
 //!
 //! Pieces under [`VECTOR_MIN`] bytes, and CPUs without AVX2, use `copy_nonoverlapping`.
 //!
@@ -53,6 +58,59 @@ pub(crate) fn level() -> Level {
         }
         Level::Plain
     })
+}
+
+/// Copies of at least this many bytes use streaming stores whatever their direction: a quarter
+/// of the last-level cache (from `/sys/devices/system/cpu/cpu0/cache`), between 1 and 8 MiB;
+/// 8 MiB where the cache size cannot be read. A copy reads as many bytes as it writes, so from
+/// there its source and destination together take half the cache or more, and a loop of such
+/// copies, even of the same bytes, no longer finds its destination lines cached: ordinary
+/// stores would read every line before writing it. On a VM with a 32 MiB L3 this is 8 MiB,
+/// the long-call bound; on one with 8 MiB, 2 MiB, where a 4 MiB copy with ordinary stores ran
+/// at 7.2 GB/s and with streaming stores at 18.9 (`docs/benchmarks.md`, *Streaming by the
+/// cache's size*).
+pub(crate) fn cache_stream_min() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        last_level_cache_bytes().map_or(STREAM_MIN, |bytes| (bytes / 4).clamp(1 << 20, STREAM_MIN))
+    })
+}
+
+/// The size of cpu0's highest-level data or unified cache, from sysfs.
+fn last_level_cache_bytes() -> Option<usize> {
+    let base = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let mut best: Option<(u32, usize)> = None;
+    for entry in std::fs::read_dir(base).ok()?.flatten() {
+        let dir = entry.path();
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+        let (Some(level), Some(kind), Some(size)) = (read("level"), read("type"), read("size"))
+        else {
+            continue;
+        };
+        if kind.trim() == "Instruction" {
+            continue;
+        }
+        let (Ok(level), Some(bytes)) = (level.trim().parse::<u32>(), parse_cache_size(&size))
+        else {
+            continue;
+        };
+        if best.is_none_or(|(l, _)| level > l) {
+            best = Some((level, bytes));
+        }
+    }
+    best.map(|(_, bytes)| bytes)
+}
+
+/// A sysfs cache size: `32768K`, `8M`, or plain bytes.
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let (digits, unit) = match text.as_bytes().last()? {
+        b'K' => (&text[..text.len() - 1], 1usize << 10),
+        b'M' => (&text[..text.len() - 1], 1 << 20),
+        b'G' => (&text[..text.len() - 1], 1 << 30),
+        _ => (text, 1),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(unit)
 }
 
 /// Copies `src` into store memory `dst` (a put): streaming stores from [`STREAM_MIN`] bytes.
@@ -171,6 +229,29 @@ mod tests {
             }
         }
         all
+    }
+
+    #[test]
+    fn cache_sizes_read_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("32768K\n"), Some(32 << 20));
+        assert_eq!(parse_cache_size("8M"), Some(8 << 20));
+        assert_eq!(parse_cache_size("1G"), Some(1 << 30));
+        assert_eq!(parse_cache_size("4096"), Some(4096));
+        assert_eq!(parse_cache_size(""), None);
+        assert_eq!(parse_cache_size("K"), None);
+        assert_eq!(parse_cache_size("12X"), None);
+        assert_eq!(parse_cache_size("99999999999999999999G"), None);
+    }
+
+    #[test]
+    fn the_streaming_bound_is_a_quarter_of_the_cache_between_1_and_8_mib() {
+        let min = cache_stream_min();
+        assert!((1 << 20..=STREAM_MIN).contains(&min), "{min}");
+        if let Some(bytes) = last_level_cache_bytes() {
+            assert_eq!(min, (bytes / 4).clamp(1 << 20, STREAM_MIN));
+        } else {
+            assert_eq!(min, STREAM_MIN);
+        }
     }
 
     #[test]

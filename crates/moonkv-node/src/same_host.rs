@@ -107,9 +107,15 @@ impl Peer {
         matches!(poll(&mut fds, Some(&NO_WAIT)), Ok(0))
     }
 
-    /// Copies `src` into the caller's `ranges` (whose lengths add up to `src.len()`).
-    pub(crate) fn write_to(&self, src: &[u8], ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.copy(Local::Out(src), ranges, false)
+    /// Copies `src` into the caller's `ranges` (whose lengths add up to `src.len()`);
+    /// `stream`: with streaming stores.
+    pub(crate) fn write_to(
+        &self,
+        src: &[u8],
+        ranges: &[(u64, u64)],
+        stream: bool,
+    ) -> io::Result<()> {
+        self.copy(Local::Out(src), ranges, stream)
     }
 
     /// [`Peer::write_to`] for one of many copies serving a single request (a GET_LOCAL's
@@ -118,9 +124,10 @@ impl Peer {
         &self,
         src: &[u8],
         ranges: &[(u64, u64)],
+        stream: bool,
         seen: &PoolIds,
     ) -> io::Result<()> {
-        self.copy_seen(Local::Out(src), ranges, false, Some(seen))
+        self.copy_seen(Local::Out(src), ranges, stream, Some(seen))
     }
 
     /// Fills `dst` from the caller's `ranges` (whose lengths add up to `dst.len()`).
@@ -145,7 +152,8 @@ impl Peer {
         self.copy_seen(Local::In(dst), ranges, stream, Some(seen))
     }
 
-    /// `stream`: a copy from a shared pool into `local` uses streaming stores (`crate::copy`).
+    /// `stream`: the copy's stores, into `local` or into the caller's pool, are streaming
+    /// stores (`crate::copy`).
     fn copy(&self, local: Local<'_>, ranges: &[(u64, u64)], stream: bool) -> io::Result<()> {
         self.copy_seen(local, ranges, stream, None)
     }
@@ -525,14 +533,16 @@ mod tests {
         let source: Vec<u8> = (0..100u8).collect();
         let (mut a, mut b) = (vec![0u8; 30], vec![0u8; 70]);
         let ranges = [(a.as_mut_ptr() as u64, 30), (b.as_mut_ptr() as u64, 70)];
-        attached.write_to(&source, &ranges).unwrap();
+        attached.write_to(&source, &ranges, false).unwrap();
         assert_eq!(a, source[..30]);
         assert_eq!(b, source[30..]);
         let mut back = vec![0u8; 100];
         attached.read_from(&mut back, &ranges, false).unwrap();
         assert_eq!(back, source);
         // An unmapped caller range fails the copy instead of touching anything else.
-        let err = attached.write_to(&source[..8], &[(8, 8)]).unwrap_err();
+        let err = attached
+            .write_to(&source[..8], &[(8, 8)], true)
+            .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EFAULT));
     }
 }

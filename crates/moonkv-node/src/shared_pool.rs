@@ -189,9 +189,9 @@ impl SharedPools {
             unsafe {
                 match local {
                     // Out of the segment into the caller's pool (a get), or from the pool
-                    // into the segment (a put: streaming stores when asked to).
+                    // into the segment (a put); streaming stores when asked to.
                     Local::Out(src) => {
-                        crate::copy::copy_raw(level, place, src.as_ptr().add(at), len, false)
+                        crate::copy::copy_raw(level, place, src.as_ptr().add(at), len, stream)
                     }
                     Local::In(dst) => {
                         crate::copy::copy_raw(level, dst.as_mut_ptr().add(at), place, len, stream)
@@ -428,6 +428,13 @@ mod tests {
         let mut streamed = vec![0u8; 70_001];
         assert!(pools.copy(&mut Local::In(&mut streamed), &odd, mine, true));
         assert_eq!(streamed, long);
+        // Out to the caller's pool by streaming stores (a large get), at another odd offset.
+        let reversed: Vec<u8> = long.iter().rev().copied().collect();
+        let other = [(at + 100_003, 70_001)];
+        assert!(pools.copy(&mut Local::Out(&reversed), &other, mine, true));
+        // SAFETY: inside the test's own mapping.
+        let seen = unsafe { std::slice::from_raw_parts(base.add(100_003), 70_001) };
+        assert_eq!(seen, &reversed[..]);
         // A range that leaves the pool, or lengths that do not add up: left to the other path.
         assert!(!pools.copy(
             &mut Local::Out(&src[..16]),

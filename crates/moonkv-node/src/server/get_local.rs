@@ -198,8 +198,12 @@ async fn copy_keys(
         copies.add(t.key, t.at, &view[..], cut, view.len());
     }
     let pool_ids = crate::same_host::PoolIds::default();
+    // A get of the cache's streaming bound or more streams into the caller's buffers
+    // (`crate::copy::cache_stream_min`): its lines would not stay in the cache anyway.
+    let bytes: usize = views.iter().map(|(_, v)| v.len()).sum();
+    let stream = bytes >= crate::copy::cache_stream_min();
     let copied = copies.run(peer, |src: &[u8], ranges| {
-        peer.write_to_seen(src, ranges, &pool_ids)
+        peer.write_to_seen(src, ranges, stream, &pool_ids)
     });
     drop(views);
     settle(&targets, copied, results, stopped_waiting, || {

@@ -95,13 +95,22 @@ async fn put(
 pub(crate) const FRESH_STREAM_MIN: u64 = crate::copy_helper::SPLIT_MIN as u64;
 
 /// Whether a put's copies use streaming stores (`crate::copy`): for a long call (the caller's
-/// `LONG_CALL`), and for a put (not an upsert) of [`FRESH_STREAM_MIN`] bytes or more. A put's
+/// `LONG_CALL`), for a put (not an upsert) of [`FRESH_STREAM_MIN`] bytes or more, and for any
+/// put of the cache's streaming bound or more ([`crate::copy::cache_stream_min`]). A put's
 /// ranges are newly allocated, so they are rarely in a cache: ordinary stores would read every
 /// line before writing it. An upsert may rewrite an object of the same size in place, whose
-/// lines a loop of rewrites keeps in the cache, where ordinary stores are faster.
-/// `flags` are the caller's plan's, `bytes` what the put copies into this node.
+/// lines a loop of rewrites keeps in the cache while the object and its source fit there, where
+/// ordinary stores are faster. `flags` are the caller's plan's, `bytes` what the put copies into
+/// this node.
 fn streams(flags: u32, upsert: bool, bytes: u64) -> bool {
-    flags & LocalPlan::LONG_CALL != 0 || (!upsert && bytes >= FRESH_STREAM_MIN)
+    streams_within(flags, upsert, bytes, crate::copy::cache_stream_min() as u64)
+}
+
+/// [`streams`] with the cache's streaming bound given.
+fn streams_within(flags: u32, upsert: bool, bytes: u64, cache_min: u64) -> bool {
+    flags & LocalPlan::LONG_CALL != 0
+        || (!upsert && bytes >= FRESH_STREAM_MIN)
+        || bytes >= cache_min
 }
 
 /// A write the node started at its master in a caller's name: each key's outcome so far, and
@@ -378,17 +387,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn long_calls_and_large_fresh_puts_stream_and_upserts_do_not() {
+    fn long_calls_large_fresh_puts_and_copies_past_the_cache_bound_stream() {
         let long = LocalPlan::LONG_CALL;
-        // A put of 2 MiB or more goes to newly allocated space: streamed.
-        assert!(streams(0, false, FRESH_STREAM_MIN));
-        assert!(streams(0, false, 4 << 20));
-        assert!(!streams(0, false, FRESH_STREAM_MIN - 1));
-        assert!(!streams(0, false, 4096));
-        // An upsert may rewrite in place, in the cache: ordinary stores unless the call is long.
-        assert!(!streams(0, true, 4 << 20));
-        assert!(!streams(0, true, 64 << 20));
-        assert!(streams(long, true, 4 << 20));
-        assert!(streams(long, false, 4096));
+        // With the bound of a 32 MiB cache (8 MiB): a put of 2 MiB or more goes to newly
+        // allocated space and streams; an upsert, which may rewrite in place while it fits in
+        // the cache, keeps ordinary stores below the bound unless its call is long.
+        let big = 8 << 20;
+        assert!(streams_within(0, false, FRESH_STREAM_MIN, big));
+        assert!(streams_within(0, false, 4 << 20, big));
+        assert!(!streams_within(0, false, FRESH_STREAM_MIN - 1, big));
+        assert!(!streams_within(0, false, 4096, big));
+        assert!(!streams_within(0, true, 4 << 20, big));
+        assert!(streams_within(0, true, 8 << 20, big));
+        assert!(streams_within(0, true, 64 << 20, big));
+        assert!(streams_within(long, true, 4 << 20, big));
+        assert!(streams_within(long, false, 4096, big));
+        // With the bound of an 8 MiB cache (2 MiB), a 4 MiB upsert streams too.
+        assert!(streams_within(0, true, 4 << 20, 2 << 20));
+        assert!(!streams_within(0, true, (2 << 20) - 1, 2 << 20));
+        // This machine's bound is what `streams` uses.
+        let here = crate::copy::cache_stream_min() as u64;
+        assert!(streams(0, true, here));
+        assert!(!streams(0, true, here - 1));
     }
 }

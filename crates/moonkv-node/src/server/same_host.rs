@@ -58,8 +58,10 @@ pub(super) async fn serve_local(
         match segment.write_view(h.address, h.length).await {
             Ok(mut view) => {
                 let mid = crate::failpoints::WRITE_MID_PAYLOAD;
-                // Part of a long call: its bytes go into the segment by streaming stores.
-                let stream = plan.flags & LocalPlan::LONG_CALL != 0;
+                // Part of a long call, or past the cache's streaming bound: its bytes go into
+                // the segment by streaming stores.
+                let stream = plan.flags & LocalPlan::LONG_CALL != 0
+                    || view.len() >= crate::copy::cache_stream_min();
                 copy_local(peer, plan, view.len(), mid, |at, end, ranges| {
                     peer.read_from(&mut view[at..end], ranges, stream)
                 })
@@ -71,8 +73,9 @@ pub(super) async fn serve_local(
         match segment.read_view(h.address, h.length).await {
             Ok(view) => {
                 let mid = crate::failpoints::READ_MID_PAYLOAD;
+                let stream = view.len() >= crate::copy::cache_stream_min();
                 copy_local(peer, plan, view.len(), mid, |at, end, ranges| {
-                    peer.write_to(&view[at..end], ranges)
+                    peer.write_to(&view[at..end], ranges, stream)
                 })
                 .await
             }
