@@ -101,16 +101,10 @@ fn last_level_cache_bytes() -> Option<usize> {
     best.map(|(_, bytes)| bytes)
 }
 
-/// A sysfs cache size: `32768K`, `8M`, or plain bytes.
+/// A sysfs cache size (`32768K`, `8M`, or plain bytes), read as every size in moonkv is.
 fn parse_cache_size(text: &str) -> Option<usize> {
-    let text = text.trim();
-    let (digits, unit) = match text.as_bytes().last()? {
-        b'K' => (&text[..text.len() - 1], 1usize << 10),
-        b'M' => (&text[..text.len() - 1], 1 << 20),
-        b'G' => (&text[..text.len() - 1], 1 << 30),
-        _ => (text, 1),
-    };
-    digits.parse::<usize>().ok()?.checked_mul(unit)
+    let bytes = moonkv_proto::units::parse_size(text).ok()?;
+    usize::try_from(bytes).ok()
 }
 
 /// Copies `src` into store memory `dst` (a put): streaming stores from [`STREAM_MIN`] bytes.

@@ -110,36 +110,22 @@ impl SegmentMemory {
     /// pay a page fault per 4 KiB and a segment the machine cannot hold fails at start, not
     /// mid-put. Only before the segment serves: the fallback writes zeros.
     pub(crate) fn prefault(&self) -> std::io::Result<()> {
+        // The segment starts on a huge page and is whole pages long: populate all of it.
         let (base, len) = (self.ptr.as_ptr(), self.len);
-        // Populate the whole pages, then touch the partial ones at either end (there are none
-        // while the segment starts on a huge page and its size is whole pages).
-        let skip = base.align_offset(PAGE_SIZE).min(len);
-        let whole = (len - skip) / PAGE_SIZE * PAGE_SIZE;
-        let populated = whole == 0 || {
-            use rustix::mm::{madvise, Advice};
-            // SAFETY: `[base + skip, base + skip + whole)` lies inside this segment's own
-            // allocation and is page-aligned; populating changes no byte of it.
-            let advised =
-                unsafe { madvise(base.add(skip).cast(), whole, Advice::LinuxPopulateWrite) };
-            match advised {
-                Ok(()) => true,
-                // A kernel without MADV_POPULATE_WRITE: touched page by page below.
-                Err(rustix::io::Errno::INVAL) => false,
-                Err(e) => return Err(e.into()),
-            }
-        };
-        let touch = |offset: usize| {
-            // SAFETY: `offset < len`, inside the allocation; the segment is zeroed and does not
-            // serve yet, so writing a zero changes nothing.
-            unsafe { std::ptr::write_volatile(base.add(offset), 0) }
-        };
-        if populated {
-            touch(0);
-            touch(len - 1);
-        } else {
+        use rustix::mm::{madvise, Advice};
+        // SAFETY: `[base, base + len)` is this segment's own bytes, page-aligned; populating
+        // changes no byte of it.
+        match unsafe { madvise(base.cast(), len, Advice::LinuxPopulateWrite) } {
+            Ok(()) => {}
             // A kernel without MADV_POPULATE_WRITE (before 5.14): one write per page.
-            (0..len).step_by(PAGE_SIZE).for_each(touch);
-            touch(len - 1);
+            Err(rustix::io::Errno::INVAL) => {
+                for offset in (0..len).step_by(PAGE_SIZE) {
+                    // SAFETY: `offset < len`, inside the segment; it is zeroed and does not
+                    // serve yet, so writing a zero changes nothing.
+                    unsafe { std::ptr::write_volatile(base.add(offset), 0) }
+                }
+            }
+            Err(e) => return Err(e.into()),
         }
         Ok(())
     }
@@ -151,17 +137,16 @@ impl SegmentMemory {
     /// without transparent huge pages says `EINVAL`; that is not an error, the segment just
     /// keeps 4 KiB pages.
     pub(crate) fn advise_huge_pages(&self) -> std::io::Result<()> {
-        const HUGE: usize = 2 << 20;
-        let (base, len) = (self.ptr.as_ptr(), self.len);
-        let skip = base.align_offset(HUGE);
-        let whole = len.saturating_sub(skip) / HUGE * HUGE;
-        if skip >= len || whole == 0 {
+        // The segment starts on a huge page (`SEGMENT_ALIGN`): its whole 2 MiB blocks are the
+        // first `whole` bytes.
+        let (base, whole) = (self.ptr.as_ptr(), self.len / SEGMENT_ALIGN * SEGMENT_ALIGN);
+        if whole == 0 {
             return Ok(());
         }
         use rustix::mm::{madvise, Advice};
-        // SAFETY: `[base + skip, base + skip + whole)` lies inside this segment's own
-        // allocation and is 2 MiB-aligned; the advice changes no byte of it.
-        match unsafe { madvise(base.add(skip).cast(), whole, Advice::LinuxHugepage) } {
+        // SAFETY: `[base, base + whole)` lies inside this segment's own bytes and is
+        // 2 MiB-aligned; the advice changes no byte of it.
+        match unsafe { madvise(base.cast(), whole, Advice::LinuxHugepage) } {
             Ok(()) | Err(rustix::io::Errno::INVAL) => Ok(()),
             Err(e) => Err(e.into()),
         }
