@@ -10,7 +10,16 @@ import time
 
 import moonkv
 import pytest
-from conftest import Master, Node, Pool, kill_long_upserters, pattern, segments
+from conftest import (
+    Master,
+    Node,
+    Pool,
+    kill_long_upserters,
+    pattern,
+    python_child,
+    segments,
+    within,
+)
 
 OK = 0
 INVALID_PARAMS = -600
@@ -351,6 +360,47 @@ def test_a_caller_killed_during_long_replacements_leaves_whole_objects_and_a_ser
     at once, and the node keeps serving long calls."""
     _, n = node
     kill_long_upserters(n.data, key)
+
+
+def test_a_caller_killed_during_large_gets_leaves_the_object_whole_and_the_node_serving(
+    node, key
+):
+    """A process reading a 16 MiB object in a loop into its pool at an odd offset (gets past
+    the node's streaming bound on any machine: streaming stores into the caller's pool) is
+    SIGKILLed mid-call, several times. The node's copy into the dead process's pool must not
+    wedge the object: after each kill it still reads back whole, into another store's pool at
+    another odd offset, and an upsert of it in place goes through at once."""
+    _, n = node
+    size = 16 << 20
+    old = pattern(f"{key}-old", size)
+    new = pattern(f"{key}-new", size)
+    s = moonkv.MooncakeDistributedStore()
+    assert s.setup_dummy(3 * size, 1 << 20, n.data) == OK
+    try:
+        buf = s.alloc_from_mem_pool(size + 128) + 65
+        ctypes.memmove(buf, old, size)
+        assert s.put_from(key, buf, size) == OK
+        for round_, delay in enumerate((0.0, 0.01, 0.03, 0.07)):
+            value = old if round_ % 2 == 0 else new
+            child = python_child("worker.py", "long-gets", n.data, key, str(size))
+            try:
+                assert child.stdout.readline().split() == ["go", str(size)]
+                time.sleep(delay)
+            finally:
+                child.kill()
+                child.wait(timeout=10)
+            ctypes.memset(buf, 0, size)
+            assert s.get_into(key, buf, size) == size
+            assert ctypes.string_at(buf, size) == value, f"changed by a kill {delay} s in"
+            following = new if value is old else old
+            ctypes.memmove(buf, following, size)
+            rc, _ = within(5.0, s.upsert_from, key, buf, size)
+            assert rc == OK
+            ctypes.memset(buf, 0, size)
+            assert s.get_into(key, buf, size) == size
+            assert ctypes.string_at(buf, size) == following
+    finally:
+        s.close()
 
 
 def test_a_pool_made_where_a_closed_one_was_gets_its_own_bytes(node, key):

@@ -11,6 +11,10 @@
                                              standalone mode: replaces KEY with the same
                                              SIZE bytes from its pool forever, announcing
                                              "go" after the first replacement
+    worker.py long-gets <node data address> <key> <size>
+                                             standalone mode: reads KEY (SIZE bytes) into its
+                                             pool, 3 bytes past a cache line, forever,
+                                             announcing "go RC" after the first read
 
 Every answer is one line; the first line is the node's hostname.
 """
@@ -96,12 +100,28 @@ def long_upserts(data: str, key: str, size: int) -> None:
             announced = True
 
 
+def long_gets(data: str, key: str, size: int) -> None:
+    store = moonkv.MooncakeDistributedStore()
+    if store.setup_dummy(size + (4 << 20), 1 << 20, data) != 0:
+        print("setup_dummy failed", flush=True)
+        sys.exit(1)
+    buf = store.alloc_from_mem_pool(size + 64) + 3
+    announced = False
+    while True:
+        rc = store.get_into(key, buf, size)
+        if not announced:
+            print(f"go {rc}", flush=True)
+            announced = True
+
+
 if __name__ == "__main__":
     mode, master = sys.argv[1], sys.argv[2]
     if mode == "serve":
         serve(master)
     elif mode == "long-upserts":
         long_upserts(master, sys.argv[3], int(sys.argv[4]))
+    elif mode == "long-gets":
+        long_gets(master, sys.argv[3], int(sys.argv[4]))
     elif mode == "exit-mid-put":
         exit_mid_put(master, sys.argv[3], int(sys.argv[4]))
     else:
