@@ -82,36 +82,36 @@ def flood(master: str, prefix: str, size: int, preferred: str) -> None:
         i += 1
 
 
+def standalone_store(data: str, size: int):
+    """A store in standalone mode against the node at DATA, with room in its pool for SIZE
+    bytes; exits when setup fails."""
+    store = moonkv.MooncakeDistributedStore()
+    if store.setup_dummy(size + (4 << 20), 1 << 20, data) != 0:
+        print("setup_dummy failed", flush=True)
+        sys.exit(1)
+    return store
+
+
+def forever(call) -> None:
+    """Calls CALL() forever, announcing "go RC" after the first call."""
+    print(f"go {call()}", flush=True)
+    while True:
+        call()
+
+
 def long_upserts(data: str, key: str, size: int) -> None:
     import ctypes
 
-    store = moonkv.MooncakeDistributedStore()
-    if store.setup_dummy(size + (4 << 20), 1 << 20, data) != 0:
-        print("setup_dummy failed", flush=True)
-        sys.exit(1)
+    store = standalone_store(data, size)
     buf = store.alloc_from_mem_pool(size)
-    value = pattern(f"{key}-new", size)
-    ctypes.memmove(buf, value, size)
-    announced = False
-    while True:
-        rc = store.upsert_from(key, buf, size)
-        if not announced:
-            print(f"go {rc}", flush=True)
-            announced = True
+    ctypes.memmove(buf, pattern(f"{key}-new", size), size)
+    forever(lambda: store.upsert_from(key, buf, size))
 
 
 def long_gets(data: str, key: str, size: int) -> None:
-    store = moonkv.MooncakeDistributedStore()
-    if store.setup_dummy(size + (4 << 20), 1 << 20, data) != 0:
-        print("setup_dummy failed", flush=True)
-        sys.exit(1)
+    store = standalone_store(data, size)
     buf = store.alloc_from_mem_pool(size + 64) + 3
-    announced = False
-    while True:
-        rc = store.get_into(key, buf, size)
-        if not announced:
-            print(f"go {rc}", flush=True)
-            announced = True
+    forever(lambda: store.get_into(key, buf, size))
 
 
 if __name__ == "__main__":
