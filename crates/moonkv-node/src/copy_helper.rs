@@ -10,8 +10,8 @@
 //!
 //! Waking a sleeping thread costs about 50 µs on that VM, as long as a 4 MiB copy takes, so the
 //! helper is woken when a request that will copy arrives ([`warm`]), before its master round
-//! trip, and it spins for up to [`LINGER`] after each piece of work and each such call before it
-//! sleeps again. It spins by yielding its CPU: a same-host caller whose answer was just sent is
+//! trip, and it spins for up to [`ARRIVAL`] after each such call and [`LINGER`] after each piece
+//! of work before it sleeps again. It spins by yielding its CPU: a same-host caller whose answer was just sent is
 //! often woken on the helper's CPU, and a plain spin kept it waiting for the rest of [`LINGER`]
 //! (about 47 µs of each 32 × 128 KiB get, in `perf sched timehist`). A machine with a single
 //! CPU gets no helper, nor does a process started with `MOONKV_COPY_HELPER=off`. While one copy
@@ -37,8 +37,15 @@ use std::time::{Duration, Instant};
 /// caller's next request.
 pub(crate) const SPLIT_MIN: usize = 2 << 20;
 
-/// How long the helper spins for more work after each piece of work or each [`warm`].
+/// How long the helper spins for more work after each piece of work.
 const LINGER: Duration = Duration::from_micros(60);
+
+/// How long the helper spins for the copy of a request that just arrived ([`warm`]): longer
+/// than the master takes to answer a batch before its copy (a 32-key start took 75–100 µs in
+/// place on the development VM, past [`LINGER`], and the helper then joined that copy about
+/// 50 µs late), and long enough to still be awake for the next request of a caller that sends
+/// large requests back to back.
+const ARRIVAL: Duration = Duration::from_micros(500);
 
 /// Copies under way in this process (see [`split`]): while one is, the machine's other CPU is
 /// not idle, and a second one gets no help.
@@ -115,7 +122,7 @@ pub(crate) fn warm(bytes: u64) {
     }
     if let Some(helper) = helper() {
         if !helper.busy.load(Ordering::Relaxed) && COPYING.load(Ordering::Relaxed) == 0 {
-            helper.keep_warm();
+            helper.keep_warm(ARRIVAL);
         }
     }
 }
@@ -191,7 +198,7 @@ impl<'h> Posted<'h> {
         let job: *const (dyn Fn() + Sync + 'static) = unsafe { std::mem::transmute(job) };
         *helper.slot.lock() = Some(JobRef(job));
         helper.posted.fetch_add(1, Ordering::Release);
-        helper.keep_warm();
+        helper.keep_warm(LINGER);
         Posted { helper }
     }
 }
@@ -217,9 +224,9 @@ impl Helper {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    /// Keeps the helper spinning for [`LINGER`] from now, waking it if it sleeps.
-    fn keep_warm(&self) {
-        let until = self.now_ns() + LINGER.as_nanos() as u64;
+    /// Keeps the helper spinning for `window` from now, waking it if it sleeps.
+    fn keep_warm(&self, window: Duration) {
+        let until = self.now_ns() + window.as_nanos() as u64;
         self.warm_until.fetch_max(until, Ordering::Relaxed);
         let parked = self.parked.lock();
         if *parked {

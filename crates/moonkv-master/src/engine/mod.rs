@@ -61,7 +61,7 @@ pub use admin::{
 };
 pub use catalog::{fence_scope, CatalogFence};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{AllocationStrategy, EngineConfig, EngineConfigError};
+pub use config::{default_shard_count, AllocationStrategy, EngineConfig, EngineConfigError};
 pub use pressure::{found_no_memory, TierStats};
 pub use promote::PromotionStats;
 pub use sink::{AvailabilitySink, Medium, NoopSink};

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 pub(crate) struct TenantObjects {
     /// Owned once per shard so events can name the tenant without allocating.
     pub(crate) tenant: TenantId,
-    /// One record per object, holding its key; a slot is one pointer (see `ObjectMap`).
+    /// One record per object, holding its key; a slot is a pointer and a hash (see `ObjectMap`).
     pub(crate) objects: super::object_map::ObjectMap,
 }
 

@@ -169,6 +169,9 @@ config_keys! {
     /// age after which an unfinished put is reclaimed (default 600)
     put_start_release_timeout_sec: Int<1, { 86_400 * 30 }> =>
         |c, v| c.engine.put_start_release_timeout_ms = v.0 * 1000;
+    /// metadata shards: how many locks the object map is split under (default 32 per CPU, at
+    /// least 64 and at most 1024)
+    shard_count: Int<1, 65536> => |c, v| c.engine.shard_count = v.0 as usize;
     /// replica placement: random | free_ratio_first (default random)
     allocation_strategy: Strategy => |c, v| c.engine.allocation_strategy = v.0;
     /// seconds a gone node's disk replicas stay revivable before they are dropped (default 300)

@@ -455,6 +455,24 @@ mod tests {
     }
 
     #[test]
+    fn shard_count_defaults_by_cpus_and_takes_a_setting_within_bounds() {
+        let c = MasterConfig::default();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(c.engine.shard_count, crate::engine::default_shard_count());
+        assert!((64..=1024).contains(&c.engine.shard_count));
+        assert!(c.engine.shard_count.is_power_of_two());
+        assert!(c.engine.shard_count >= (cpus * 32).min(1024));
+        let mut c = MasterConfig::default();
+        c.apply("shard_count", &json!(16)).unwrap();
+        assert_eq!(c.engine.shard_count, 16);
+        c.validate().unwrap();
+        for bad in [json!(0), json!(65537), json!("many")] {
+            assert_eq!(c.apply("shard_count", &bad).unwrap_err().key, "shard_count");
+        }
+        assert_eq!(c.engine.shard_count, 16);
+    }
+
+    #[test]
     fn events_need_endpoint_and_backend() {
         let mut c = MasterConfig::default();
         c.apply("enable_kv_events", &json!(true)).unwrap();
