@@ -194,6 +194,27 @@ fn bad_configuration_fails_at_start_naming_the_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("eviction_ratio"), "{stderr}");
 
+    for (value, why) in [("0", "out of range"), ("many", "whole number")] {
+        let out = MOONKV
+            .command(&[
+                "master",
+                "--shard-count",
+                value,
+                "--rpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("shard_count") && stderr.contains(why),
+            "{stderr}"
+        );
+    }
+
     let dir = std::env::temp_dir().join(format!("moonkv-bin-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("master.yaml");
