@@ -10,12 +10,13 @@
 //!
 //! Waking a sleeping thread costs about 50 µs on that VM, as long as a 4 MiB copy takes, so the
 //! helper is woken when a request that will copy arrives ([`warm`]), before its master round
-//! trip, and it spins for up to [`ARRIVAL`] after each such call and [`LINGER`] after each piece
-//! of work before it sleeps again. It spins by yielding its CPU: a same-host caller whose answer was just sent is
-//! often woken on the helper's CPU, and a plain spin kept it waiting for the rest of [`LINGER`]
-//! (about 47 µs of each 32 × 128 KiB get, in `perf sched timehist`). A machine with a single
-//! CPU gets no helper, nor does a process started with `MOONKV_COPY_HELPER=off`. While one copy
-//! is under way in the process, a second one gets no help: the other CPU is busy then.
+//! trip, and it spins for up to [`ARRIVAL`] after each such call and [`LINGER`] after each
+//! piece of work before it sleeps again. It spins by yielding its CPU: a same-host caller whose
+//! answer was just sent is often woken on the helper's CPU, and a plain spin kept it waiting
+//! for the rest of [`LINGER`] (about 47 µs of each 32 × 128 KiB get, in `perf sched
+//! timehist`). A machine with a single CPU gets no helper, nor does a process started with
+//! `MOONKV_COPY_HELPER=off`. While one copy is under way in the process, a second one gets no
+//! help: the other CPU is busy then.
 //!
 //! Unsafe code here, and why it is sound: [`Helper::split`] hands the helper a reference to a
 //! closure on its own stack, with its lifetime erased, and returns (or unwinds) only after it
