@@ -71,9 +71,9 @@ pub(crate) async fn run_sync(
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 );
-                apply(&segments, &answer);
                 epoch = answer.epoch;
                 acked = answer.last;
+                apply(&segments, answer);
             }
             Err(e) => {
                 failures += 1;
@@ -86,7 +86,7 @@ pub(crate) async fn run_sync(
     }
 }
 
-fn apply(segments: &SegmentTable, answer: &SyncCatalogResponse) {
+fn apply(segments: &SegmentTable, answer: SyncCatalogResponse) {
     let table = segments.read();
     if answer.reset {
         tracing::info!("the master dropped this node's replicas; forgetting the catalog");
@@ -94,11 +94,11 @@ fn apply(segments: &SegmentTable, answer: &SyncCatalogResponse) {
             memory.catalog_clear();
         }
     }
-    for notice in &answer.notices {
+    for notice in answer.notices {
         match notice {
             CatalogNotice::Commit(entry) => {
                 if let Some(memory) = table.get(&entry.segment_id) {
-                    memory.catalog_commit(entry.clone());
+                    memory.catalog_commit(entry);
                 }
             }
             CatalogNotice::Drop {
@@ -106,8 +106,8 @@ fn apply(segments: &SegmentTable, answer: &SyncCatalogResponse) {
                 address,
                 len,
             } => {
-                if let Some(memory) = table.get(segment_id) {
-                    memory.catalog_forget(*address, *len);
+                if let Some(memory) = table.get(&segment_id) {
+                    memory.catalog_forget(address, len);
                 }
             }
         }

@@ -13,8 +13,18 @@ use super::node_call::{laid_end_to_end, left_to_caller, Whole};
 use super::{Store, WriteKind};
 use moonkv_dataplane::header::LocalPlan;
 use moonkv_dataplane::same_host::{LONG_CALL_BYTES, SPLIT_COPY_BYTES};
-use moonkv_proto::msg::BatchPutStartRequest;
 use moonkv_proto::{ReplicateConfig, Result};
+
+/// A [`BatchPutStartRequest`] as it is encoded (the same fields, names and order), borrowing
+/// the caller's keys instead of copying each into a `String`.
+#[derive(serde::Serialize)]
+struct StartBody<'a> {
+    client_id: moonkv_proto::ClientId,
+    tenant: &'a str,
+    keys: &'a [&'a str],
+    sizes: &'a [u64],
+    config: &'a ReplicateConfig,
+}
 
 /// One answer per key: `None` for a key the node left to the usual path.
 pub(crate) type NodeAnswers = Vec<Option<Result<()>>>;
@@ -47,7 +57,7 @@ impl Store {
     }
 
     /// The body of a put the node takes whole (PUT_LOCAL, PUT_WHOLE): the batch start it sends
-    /// the master in this store's name.
+    /// the master in this store's name, encoded from the caller's keys as they are.
     pub(crate) fn whole_put_body(
         &self,
         kind: WriteKind,
@@ -55,12 +65,12 @@ impl Store {
         sizes: Vec<u64>,
         config: &ReplicateConfig,
     ) -> Option<Vec<u8>> {
-        let request = BatchPutStartRequest {
+        let request = StartBody {
             client_id: self.master.client_id(),
-            tenant: self.tenant.clone(),
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-            sizes,
-            config: config.clone(),
+            tenant: &self.tenant,
+            keys,
+            sizes: &sizes,
+            config,
         };
         rmp_serde::to_vec_named(&(kind == WriteKind::Upsert, &request)).ok()
     }
@@ -104,5 +114,46 @@ impl Store {
                 .map(|item| (!left_to_caller(&item)).then_some(item))
                 .collect(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moonkv_proto::msg::BatchPutStartRequest;
+
+    #[test]
+    fn a_borrowed_start_body_decodes_as_the_batch_start_it_stands_for() {
+        let config = ReplicateConfig {
+            group_ids: Some(vec!["g1".into(), "g2".into()]),
+            preferred_segments: vec!["node-a".into()],
+            ..ReplicateConfig::default()
+        };
+        let keys = ["k\u{e9}y-1", ""];
+        let sizes = [4096u64, 1 << 20];
+        let body = StartBody {
+            client_id: moonkv_proto::ClientId::new(0x1234, 0x5678_9abc),
+            tenant: "tenant-7",
+            keys: &keys,
+            sizes: &sizes,
+            config: &config,
+        };
+        let encoded = rmp_serde::to_vec_named(&(true, &body)).unwrap();
+        let (upsert, decoded): (bool, BatchPutStartRequest) =
+            rmp_serde::from_slice(&encoded).unwrap();
+        assert!(upsert);
+        assert_eq!(
+            decoded,
+            BatchPutStartRequest {
+                client_id: moonkv_proto::ClientId::new(0x1234, 0x5678_9abc),
+                tenant: "tenant-7".into(),
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+                sizes: sizes.to_vec(),
+                config,
+            }
+        );
+        // Byte for byte what the owned request encodes to.
+        let owned = rmp_serde::to_vec_named(&(true, &decoded)).unwrap();
+        assert_eq!(encoded, owned);
     }
 }

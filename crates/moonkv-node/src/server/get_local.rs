@@ -83,11 +83,20 @@ async fn get(
 ) -> Vec<ItemResult<u64>> {
     let n = keys.len();
     let started = Instant::now();
+    // The keys come back from a master in this process; one on a connection gets copies.
+    let kept = (!master.in_process()).then(|| keys.clone());
     let request = Request::BatchGetReplicaList(KeysRequest {
         tenant: tenant.clone(),
-        keys: keys.clone(),
+        keys,
     });
-    let lists = per_key::<GetReplicaListResponse>(master.call(request).await, n);
+    let (answer, back) = master.call_keeping(request).await;
+    let keys = match back {
+        Some(Request::BatchGetReplicaList(request)) => request.keys,
+        // The master in this process did not answer in time: every key failed, and no key is
+        // revalidated, so none is read.
+        _ => kept.unwrap_or_else(|| vec![String::new(); n]),
+    };
+    let lists = per_key::<GetReplicaListResponse>(answer, n);
     let mut results: Vec<Result<u64, Error>> = Vec::with_capacity(n);
     // The replica of every key read here, copied together (`copy_keys`).
     let mut targets: Vec<Target> = Vec::new();

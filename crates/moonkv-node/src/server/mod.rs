@@ -143,6 +143,29 @@ impl MasterRoute {
             .await
     }
 
+    /// [`MasterRoute::call`], and the request back when the master runs in this process and
+    /// answered in time (it then never left this process); `None` when it went out on a
+    /// connection, or the wait ran out.
+    pub(crate) async fn call_keeping<T: serde::de::DeserializeOwned + 'static>(
+        &self,
+        request: moonkv_proto::msg::Request,
+    ) -> (moonkv_proto::Result<T>, Option<moonkv_proto::msg::Request>) {
+        let timeout = self.client.config().rpc_timeout;
+        let Some(master) = &self.in_process else {
+            return (self.client.call_with_timeout(request, timeout).await, None);
+        };
+        match tokio::time::timeout(timeout, master.answer(request)).await {
+            Ok((request, answer)) => (answer.take(), Some(request)),
+            Err(_) => (Err(in_process_timeout(timeout)), None),
+        }
+    }
+
+    /// Whether the master runs in this process ([`MasterRoute::call_keeping`] then gives the
+    /// requests back).
+    pub(crate) fn in_process(&self) -> bool {
+        self.in_process.is_some()
+    }
+
     /// Sends `request` to the master and decodes its answer, within `timeout`.
     pub(crate) async fn call_with_timeout<T: serde::de::DeserializeOwned + 'static>(
         &self,
@@ -154,12 +177,17 @@ impl MasterRoute {
         };
         match tokio::time::timeout(timeout, master.answer(request)).await {
             Ok((_, answer)) => answer.take(),
-            Err(_) => Err(moonkv_proto::Error::new(
-                moonkv_proto::ErrorCode::RPC_TIMEOUT,
-                format!("the master in this process did not answer within {timeout:?}"),
-            )),
+            Err(_) => Err(in_process_timeout(timeout)),
         }
     }
+}
+
+/// The master in this process did not answer within `timeout`.
+fn in_process_timeout(timeout: std::time::Duration) -> moonkv_proto::Error {
+    moonkv_proto::Error::new(
+        moonkv_proto::ErrorCode::RPC_TIMEOUT,
+        format!("the master in this process did not answer within {timeout:?}"),
+    )
 }
 
 /// The node's data-plane counters (answered to STATS requests).

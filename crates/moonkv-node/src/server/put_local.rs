@@ -16,7 +16,6 @@ use super::whole::{
     answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Target, MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
-use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_proto::msg::{
     BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, Request, RevokeItem,
@@ -25,7 +24,6 @@ use moonkv_proto::{
     ClientId, Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaType,
 };
 use std::io;
-use std::sync::Arc;
 
 /// Serves one PUT_LOCAL whose plan and body were read.
 pub(super) async fn serve_put_local(
@@ -151,17 +149,28 @@ pub(super) async fn start(
 ) -> Started {
     let n = request.keys.len();
     let (client_id, tenant) = (request.client_id, request.tenant.clone());
-    let keys = request.keys.clone();
     let sizes = request.sizes.clone();
+    // A request to a master in this process comes back with its keys; one sent on a
+    // connection does not.
+    let kept = (!master.in_process()).then(|| request.keys.clone());
     let start = if upsert {
         Request::BatchUpsertStart(request)
     } else {
         Request::BatchPutStart(request)
     };
-    let outcomes = per_key::<Vec<ReplicaDescriptor>>(master.call(start).await, n);
+    let (answer, back) = master
+        .call_keeping::<Vec<ItemResult<Vec<ReplicaDescriptor>>>>(start)
+        .await;
+    let keys = match back {
+        Some(Request::BatchPutStart(request) | Request::BatchUpsertStart(request)) => request.keys,
+        // The master in this process did not answer in time: every key failed, and none is
+        // ended or revoked (the master frees them at its release timeout), so no key is read.
+        _ => kept.unwrap_or_else(|| vec![String::new(); n]),
+    };
+    let outcomes = per_key(answer, n);
     let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
     let mut ids: Vec<Option<Vec<ReplicaId>>> = Vec::with_capacity(n);
-    let mut targets: Vec<Target> = Vec::new();
+    let mut targets: Vec<Target> = Vec::with_capacity(n);
     let mut offset = 0u64;
     for (i, outcome) in outcomes.into_iter().enumerate() {
         let size = sizes[i];
@@ -176,19 +185,7 @@ pub(super) async fn start(
             }
         };
         ids.push(Some(replicas.iter().map(|r| r.id).collect()));
-        match placed_here(served, &replicas, size) {
-            Ok(places) => {
-                results.push(Ok(()));
-                targets.extend(places.into_iter().map(|(segment, address)| Target {
-                    key: i,
-                    segment,
-                    address,
-                    at,
-                    size,
-                }));
-            }
-            Err(e) => results.push(Err(e)),
-        }
+        results.push(place_here(served, &replicas, i, at, size, &mut targets));
     }
     Started {
         upsert,
@@ -209,7 +206,7 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
         upsert,
         client_id,
         tenant,
-        keys,
+        mut keys,
         mut results,
         ids,
         ..
@@ -225,11 +222,14 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
         }
     }
     if !ended.is_empty() {
+        // The keys and ids go into the end and come back with it from a master in this
+        // process; one on a connection gets copies.
+        let lend = master.in_process();
         let items = ended
-            .iter()
+            .iter_mut()
             .map(|(i, ids)| EndItem {
-                key: keys[*i].clone(),
-                replica_ids: ids.clone(),
+                key: lend_or_copy(&mut keys[*i], lend),
+                replica_ids: lend_or_copy(ids, lend),
                 checksum: None,
             })
             .collect();
@@ -244,7 +244,16 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
         } else {
             Request::BatchPutEnd(end)
         };
-        let answers = per_key::<()>(master.call(request).await, ended.len());
+        let (answer, back) = master.call_keeping::<Vec<ItemResult<()>>>(request).await;
+        // A master in this process that did not answer in time keeps what it was lent: the
+        // keys it did not end are then not revoked, and it frees them at its release timeout.
+        if let Some(Request::BatchPutEnd(end) | Request::BatchUpsertEnd(end)) = back {
+            for ((i, ids), item) in ended.iter_mut().zip(end.items) {
+                keys[*i] = item.key;
+                *ids = item.replica_ids;
+            }
+        }
+        let answers = per_key::<()>(answer, ended.len());
         for ((i, ids), answer) in ended.into_iter().zip(answers) {
             if let Err(e) = answer {
                 results[i] = Err(e);
@@ -302,34 +311,57 @@ pub(super) fn not_copied(status: DataStatus) -> Error {
     )
 }
 
-/// The segment and address of each of a key's replicas, all of which must be memory replicas
-/// in this node's segments.
-fn placed_here(
+/// `value` itself, leaving it empty, when `lend`; a copy otherwise.
+fn lend_or_copy<T: Clone + Default>(value: &mut T, lend: bool) -> T {
+    if lend {
+        std::mem::take(value)
+    } else {
+        value.clone()
+    }
+}
+
+/// Adds to `targets` the copy of key `key` (`size` bytes at `at` in the caller's plan) into
+/// each of its `replicas`, all of which must be memory replicas in this node's segments; adds
+/// nothing, and answers why, when one is not.
+fn place_here(
     served: &Served,
     replicas: &[ReplicaDescriptor],
+    key: usize,
+    at: u64,
     size: u64,
-) -> Result<Vec<(Arc<SegmentMemory>, u64)>, Error> {
+    targets: &mut Vec<Target>,
+) -> Result<(), Error> {
     if replicas.is_empty() {
         return Err(Error::new(
             ErrorCode::NO_AVAILABLE_HANDLE,
             "the master placed no replica",
         ));
     }
-    replicas
-        .iter()
-        .map(|r| match served.segment(r.segment_id) {
+    let before = targets.len();
+    for r in replicas {
+        match served.segment(r.segment_id) {
             Some(segment) if r.kind == ReplicaKind::Memory && r.size == size => {
-                Ok((segment, r.address))
+                targets.push(Target {
+                    key,
+                    segment,
+                    address: r.address,
+                    at,
+                    size,
+                });
             }
-            _ => Err(Error::new(
-                ErrorCode::NOT_SUPPORTED,
-                format!(
-                    "a replica is not in this node's memory ({:?} on {}): written by the caller",
-                    r.kind, r.endpoint
-                ),
-            )),
-        })
-        .collect()
+            _ => {
+                targets.truncate(before);
+                return Err(Error::new(
+                    ErrorCode::NOT_SUPPORTED,
+                    format!(
+                        "a replica is not in this node's memory ({:?} on {}): written by the caller",
+                        r.kind, r.endpoint
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Copies the keys of one request all together ([`Copies`]), their ranges locked in address
