@@ -3,7 +3,7 @@
 //! short critical section only, never across I/O.
 
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::Notify;
 
 struct Held {
@@ -18,6 +18,8 @@ struct Held {
 pub(crate) struct RangeLock {
     held: Mutex<Vec<Held>>,
     released: Notify,
+    /// Acquisitions waiting for a release right now: a release with none skips the wake-up.
+    waiting: AtomicUsize,
     next_token: AtomicU64,
     /// Acquisitions that found their range held and had to wait.
     waits: AtomicU64,
@@ -31,44 +33,60 @@ pub(crate) struct RangeGuard<'a> {
     token: u64,
 }
 
+/// Counts an acquisition in [`RangeLock::waiting`] while it waits (also when it is dropped
+/// waiting).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl RangeLock {
     /// Waits until `[start, end)` can be held (shared, or exclusive when `exclusive`).
     pub async fn acquire(&self, start: usize, end: usize, exclusive: bool) -> RangeGuard<'_> {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        let mut waiting_since: Option<std::time::Instant> = None;
+        if self.try_hold(token, start, end, exclusive) {
+            return RangeGuard { lock: self, token };
+        }
+        // Counted before the check below: a release that removes a range after that check
+        // then sees a waiter, and wakes it.
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let since = std::time::Instant::now();
         loop {
             // Register interest before checking, so a release between the check and the wait is
             // not missed.
             let notified = self.released.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
-                let mut held = self.held.lock();
-                let conflict = held
-                    .iter()
-                    .any(|h| h.start < end && start < h.end && (h.exclusive || exclusive));
-                if !conflict {
-                    held.push(Held {
-                        token,
-                        start,
-                        end,
-                        exclusive,
-                    });
-                    drop(held);
-                    if let Some(since) = waiting_since {
-                        let waited = since.elapsed().as_micros();
-                        self.waited_us
-                            .fetch_add(waited.min(u64::MAX as u128) as u64, Ordering::Relaxed);
-                    }
-                    return RangeGuard { lock: self, token };
-                }
-            }
-            if waiting_since.is_none() {
-                waiting_since = Some(std::time::Instant::now());
-                self.waits.fetch_add(1, Ordering::Relaxed);
+            if self.try_hold(token, start, end, exclusive) {
+                let waited = since.elapsed().as_micros();
+                self.waited_us
+                    .fetch_add(waited.min(u64::MAX as u128) as u64, Ordering::Relaxed);
+                return RangeGuard { lock: self, token };
             }
             notified.await;
         }
+    }
+
+    /// Holds `[start, end)` under `token` if no held range conflicts with it.
+    fn try_hold(&self, token: u64, start: usize, end: usize, exclusive: bool) -> bool {
+        let mut held = self.held.lock();
+        let conflict = held
+            .iter()
+            .any(|h| h.start < end && start < h.end && (h.exclusive || exclusive));
+        if !conflict {
+            held.push(Held {
+                token,
+                start,
+                end,
+                exclusive,
+            });
+        }
+        !conflict
     }
 
     /// Acquisitions that had to wait, and the microseconds they waited in total.
@@ -92,7 +110,9 @@ impl Drop for RangeGuard<'_> {
             held.swap_remove(i);
         }
         drop(held);
-        self.lock.released.notify_waiters();
+        if self.lock.waiting.load(Ordering::SeqCst) > 0 {
+            self.lock.released.notify_waiters();
+        }
     }
 }
 
@@ -129,5 +149,34 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(lock.held_count(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_writers_of_one_range_take_turns_and_none_is_left_waiting() {
+        // Writers that find the range free take it without registering for a wake-up; those
+        // that find it held must still be woken by every release.
+        let lock = std::sync::Arc::new(RangeLock::default());
+        let inside = std::sync::Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let (lock, inside) = (lock.clone(), inside.clone());
+                tokio::spawn(async move {
+                    for i in 0..300 {
+                        let _g = lock.acquire(t, 64 + (i % 7), true).await;
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two writers in");
+                        tokio::task::yield_now().await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("a writer was never woken")
+                .unwrap();
+        }
+        assert_eq!(lock.held_count(), 0);
+        assert_eq!(lock.waiting.load(Ordering::SeqCst), 0);
     }
 }

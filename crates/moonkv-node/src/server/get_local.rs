@@ -13,10 +13,11 @@
 //! the caller's deadline, nothing once the caller is gone or gave up.
 
 use super::whole::{
-    answer_items, caller_waits, in_lock_order, per_key, revalidate, settle, Copies, Target,
-    MAX_KEYS,
+    answer_items, caller_waits, in_lock_order, per_key, revalidate, settle, Copies, Segments,
+    Target, MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
+use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_proto::msg::{KeysRequest, Request};
 use moonkv_proto::types::GetReplicaListResponse;
@@ -24,6 +25,7 @@ use moonkv_proto::{
     Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaStatus,
 };
 use std::io;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Serves one GET_LOCAL whose plan and body were read.
@@ -47,7 +49,9 @@ pub(super) async fn serve_get_local(
     };
     crate::copy_helper::warm(h.length);
     let results = get(served, master, peer, plan, tenant, keys, &capacities).await;
-    answer_items(stream, h, &results).await
+    let answered = answer_items(stream, h, &results).await;
+    crate::copy_helper::answered(h.length);
+    answered
 }
 
 /// The body, when it is well formed: as many buffer sizes as keys (at least one, at most
@@ -102,6 +106,7 @@ async fn get(
     let mut targets: Vec<Target> = Vec::new();
     // The replica each key is read from, with its lease.
     let mut chosen: Vec<Option<(ReplicaId, u64)>> = Vec::with_capacity(n);
+    let mut segments = Segments::new(served);
     let mut offset = 0u64;
     for (i, list) in lists.into_iter().enumerate() {
         let at = offset;
@@ -114,7 +119,7 @@ async fn get(
                 continue;
             }
         };
-        let Some(replica) = readable_here(served, &list.replicas) else {
+        let Some((replica, segment)) = readable_here(&mut segments, &list.replicas) else {
             results.push(Err(elsewhere("no complete replica in this node's memory")));
             continue;
         };
@@ -122,12 +127,6 @@ async fn get(
             results.push(Err(elsewhere("the buffer is too small")));
             continue;
         }
-        let Some(segment) = served.segment(replica.segment_id) else {
-            results.push(Err(elsewhere(
-                "the replica's segment is no longer mounted here",
-            )));
-            continue;
-        };
         results.push(Ok(replica.size));
         targets.push(Target {
             key: i,
@@ -220,19 +219,19 @@ async fn copy_keys(
     });
 }
 
-fn cut(view: &[u8], piece: usize) -> Vec<&[u8]> {
-    view.chunks(piece).collect()
+fn cut(view: &[u8], piece: usize) -> std::slice::Chunks<'_, u8> {
+    view.chunks(piece)
 }
 
-/// The replica this node reads a key from: the first complete memory replica in one of its
-/// own segments.
+/// The replica this node reads a key from, and its segment: the first complete memory replica
+/// in one of its own segments.
 pub(super) fn readable_here<'r>(
-    served: &Served,
+    segments: &mut Segments<'_>,
     replicas: &'r [ReplicaDescriptor],
-) -> Option<&'r ReplicaDescriptor> {
-    replicas.iter().find(|r| {
-        r.status == ReplicaStatus::Complete
-            && r.kind == ReplicaKind::Memory
-            && served.segment(r.segment_id).is_some()
+) -> Option<(&'r ReplicaDescriptor, Arc<SegmentMemory>)> {
+    replicas.iter().find_map(|r| {
+        (r.status == ReplicaStatus::Complete && r.kind == ReplicaKind::Memory)
+            .then(|| segments.get(r.segment_id).map(|s| (r, s)))
+            .flatten()
     })
 }

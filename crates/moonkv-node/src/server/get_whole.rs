@@ -12,7 +12,7 @@
 
 use super::get_local::{decode, readable_here};
 use super::memory::write_all_vectored;
-use super::whole::{in_lock_order, per_key, revalidate, Target};
+use super::whole::{in_lock_order, per_key, revalidate, Segments, Target};
 use super::{respond, Conn, Served, MAX_DRAIN_BYTES};
 use moonkv_dataplane::header::{DataStatus, GotWhole, RequestHeader, ResponseHeader};
 use moonkv_proto::msg::{KeysRequest, Request};
@@ -56,6 +56,7 @@ pub(super) async fn serve_get_whole(
     let mut targets: Vec<Target> = Vec::new();
     // Each read key's replica id and lease.
     let mut chosen = Vec::new();
+    let mut segments = Segments::new(served);
     for (i, list) in lists.into_iter().enumerate() {
         let list = match list {
             Ok(list) => list,
@@ -64,9 +65,8 @@ pub(super) async fn serve_get_whole(
                 continue;
             }
         };
-        let here = readable_here(served, &list.replicas)
-            .filter(|r| r.size <= capacities[i])
-            .and_then(|r| served.segment(r.segment_id).map(|s| (r, s)));
+        let here =
+            readable_here(&mut segments, &list.replicas).filter(|(r, _)| r.size <= capacities[i]);
         let Some((replica, segment)) = here else {
             results.push(Ok(GotWhole::Elsewhere(list)));
             continue;

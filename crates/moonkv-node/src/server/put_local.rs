@@ -13,7 +13,7 @@
 //! never ended.
 
 use super::whole::{
-    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Target, MAX_KEYS,
+    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Segments, Target, MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
@@ -46,7 +46,9 @@ pub(super) async fn serve_put_local(
     };
     crate::copy_helper::warm(h.length);
     let results = put(served, master, peer, plan, upsert, request).await;
-    answer_items(stream, h, &results).await
+    let answered = answer_items(stream, h, &results).await;
+    crate::copy_helper::answered(h.length);
+    answered
 }
 
 /// The body, when it is well formed: as many sizes as keys (at least one, at most
@@ -171,6 +173,7 @@ pub(super) async fn start(
     let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
     let mut ids: Vec<Option<Vec<ReplicaId>>> = Vec::with_capacity(n);
     let mut targets: Vec<Target> = Vec::with_capacity(n);
+    let mut segments = Segments::new(served);
     let mut offset = 0u64;
     for (i, outcome) in outcomes.into_iter().enumerate() {
         let size = sizes[i];
@@ -185,7 +188,14 @@ pub(super) async fn start(
             }
         };
         ids.push(Some(replicas.iter().map(|r| r.id).collect()));
-        results.push(place_here(served, &replicas, i, at, size, &mut targets));
+        results.push(place_here(
+            &mut segments,
+            &replicas,
+            i,
+            at,
+            size,
+            &mut targets,
+        ));
     }
     Started {
         upsert,
@@ -324,7 +334,7 @@ fn lend_or_copy<T: Clone + Default>(value: &mut T, lend: bool) -> T {
 /// each of its `replicas`, all of which must be memory replicas in this node's segments; adds
 /// nothing, and answers why, when one is not.
 fn place_here(
-    served: &Served,
+    segments: &mut Segments<'_>,
     replicas: &[ReplicaDescriptor],
     key: usize,
     at: u64,
@@ -339,8 +349,11 @@ fn place_here(
     }
     let before = targets.len();
     for r in replicas {
-        match served.segment(r.segment_id) {
-            Some(segment) if r.kind == ReplicaKind::Memory && r.size == size => {
+        let segment = (r.kind == ReplicaKind::Memory && r.size == size)
+            .then(|| segments.get(r.segment_id))
+            .flatten();
+        match segment {
+            Some(segment) => {
                 targets.push(Target {
                     key,
                     segment,
@@ -410,8 +423,8 @@ impl AsRef<[u8]> for Piece<'_> {
     }
 }
 
-fn cut_mut(view: &mut [u8], piece: usize) -> Vec<Piece<'_>> {
-    view.chunks_mut(piece).map(Piece).collect()
+fn cut_mut(view: &mut [u8], piece: usize) -> impl Iterator<Item = Piece<'_>> {
+    view.chunks_mut(piece).map(Piece)
 }
 
 #[cfg(test)]

@@ -90,6 +90,31 @@ pub(super) async fn answer_items<T: serde::Serialize>(
     stream.write_all(&answer).await.map(|()| ok)
 }
 
+/// The node's segments as one request finds them: the last one found is kept, so a batch whose
+/// keys lie in one segment looks it up once, not once per key.
+pub(super) struct Segments<'s> {
+    served: &'s super::Served,
+    last: Option<(moonkv_proto::SegmentId, Arc<SegmentMemory>)>,
+}
+
+impl<'s> Segments<'s> {
+    pub(super) fn new(served: &'s super::Served) -> Segments<'s> {
+        Segments { served, last: None }
+    }
+
+    /// Segment `id`, when this node serves it.
+    pub(super) fn get(&mut self, id: moonkv_proto::SegmentId) -> Option<Arc<SegmentMemory>> {
+        match &self.last {
+            Some((last, segment)) if *last == id => Some(segment.clone()),
+            _ => {
+                let segment = self.served.segment(id)?;
+                self.last = Some((id, segment.clone()));
+                Some(segment)
+            }
+        }
+    }
+}
+
 /// One replica of a key, copied with the request's other keys ([`Copies`]).
 pub(super) struct Target {
     pub(super) key: usize,
@@ -177,12 +202,12 @@ impl<'p, P: Send + AsRef<[u8]>> Copies<'p, P> {
 
     /// Adds key `key`'s copy between `view` (its bytes on this node, cut by `cut`) and the
     /// caller's bytes at `at` in the plan's ranges laid end to end.
-    pub(super) fn add<V>(
+    pub(super) fn add<V, I: IntoIterator<Item = P>>(
         &mut self,
         key: usize,
         at: u64,
         view: V,
-        cut: impl FnOnce(V, usize) -> Vec<P>,
+        cut: impl FnOnce(V, usize) -> I,
         len: usize,
     ) {
         let piece = if len <= WHOLE_MAX {

@@ -131,9 +131,8 @@ pub(super) fn batch_get_into(
         })
         .collect();
     let mut split = Split::new(checked);
-    let keys: Vec<String> = split.valid.iter().map(|(k, _)| k.clone()).collect();
+    let (keys, mut bufs): (Vec<String>, Vec<&mut [u8]>) = split.valid.drain(..).unzip();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let mut bufs: Vec<&mut [u8]> = split.valid.drain(..).map(|(_, b)| b).collect();
     let (key_refs, bufs) = (&key_refs, &mut bufs);
     let results = engine.run(py, |store| async move {
         store.batch_get_into(key_refs, bufs).await
