@@ -119,7 +119,7 @@ fn helper() -> Option<&'static Helper> {
 /// A request that copied at least [`SPLIT_MIN`] bytes was answered: the helper stays awake
 /// for [`ARRIVAL`] more, so that the caller's next request, which often follows within a
 /// hundred microseconds, finds it awake. Waking it from its sleep (a futex wake, which sends
-/// the other CPU an interrupt) took 20–40 µs of the request's own thread on the development VM,
+/// the other CPU an interrupt) took 20–45 µs of the request's own thread on the development VM,
 /// where a 32 × 128 KiB batch, which outlasts [`ARRIVAL`], paid it on every request.
 pub(crate) fn answered(bytes: u64) {
     warm(bytes);
