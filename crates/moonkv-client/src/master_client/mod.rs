@@ -274,14 +274,23 @@ impl MasterClient {
         request: Request,
         deadline: Duration,
     ) -> Result<T> {
+        self.call_borrowed(&request, deadline).await
+    }
+
+    /// [`MasterClient::call_with_timeout`] of a request the caller keeps.
+    pub async fn call_borrowed<T: DeserializeOwned>(
+        &self,
+        request: &Request,
+        deadline: Duration,
+    ) -> Result<T> {
         if self.inner.lookup.is_none() {
-            return self.call_once(&request, deadline).await;
+            return self.call_once(request, deadline).await;
         }
         let until = tokio::time::Instant::now() + deadline;
         let mut backoff = Duration::from_millis(50);
         loop {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
-            let result = self.call_once(&request, left).await;
+            let result = self.call_once(request, left).await;
             let Err(e) = &result else { return result };
             let retry = is_not_leader(e);
             if retry || matches!(e.code, ErrorCode::RPC_FAIL | ErrorCode::RPC_TIMEOUT) {

@@ -87,8 +87,7 @@ async fn get(
 ) -> Vec<ItemResult<u64>> {
     let n = keys.len();
     let started = Instant::now();
-    // The keys come back from a master in this process; one on a connection gets copies.
-    let kept = (!master.in_process()).then(|| keys.clone());
+    // The keys are lent to the request, and come back with it.
     let request = Request::BatchGetReplicaList(KeysRequest {
         tenant: tenant.clone(),
         keys,
@@ -98,7 +97,7 @@ async fn get(
         Some(Request::BatchGetReplicaList(request)) => request.keys,
         // The master in this process did not answer in time: every key failed, and no key is
         // revalidated, so none is read.
-        _ => kept.unwrap_or_else(|| vec![String::new(); n]),
+        _ => vec![String::new(); n],
     };
     let lists = per_key::<GetReplicaListResponse>(answer, n);
     let mut results: Vec<Result<u64, Error>> = Vec::with_capacity(n);

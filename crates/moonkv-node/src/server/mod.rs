@@ -143,27 +143,15 @@ impl MasterRoute {
             .await
     }
 
-    /// [`MasterRoute::call`], and the request back when the master runs in this process and
-    /// answered in time (it then never left this process); `None` when it went out on a
-    /// connection, or the wait ran out.
+    /// [`MasterRoute::call`], and the request back: it is only lent, to the master in this
+    /// process or to the connection that encodes it. `None` only when the master in this
+    /// process did not answer in time (it keeps the request then).
     pub(crate) async fn call_keeping<T: serde::de::DeserializeOwned + 'static>(
         &self,
         request: moonkv_proto::msg::Request,
     ) -> (moonkv_proto::Result<T>, Option<moonkv_proto::msg::Request>) {
-        let timeout = self.client.config().rpc_timeout;
-        let Some(master) = &self.in_process else {
-            return (self.client.call_with_timeout(request, timeout).await, None);
-        };
-        match tokio::time::timeout(timeout, master.answer(request)).await {
-            Ok((request, answer)) => (answer.take(), Some(request)),
-            Err(_) => (Err(in_process_timeout(timeout)), None),
-        }
-    }
-
-    /// Whether the master runs in this process ([`MasterRoute::call_keeping`] then gives the
-    /// requests back).
-    pub(crate) fn in_process(&self) -> bool {
-        self.in_process.is_some()
+        self.call_keeping_within(request, self.client.config().rpc_timeout)
+            .await
     }
 
     /// Sends `request` to the master and decodes its answer, within `timeout`.
@@ -172,22 +160,30 @@ impl MasterRoute {
         request: moonkv_proto::msg::Request,
         timeout: std::time::Duration,
     ) -> moonkv_proto::Result<T> {
+        self.call_keeping_within(request, timeout).await.0
+    }
+
+    /// [`MasterRoute::call_keeping`] within `timeout`.
+    async fn call_keeping_within<T: serde::de::DeserializeOwned + 'static>(
+        &self,
+        request: moonkv_proto::msg::Request,
+        timeout: std::time::Duration,
+    ) -> (moonkv_proto::Result<T>, Option<moonkv_proto::msg::Request>) {
         let Some(master) = &self.in_process else {
-            return self.client.call_with_timeout(request, timeout).await;
+            let answer = self.client.call_borrowed(&request, timeout).await;
+            return (answer, Some(request));
         };
         match tokio::time::timeout(timeout, master.answer(request)).await {
-            Ok((_, answer)) => answer.take(),
-            Err(_) => Err(in_process_timeout(timeout)),
+            Ok((request, answer)) => (answer.take(), Some(request)),
+            Err(_) => (
+                Err(moonkv_proto::Error::new(
+                    moonkv_proto::ErrorCode::RPC_TIMEOUT,
+                    format!("the master in this process did not answer within {timeout:?}"),
+                )),
+                None,
+            ),
         }
     }
-}
-
-/// The master in this process did not answer within `timeout`.
-fn in_process_timeout(timeout: std::time::Duration) -> moonkv_proto::Error {
-    moonkv_proto::Error::new(
-        moonkv_proto::ErrorCode::RPC_TIMEOUT,
-        format!("the master in this process did not answer within {timeout:?}"),
-    )
 }
 
 /// The node's data-plane counters (answered to STATS requests).

@@ -152,9 +152,6 @@ pub(super) async fn start(
     let n = request.keys.len();
     let (client_id, tenant) = (request.client_id, request.tenant.clone());
     let sizes = request.sizes.clone();
-    // A request to a master in this process comes back with its keys; one sent on a
-    // connection does not.
-    let kept = (!master.in_process()).then(|| request.keys.clone());
     let start = if upsert {
         Request::BatchUpsertStart(request)
     } else {
@@ -167,7 +164,7 @@ pub(super) async fn start(
         Some(Request::BatchPutStart(request) | Request::BatchUpsertStart(request)) => request.keys,
         // The master in this process did not answer in time: every key failed, and none is
         // ended or revoked (the master frees them at its release timeout), so no key is read.
-        _ => kept.unwrap_or_else(|| vec![String::new(); n]),
+        _ => vec![String::new(); n],
     };
     let outcomes = per_key(answer, n);
     let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
@@ -232,14 +229,12 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
         }
     }
     if !ended.is_empty() {
-        // The keys and ids go into the end and come back with it from a master in this
-        // process; one on a connection gets copies.
-        let lend = master.in_process();
+        // The keys and ids are lent to the end, and come back with it.
         let items = ended
             .iter_mut()
             .map(|(i, ids)| EndItem {
-                key: lend_or_copy(&mut keys[*i], lend),
-                replica_ids: lend_or_copy(ids, lend),
+                key: std::mem::take(&mut keys[*i]),
+                replica_ids: std::mem::take(ids),
                 checksum: None,
             })
             .collect();
@@ -321,15 +316,6 @@ pub(super) fn not_copied(status: DataStatus) -> Error {
     )
 }
 
-/// `value` itself, leaving it empty, when `lend`; a copy otherwise.
-fn lend_or_copy<T: Clone + Default>(value: &mut T, lend: bool) -> T {
-    if lend {
-        std::mem::take(value)
-    } else {
-        value.clone()
-    }
-}
-
 /// Adds to `targets` the copy of key `key` (`size` bytes at `at` in the caller's plan) into
 /// each of its `replicas`, all of which must be memory replicas in this node's segments; adds
 /// nothing, and answers why, when one is not.
@@ -352,27 +338,23 @@ fn place_here(
         let segment = (r.kind == ReplicaKind::Memory && r.size == size)
             .then(|| segments.get(r.segment_id))
             .flatten();
-        match segment {
-            Some(segment) => {
-                targets.push(Target {
-                    key,
-                    segment,
-                    address: r.address,
-                    at,
-                    size,
-                });
-            }
-            _ => {
-                targets.truncate(before);
-                return Err(Error::new(
-                    ErrorCode::NOT_SUPPORTED,
-                    format!(
-                        "a replica is not in this node's memory ({:?} on {}): written by the caller",
-                        r.kind, r.endpoint
-                    ),
-                ));
-            }
-        }
+        let Some(segment) = segment else {
+            targets.truncate(before);
+            return Err(Error::new(
+                ErrorCode::NOT_SUPPORTED,
+                format!(
+                    "a replica is not in this node's memory ({:?} on {}): written by the caller",
+                    r.kind, r.endpoint
+                ),
+            ));
+        };
+        targets.push(Target {
+            key,
+            segment,
+            address: r.address,
+            at,
+            size,
+        });
     }
     Ok(())
 }
