@@ -11,6 +11,10 @@
                                              standalone mode: replaces KEY with the same
                                              SIZE bytes from its pool forever, announcing
                                              "go" after the first replacement
+    worker.py batch-upserts <node data address> <key> <n> <size>
+                                             standalone mode: replaces KEY-0 .. KEY-(N-1), SIZE
+                                             bytes each, in one batch_upsert_from forever,
+                                             announcing "go RC..." after the first batch
     worker.py long-gets <node data address> <key> <size>
                                              standalone mode: reads KEY (SIZE bytes) into its
                                              pool, 3 bytes past a cache line, forever,
@@ -108,6 +112,19 @@ def long_upserts(data: str, key: str, size: int) -> None:
     forever(lambda: store.upsert_from(key, buf, size))
 
 
+def batch_upserts(data: str, key: str, n: int, size: int) -> None:
+    import ctypes
+
+    store = standalone_store(data, n * size)
+    buf = store.alloc_from_mem_pool(n * size)
+    keys = [f"{key}-{i}" for i in range(n)]
+    ctypes.memmove(buf, b"".join(pattern(f"{k}-new", size) for k in keys), n * size)
+    ptrs = [buf + i * size for i in range(n)]
+    print("go " + " ".join(map(str, store.batch_upsert_from(keys, ptrs, [size] * n))), flush=True)
+    while True:
+        store.batch_upsert_from(keys, ptrs, [size] * n)
+
+
 def long_gets(data: str, key: str, size: int) -> None:
     store = standalone_store(data, size)
     buf = store.alloc_from_mem_pool(size + 64) + 3
@@ -120,6 +137,8 @@ if __name__ == "__main__":
         serve(master)
     elif mode == "long-upserts":
         long_upserts(master, sys.argv[3], int(sys.argv[4]))
+    elif mode == "batch-upserts":
+        batch_upserts(master, sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif mode == "long-gets":
         long_gets(master, sys.argv[3], int(sys.argv[4]))
     elif mode == "exit-mid-put":
