@@ -7,8 +7,9 @@
 //! Modules:
 //! - [`codec`]: event types and the publisher configuration (`codec/mod.rs`), and the
 //!   byte-exact encoder (`codec/write.rs`, MessagePack written with `rmp`).
-//! - [`publisher`]: [`Publisher`], a ZMQ PUB socket on its own thread (`publisher/mod.rs`) fed by
-//!   a bounded drop-oldest queue ([`publisher::EventQueue`] in `queue.rs`, pure and socket-free)
+//! - [`publisher`]: [`Publisher`], a ZMQ PUB socket sent on by its own thread or, inside an
+//!   [`InlineSender`] scope, by the publishing thread (`publisher/mod.rs`), fed by a bounded
+//!   drop-oldest queue ([`publisher::EventQueue`] in `queue.rs`, pure and socket-free)
 //!   that turns every loss into a visible sequence gap; [`PublisherStatus`] for
 //!   `/kv_events/status`.
 //! - [`subscriber`]: the blocking [`Subscriber`] (`subscriber/mod.rs`); tolerant decoding
@@ -33,7 +34,7 @@ pub use codec::{
     StampedEvent, DEFAULT_QUEUE_CAPACITY, MAX_EVENTS_PER_MESSAGE,
 };
 pub use error::{DecodeError, EventsError};
-pub use publisher::{Publisher, PublisherStatus};
+pub use publisher::{InlineSender, Publisher, PublisherStatus};
 pub use subscriber::{
     decode_message, decode_message_detailed, format_event_line, DecodedEvent, DecodedMessage,
     Delivery, HttpSnapshotSource, IndexSync, MediaSet, PlacementIndex, SequenceVerdict, Snapshot,

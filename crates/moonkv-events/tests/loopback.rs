@@ -334,6 +334,53 @@ fn concurrent_publishers_get_unique_consecutive_ids() {
 }
 
 #[test]
+fn events_sent_inline_and_by_the_socket_thread_arrive_in_sequence_order() {
+    let publisher = Arc::new(start(ephemeral("b")));
+    let mut sub = Subscriber::connect(publisher.endpoint(), POLL).expect("connect");
+    join(&publisher, &mut sub);
+    // Four threads publish bursts: two send theirs inline, two leave them to the socket thread.
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let p = Arc::clone(&publisher);
+            std::thread::spawn(move || {
+                for burst in 0..50 {
+                    let publish = || {
+                        for i in 0..20 {
+                            p.publish(KvEvent::stored(
+                                "t",
+                                format!("{t}-{burst}-{i}"),
+                                Medium::Cpu,
+                            ));
+                        }
+                    };
+                    if t % 2 == 0 {
+                        p.inline().scope(publish);
+                    } else {
+                        publish();
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("publishing thread");
+    }
+    let (events, seqs) = collect(&mut sub, 4000, 5000);
+    assert_eq!(events.len(), 4000, "every event arrives");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "messages arrive in sequence order without gaps"
+    );
+    let ids: Vec<u64> = events.iter().filter_map(|e| e.event_id).collect();
+    assert_eq!(ids.len(), 4000, "every event carries its id");
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "events arrive in id order"
+    );
+    assert_eq!(publisher.status().dropped_events, 0);
+}
+
+#[test]
 fn handles_can_cross_threads() {
     fn send_sync<T: Send + Sync>() {}
     fn send<T: Send>() {}

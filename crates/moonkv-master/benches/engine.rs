@@ -5,7 +5,9 @@
 //! `cargo bench -p moonkv-master --bench engine -- --quick`
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use moonkv_master::engine::{Engine, EngineConfig, NoopSink, SystemClock};
+use moonkv_master::engine::{AvailabilitySink, Engine, EngineConfig, NoopSink, SystemClock};
+use moonkv_master::server::events::EventHook;
+use moonkv_master::server::KvEventsSettings;
 use moonkv_proto::msg::{
     BatchEndRequest, BatchPutStartRequest, EndItem, EndRequest, KeyRequest, KeysRequest,
     MountSegmentRequest, PutStartRequest, RemoveRequest,
@@ -22,11 +24,25 @@ const PREFILL: usize = 10_000;
 
 /// An engine with fake segments mounted (only their base and size matter to the master).
 fn engine() -> Engine {
-    let engine = Engine::new(
-        EngineConfig::default(),
-        Arc::new(SystemClock),
-        Arc::new(NoopSink),
-    );
+    engine_with(Arc::new(NoopSink))
+}
+
+/// [`engine`] publishing the KV event stream (on an ephemeral port, nobody subscribed), as
+/// `moonkv up` does.
+fn engine_publishing() -> Engine {
+    let settings = KvEventsSettings {
+        enabled: true,
+        bind_endpoint: "tcp://127.0.0.1:*".into(),
+        backend_id: "bench".into(),
+        ..KvEventsSettings::default()
+    };
+    engine_with(Arc::new(
+        EventHook::start(&settings).expect("event publisher"),
+    ))
+}
+
+fn engine_with(sink: Arc<dyn AvailabilitySink>) -> Engine {
+    let engine = Engine::new(EngineConfig::default(), Arc::new(SystemClock), sink);
     for i in 0..SEGMENTS {
         let segment = Segment {
             id: SegmentId::new(0xbe9c, i),
@@ -134,9 +150,13 @@ fn single_key(c: &mut Criterion) {
 }
 
 fn batches(c: &mut Criterion) {
-    let engine = engine();
-    let mut g = c.benchmark_group("engine_batch");
-    for batch in [8usize, 128] {
+    batches_of(c, "engine_batch", &engine());
+    batches_of(c, "engine_batch_events", &engine_publishing());
+}
+
+fn batches_of(c: &mut Criterion, group: &str, engine: &Engine) {
+    let mut g = c.benchmark_group(group);
+    for batch in [8usize, 32, 128] {
         g.throughput(Throughput::Elements(batch as u64));
         let mut start = BatchPutStartRequest {
             client_id: WRITER,
@@ -167,7 +187,8 @@ fn batches(c: &mut Criterion) {
                         replica_ids: r.0.as_ref().unwrap().iter().map(|d| d.id).collect(),
                         checksum: None,
                     }));
-                black_box(engine.batch_put_end(&end).unwrap())
+                // As the master answers a request: its events leave from this thread.
+                black_box(engine.reporting_inline(|| engine.batch_put_end(&end).unwrap()))
             })
         });
         let keys: Vec<String> = (0..batch as u64)

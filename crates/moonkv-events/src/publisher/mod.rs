@@ -1,10 +1,13 @@
-//! The ZMQ PUB publisher: callers enqueue under a short mutex; one dedicated OS thread
-//! drains the queue in messages of at most 64 events and owns the socket.
+//! The ZMQ PUB publisher: callers enqueue under a short mutex, and the queue leaves in
+//! messages of at most 64 events. A dedicated OS thread sends what producers leave to it; a
+//! producer inside [`InlineSender::scope`] (a master answering a request) sends what it
+//! published itself when its work is done, and wakes no thread for it.
 
 mod queue;
 
 pub use queue::{EventQueue, QueueCounters};
 
+use std::cell::Cell;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -74,8 +77,115 @@ struct Shared {
     /// accounting.
     state: Mutex<State>,
     wake: Condvar,
+    /// The socket, held by whoever sends (the socket thread, or a producer at the end of its
+    /// [`InlineSender::scope`]) from taking a message's events off the queue until the message
+    /// has left, so messages leave in sequence order. Taken before `state`, never after.
+    /// `None` once the socket thread closed the socket.
+    sender: Mutex<Option<Sender>>,
     /// Looks at the queue before the socket thread parks ([`IDLE_POLLS`]; tests change it).
     idle_polls: u32,
+}
+
+/// The socket and the buffers a message is built in.
+struct Sender {
+    socket: zmq::Socket,
+    encoder: Encoder,
+    batch: Vec<StampedEvent>,
+    payload: Vec<u8>,
+}
+
+thread_local! {
+    /// The publisher whose [`InlineSender::scope`] this thread is in (its `Shared`'s address,
+    /// 0: none), and whether it published meanwhile.
+    static INLINE: Cell<(usize, bool)> = const { Cell::new((0, false)) };
+}
+
+fn address(shared: &Arc<Shared>) -> usize {
+    Arc::as_ptr(shared) as usize
+}
+
+/// Sends everything queued, in messages of at most [`MAX_EVENTS_PER_MESSAGE`] events, from the
+/// calling thread. Returns the events it sent (or lost to a failed send).
+fn send_queued(shared: &Shared) -> usize {
+    let mut sender = shared.sender.lock();
+    let Some(sender) = sender.as_mut() else {
+        return 0;
+    };
+    let mut total = 0;
+    // The outcome of a send is recorded in the locked section that takes the next message.
+    let mut outcome: Option<SendOutcome> = None;
+    loop {
+        let sequence = {
+            let mut state = shared.state.lock();
+            if let Some(o) = outcome.take() {
+                record(&mut state.queue, &o);
+                state.in_flight = 0;
+            }
+            match state
+                .queue
+                .take_batch(&mut sender.batch, MAX_EVENTS_PER_MESSAGE)
+            {
+                Some(sequence) => {
+                    state.in_flight = sender.batch.len();
+                    sequence
+                }
+                None => return total,
+            }
+        };
+        sender.payload.clear();
+        sender
+            .encoder
+            .encode_batch(&mut sender.payload, now_ms(), &sender.batch);
+        let sent = send_message(&sender.socket, sequence, &sender.payload);
+        if let Err(e) = &sent {
+            tracing::warn!(sequence, events = sender.batch.len(), error = %e, "KV event send failed; events dropped");
+        }
+        total += sender.batch.len();
+        outcome = Some(SendOutcome {
+            events: sender.batch.len(),
+            ok: sent.is_ok(),
+        });
+        sender.batch.clear();
+    }
+}
+
+/// Sends a publisher's events from the thread that published them ([`Publisher::inline`]).
+/// It outlives the publisher harmlessly: once the socket is closed it sends nothing.
+#[derive(Clone)]
+pub struct InlineSender(Arc<Shared>);
+
+impl std::fmt::Debug for InlineSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlineSender").finish_non_exhaustive()
+    }
+}
+
+impl InlineSender {
+    /// Runs `work`. The events it publishes on this thread wake nobody; when it returns (or
+    /// unwinds), this thread sends everything queued, those events and any others. For work
+    /// that publishes in bursts and can spend the few microseconds encoding takes (a master
+    /// answering a request): a wake-up of the socket thread costs more than that, and on a
+    /// busy host the woken thread takes a CPU from the work itself.
+    pub fn scope<R>(&self, work: impl FnOnce() -> R) -> R {
+        struct Restore<'a> {
+            shared: &'a Shared,
+            outer: (usize, bool),
+        }
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                let (_, published) = INLINE.with(|c| c.replace(self.outer));
+                if published {
+                    send_queued(self.shared);
+                }
+            }
+        }
+        let outer = INLINE.with(|c| c.replace((address(&self.0), false)));
+        let _restore = Restore {
+            shared: &self.0,
+            outer,
+        };
+        work()
+    }
 }
 
 /// A running KV event publisher. Dropping it drains the queue and stops the thread.
@@ -158,13 +268,18 @@ impl Publisher {
                 shutting_down: false,
             }),
             wake: Condvar::new(),
+            sender: Mutex::new(Some(Sender {
+                socket,
+                encoder: Encoder::new(&cfg),
+                batch: Vec::with_capacity(MAX_EVENTS_PER_MESSAGE),
+                payload: Vec::with_capacity(MAX_EVENTS_PER_MESSAGE * 320),
+            })),
             idle_polls,
         });
-        let encoder = Encoder::new(&cfg);
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("moonkv-events-pub".into())
-            .spawn(move || socket_loop(&thread_shared, &encoder, socket, ctx))
+            .spawn(move || socket_loop(&thread_shared, ctx))
             .map_err(EventsError::Thread)?;
         let epoch = random_epoch();
         tracing::info!(%endpoint, backend_id = %cfg.backend_id, epoch, "KV event publisher started");
@@ -186,13 +301,31 @@ impl Publisher {
         let timestamp_ms = now_ms();
         let mut state = self.shared.state.lock();
         let id = state.queue.push(ev, timestamp_ms);
-        // Only a parked socket thread needs a (syscall-priced) wake-up.
-        if id != 0 && state.consumer_waiting {
+        if id == 0 {
+            return 0;
+        }
+        // Inside this publisher's inline scope the event leaves with the scope's end.
+        let me = address(&self.shared);
+        let inline = INLINE.with(|c| match c.get() {
+            (scope, _) if scope == me => {
+                c.set((me, true));
+                true
+            }
+            _ => false,
+        });
+        // Otherwise only a parked socket thread needs a (syscall-priced) wake-up.
+        if !inline && state.consumer_waiting {
             state.consumer_waiting = false;
             state.wakes += 1;
             self.shared.wake.notify_one();
         }
         id
+    }
+
+    /// A handle that sends this publisher's events from the thread that published them
+    /// ([`InlineSender::scope`]).
+    pub fn inline(&self) -> InlineSender {
+        InlineSender(Arc::clone(&self.shared))
     }
 
     /// Highest event id assigned so far; the master's snapshot watermark.
@@ -273,27 +406,22 @@ struct SendOutcome {
     ok: bool,
 }
 
-fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq::Context) {
-    let mut batch: Vec<StampedEvent> = Vec::with_capacity(MAX_EVENTS_PER_MESSAGE);
-    let mut payload: Vec<u8> = Vec::with_capacity(MAX_EVENTS_PER_MESSAGE * 320);
-    let mut outcome: Option<SendOutcome> = None;
+/// The socket thread: sends what producers outside an inline scope queue, then closes the
+/// socket once the publisher shuts down and the queue is empty.
+fn socket_loop(shared: &Shared, ctx: zmq::Context) {
     let mut idle_polls = shared.idle_polls;
     loop {
-        let sequence = {
+        {
             let mut state = shared.state.lock();
-            if let Some(o) = outcome.take() {
-                record(&mut state.queue, &o);
-                state.in_flight = 0;
-            }
             let mut lingered = false;
             loop {
-                if let Some(seq) = state.queue.take_batch(&mut batch, MAX_EVENTS_PER_MESSAGE) {
-                    state.in_flight = batch.len();
-                    idle_polls = 0;
-                    break Some(seq);
+                if !state.queue.is_empty() {
+                    break;
                 }
                 if state.shutting_down {
-                    break None;
+                    drop(state);
+                    close(shared, ctx);
+                    return;
                 }
                 if !lingered {
                     // Stay awake a moment without asking to be woken: under steady publishing
@@ -307,8 +435,8 @@ fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq
                 if idle_polls < shared.idle_polls {
                     // Events came recently and may come again: look again after a pause
                     // instead of asking producers to wake this thread. Waking it is a
-                    // syscall and a wake-up of another CPU inside the call that published
-                    // (a batch end); the pause adds at most this much event latency.
+                    // syscall and a wake-up of another CPU inside the call that published;
+                    // the pause adds at most this much event latency.
                     idle_polls += 1;
                     shared.wake.wait_for(&mut state, POLL_PAUSE);
                     continue;
@@ -316,25 +444,23 @@ fn socket_loop(shared: &Shared, encoder: &Encoder, socket: zmq::Socket, ctx: zmq
                 state.consumer_waiting = true;
                 shared.wake.wait(&mut state);
             }
-        };
-        let Some(sequence) = sequence else { break };
-        payload.clear();
-        encoder.encode_batch(&mut payload, now_ms(), &batch);
-        let sent = send_message(&socket, sequence, &payload);
-        if let Err(e) = &sent {
-            tracing::warn!(sequence, events = batch.len(), error = %e, "KV event send failed; events dropped");
         }
-        outcome = Some(SendOutcome {
-            events: batch.len(),
-            ok: sent.is_ok(),
-        });
-        batch.clear();
+        // A producer sending inline may have taken them first: then nothing came here, and
+        // this thread goes on towards parking.
+        if send_queued(shared) > 0 {
+            idle_polls = 0;
+        }
     }
-    // Give the drained tail a bounded chance to leave before the socket closes.
-    if let Err(e) = socket.set_linger(SHUTDOWN_LINGER_MS) {
-        tracing::debug!(error = %e, "cannot raise LINGER for shutdown");
+}
+
+/// Closes the socket, giving the drained tail a bounded chance to leave first.
+fn close(shared: &Shared, ctx: zmq::Context) {
+    if let Some(sender) = shared.sender.lock().take() {
+        if let Err(e) = sender.socket.set_linger(SHUTDOWN_LINGER_MS) {
+            tracing::debug!(error = %e, "cannot raise LINGER for shutdown");
+        }
+        drop(sender);
     }
-    drop(socket);
     drop(ctx);
 }
 
@@ -409,6 +535,89 @@ mod tests {
         let state = shared.state.lock();
         assert_eq!(sent(&state), 11);
         assert_eq!(state.queue.counters().dropped_events, 0);
+    }
+
+    #[test]
+    fn events_published_in_an_inline_scope_leave_at_its_end_and_wake_nobody() {
+        let publisher = start(0);
+        until(&publisher, "the socket thread parks", |s| {
+            s.consumer_waiting
+        });
+        let inline = publisher.inline();
+        inline.scope(|| {
+            for i in 0..100 {
+                publisher.publish(KvEvent::stored("t", format!("k{i}"), crate::Medium::Cpu));
+            }
+            // Nobody woke the parked thread: nothing left yet.
+            let state = publisher.shared.state.lock();
+            assert_eq!(sent(&state), 0);
+            assert_eq!(state.queue.len(), 100);
+        });
+        // Sent by this thread when the scope ended, as two messages (64 + 36 events).
+        let state = publisher.shared.state.lock();
+        assert_eq!(sent(&state), 100);
+        assert_eq!(state.queue.counters().published_batches, 2);
+        assert_eq!(state.queue.last_sequence(), 2);
+        assert_eq!((state.wakes, state.consumer_waiting), (0, true));
+        assert_eq!(state.in_flight, 0);
+        drop(state);
+        // Outside the scope, the next event wakes the socket thread as before.
+        publisher.publish(KvEvent::cleared("t"));
+        until(&publisher, "the socket thread sends it", |s| sent(s) == 101);
+        assert_eq!(publisher.shared.state.lock().wakes, 1);
+    }
+
+    #[test]
+    fn an_inline_scope_that_unwinds_still_sends_what_it_published() {
+        let publisher = start(0);
+        until(&publisher, "the socket thread parks", |s| {
+            s.consumer_waiting
+        });
+        let inline = publisher.inline();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            inline.scope(|| {
+                publisher.publish(KvEvent::cleared("t"));
+                panic!("the work failed after publishing");
+            })
+        }));
+        assert!(unwound.is_err());
+        let state = publisher.shared.state.lock();
+        assert_eq!((sent(&state), state.wakes), (1, 0));
+        drop(state);
+        // The scope is over: this thread publishes as before.
+        publisher.publish(KvEvent::cleared("t"));
+        until(&publisher, "the socket thread sends it", |s| sent(s) == 2);
+    }
+
+    #[test]
+    fn an_inline_scope_leaves_other_publishers_to_their_threads() {
+        let (mine, other) = (start(0), start(0));
+        for p in [&mine, &other] {
+            until(p, "the socket thread parks", |s| s.consumer_waiting);
+        }
+        let nested = mine.inline().scope(|| {
+            other.publish(KvEvent::cleared("t"));
+            // A scope inside a scope: its events leave at its own end.
+            mine.inline().scope(|| mine.publish(KvEvent::cleared("t")));
+            sent(&mine.shared.state.lock())
+        });
+        assert_eq!(nested, 1);
+        until(&other, "the other's thread sends its event", |s| {
+            sent(s) == 1
+        });
+        assert_eq!(other.shared.state.lock().wakes, 1);
+        assert_eq!(mine.shared.state.lock().wakes, 0);
+    }
+
+    #[test]
+    fn after_a_shutdown_an_inline_sender_sends_nothing_and_does_not_block() {
+        let publisher = start(0);
+        let inline = publisher.inline();
+        publisher.shutdown();
+        // The socket is closed; the events stay counted as queued, nothing panics.
+        let value = inline.scope(|| 7);
+        assert_eq!(value, 7);
+        assert_eq!(send_queued(&inline.0), 0);
     }
 
     #[test]

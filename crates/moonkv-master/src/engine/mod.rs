@@ -203,6 +203,24 @@ impl Engine {
         self.run_eviction();
     }
 
+    /// Runs `work` (the answer to a request); the availability changes it reports leave from
+    /// this thread when it is done, instead of waking the event publisher's thread for them
+    /// ([`AvailabilitySink::inline`]). A batch's End reports one change per key: their wake-up
+    /// of another thread, on a busy host, cost more than encoding them here.
+    pub fn reporting_inline<R>(&self, work: impl FnOnce() -> R) -> R {
+        let mut work = Some(work);
+        let mut out = None;
+        self.sink.inline(&mut || {
+            if let Some(work) = work.take() {
+                out = Some(work());
+            }
+        });
+        match out {
+            Some(out) => out,
+            None => unreachable!("the sink runs the work it is given exactly once"),
+        }
+    }
+
     fn now(&self) -> u64 {
         self.clock.now_ms()
     }

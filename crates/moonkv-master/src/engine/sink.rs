@@ -26,6 +26,12 @@ pub trait AvailabilitySink: Send + Sync {
     fn cleared(&self, tenant: &TenantId);
     /// Highest event id assigned so far (snapshot watermark); 0 when none.
     fn last_event_id(&self) -> u64;
+    /// Runs `work`, after which the changes it reported on this thread leave from this thread,
+    /// waking no other (the master answering a request: [`super::Engine::reporting_inline`]).
+    /// By default it only runs `work`.
+    fn inline(&self, work: &mut dyn FnMut()) {
+        work()
+    }
 }
 
 /// A sink that drops everything (events disabled).

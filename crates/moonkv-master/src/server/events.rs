@@ -141,4 +141,86 @@ impl AvailabilitySink for EventHook {
     fn last_event_id(&self) -> u64 {
         self.with(|p| p.last_event_id()).unwrap_or(0)
     }
+
+    fn inline(&self, work: &mut dyn FnMut()) {
+        // The handle, not the lock: `work` publishes through `with` itself.
+        match self.with(Publisher::inline) {
+            Some(sender) => sender.scope(work),
+            None => work(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, EngineConfig, SystemClock};
+    use moonkv_proto::msg::{BatchEndRequest, BatchPutStartRequest, EndItem, MountSegmentRequest};
+    use moonkv_proto::{ClientId, ReplicaType, ReplicateConfig, Segment, SegmentId};
+    use std::sync::Arc;
+
+    #[test]
+    fn the_events_of_work_reported_inline_have_left_when_it_returns() {
+        let settings = KvEventsSettings {
+            enabled: true,
+            bind_endpoint: "tcp://127.0.0.1:0".into(),
+            backend_id: "b".into(),
+            ..KvEventsSettings::default()
+        };
+        let hook = Arc::new(EventHook::start(&settings).expect("publisher"));
+        let engine = Engine::new(EngineConfig::default(), Arc::new(SystemClock), hook.clone());
+        let writer = ClientId::new(7, 1);
+        engine
+            .mount_segment(&MountSegmentRequest {
+                segment: Segment {
+                    id: SegmentId::new(7, 1),
+                    name: "s".into(),
+                    base: 1 << 40,
+                    size: 1 << 30,
+                    endpoint: "127.0.0.1:1".into(),
+                    protocol: "tcp".into(),
+                    host_id: "h".into(),
+                },
+                client_id: writer,
+                keeps_catalog: false,
+            })
+            .expect("mount");
+        for round in 0..20u64 {
+            let keys: Vec<String> = (0..100).map(|i| format!("k{round}-{i}")).collect();
+            let started = engine
+                .batch_put_start(&BatchPutStartRequest {
+                    client_id: writer,
+                    tenant: String::new(),
+                    keys: keys.clone(),
+                    sizes: vec![4096; keys.len()],
+                    config: ReplicateConfig::default(),
+                })
+                .expect("start");
+            let end = BatchEndRequest {
+                client_id: writer,
+                tenant: String::new(),
+                replica_type: ReplicaType::All,
+                items: keys
+                    .iter()
+                    .zip(started)
+                    .map(|(key, r)| EndItem {
+                        key: key.clone(),
+                        replica_ids: r.0.expect("replicas").iter().map(|d| d.id).collect(),
+                        checksum: None,
+                    })
+                    .collect(),
+            };
+            let ended = engine.reporting_inline(|| engine.batch_put_end(&end).expect("end"));
+            assert!(ended.iter().all(|r| r.0.is_ok()));
+            // Sent by this thread before `reporting_inline` returned: none waits for the
+            // socket thread.
+            let status = hook.status();
+            assert_eq!(status.last_event_id, 100 * (round + 1));
+            assert_eq!(
+                (status.published_events, status.queue_len),
+                (status.last_event_id, 0),
+                "{status:?}"
+            );
+        }
+    }
 }

@@ -515,6 +515,23 @@ fn process_input(
     done_tx: &mpsc::UnboundedSender<ScanDone>,
     scans: &Arc<Semaphore>,
 ) -> Result<bool, CloseReason> {
+    // The events of the frames answered here leave with their answers.
+    let engine = serving.engine.clone();
+    engine.reporting_inline(|| {
+        process_frames(shared, serving, input, output, opening, done_tx, scans)
+    })
+}
+
+/// [`process_input`] itself.
+fn process_frames(
+    shared: &Arc<RpcShared>,
+    serving: &mut Serving,
+    input: &mut Vec<u8>,
+    output: &mut Vec<u8>,
+    opening: &mut Opening,
+    done_tx: &mpsc::UnboundedSender<ScanDone>,
+    scans: &Arc<Semaphore>,
+) -> Result<bool, CloseReason> {
     let mut consumed = 0;
     let result = loop {
         let (frame, used) = match frame::decode(&input[consumed..], shared.max_frame_bytes) {
@@ -753,8 +770,9 @@ pub(crate) async fn answer_in_process(
         reply.map(|value| Box::new(value) as Box<dyn std::any::Any + Send>)
     } else {
         let before = engine.deletion_seq();
-        let (answer, fence) =
-            crate::engine::fence_scope(|| dispatch_value(&shared, &engine, &request));
+        let (answer, fence) = engine.reporting_inline(|| {
+            crate::engine::fence_scope(|| dispatch_value(&shared, &engine, &request))
+        });
         let after = engine.deletion_seq();
         if super::space_wait::may_delete_files(op)
             && after > before
