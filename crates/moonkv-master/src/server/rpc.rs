@@ -645,8 +645,10 @@ fn process_frames(
             tokio::task::spawn_blocking(move || {
                 let mut out = Vec::new();
                 let before = engine.deletion_seq();
-                let ((), fence) = crate::engine::fence_scope(|| {
-                    dispatch(&shared, &engine, request_id, &request, &mut out)
+                let ((), fence) = engine.reporting_inline(|| {
+                    crate::engine::fence_scope(|| {
+                        dispatch(&shared, &engine, request_id, &request, &mut out)
+                    })
                 });
                 // Files of removed disk replicas are deleted before the answer leaves.
                 super::space_wait::wait_for_deletions_blocking(&engine, before);
