@@ -42,8 +42,10 @@ impl Engine {
         self.catalog.epoch()
     }
 
-    /// Called whenever a notice is queued for some node (the server wakes its long polls).
-    pub fn set_catalog_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
+    /// Called whenever a notice is queued for some node (the server wakes its long polls),
+    /// with whether that node's notices must now leave without lingering
+    /// ([`Engine::catalog_urgent`]).
+    pub fn set_catalog_waker(&self, waker: Arc<dyn Fn(bool) + Send + Sync>) {
         self.catalog.set_waker(waker);
     }
 

@@ -51,6 +51,13 @@ impl Mailbox {
     fn tail(&self) -> u64 {
         self.acked + self.notices.len() as u64
     }
+
+    /// Whether the pending notices should leave at once ([`CatalogBook::urgent`]).
+    fn is_urgent(&self) -> bool {
+        self.last_drop > self.acked
+            || self.reset_until.is_some()
+            || self.notices.len() >= MAX_NOTICES_PER_SYNC
+    }
 }
 
 /// Drops a fence must wait for: node → sequence of its last drop notice.
@@ -133,7 +140,7 @@ pub(crate) struct CatalogBook {
     /// Entries in `replaced`, readable without its lock: Ends and Revokes of writes that
     /// replaced nothing (nearly all of them) skip the lock.
     replaced_len: std::sync::atomic::AtomicUsize,
-    waker: RwLock<Option<Arc<dyn Fn() + Send + Sync>>>,
+    waker: RwLock<Option<Arc<dyn Fn(bool) + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for CatalogBook {
@@ -200,7 +207,7 @@ impl CatalogBook {
         fence
     }
 
-    pub(crate) fn set_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
+    pub(crate) fn set_waker(&self, waker: Arc<dyn Fn(bool) + Send + Sync>) {
         *self.waker.write() = Some(waker);
     }
 
@@ -235,7 +242,7 @@ impl CatalogBook {
     /// mailbox), so owners that never poll cost no memory per object.
     pub(crate) fn push(&self, node: ClientId, notice: CatalogNotice) {
         let is_drop = matches!(notice, CatalogNotice::Drop { .. });
-        let seq = {
+        let (seq, urgent) = {
             let mut boxes = self.mailboxes.lock();
             let Some(mb) = boxes.get_mut(&node) else {
                 return;
@@ -252,7 +259,7 @@ impl CatalogBook {
             if is_drop {
                 mb.last_drop = seq;
             }
-            seq
+            (seq, mb.is_urgent())
         };
         if is_drop {
             DROPS.with(|d| {
@@ -262,7 +269,7 @@ impl CatalogBook {
             });
         }
         if let Some(wake) = self.waker.read().as_ref() {
-            wake();
+            wake(urgent);
         }
     }
 
@@ -299,11 +306,10 @@ impl CatalogBook {
     /// removal may be waiting for it), a reset, or a full answer's worth. Commits alone may
     /// wait a moment to travel together.
     pub(crate) fn urgent(&self, node: ClientId) -> bool {
-        self.mailboxes.lock().get(&node).is_some_and(|mb| {
-            mb.last_drop > mb.acked
-                || mb.reset_until.is_some()
-                || mb.notices.len() >= MAX_NOTICES_PER_SYNC
-        })
+        self.mailboxes
+            .lock()
+            .get(&node)
+            .is_some_and(Mailbox::is_urgent)
     }
 
     /// Whether every drop of `fence` was acknowledged, or cannot be waited for: the node's

@@ -48,6 +48,9 @@ pub(crate) struct RpcShared {
 pub(crate) struct CatalogSignals {
     /// A notice was queued for some node.
     pub notices: tokio::sync::Notify,
+    /// A notice was queued that must leave without lingering (a drop, a reset, a full
+    /// answer's worth): a poll holding commits back waits only for this.
+    pub urgent: tokio::sync::Notify,
     /// Some node acknowledged notices.
     pub acks: tokio::sync::Notify,
     /// When each node was last sent commit notices (see `COMMIT_LINGER`).
@@ -59,9 +62,12 @@ impl CatalogSignals {
     /// Wires `engine`'s notice queue to these signals (every engine of every term).
     pub(crate) fn wire(self: &Arc<Self>, engine: &Engine) {
         let weak = Arc::downgrade(self);
-        engine.set_catalog_waker(Arc::new(move || {
+        engine.set_catalog_waker(Arc::new(move |urgent| {
             if let Some(s) = weak.upgrade() {
                 s.notices.notify_waiters();
+                if urgent {
+                    s.urgent.notify_waiters();
+                }
             }
         }));
     }
@@ -145,24 +151,37 @@ async fn sync_catalog(
     let mut first = true;
     loop {
         let queued = shared.catalog.notices.notified();
-        tokio::pin!(queued);
+        let urgent = shared.catalog.urgent.notified();
+        tokio::pin!(queued, urgent);
         queued.as_mut().enable();
+        urgent.as_mut().enable();
         let answer = engine.sync_catalog(req)?;
         if first {
             // This poll acknowledged notices: removals waiting for them may answer.
             shared.catalog.acks.notify_waiters();
             first = false;
         }
-        if answer.reset || !answer.notices.is_empty() {
+        let lingering = if answer.reset || !answer.notices.is_empty() {
             match commits_may_wait(shared, engine, req.client_id, &answer) {
                 // Commits in a stream of puts: they wait for the next ones.
                 Some(until) if until > tokio::time::Instant::now() => {
-                    answer_by = until.min(deadline)
+                    answer_by = until.min(deadline);
+                    true
                 }
                 _ => return Ok(sent(shared, req.client_id, answer)),
             }
-        }
-        if tokio::time::timeout_at(answer_by, queued).await.is_err() {
+        } else {
+            false
+        };
+        // Commits held back wait for the time to be up, or for a notice that must not wait:
+        // further commits join them without waking this poll (one wake-up per End of a put
+        // stream otherwise, and a fresh look at the mailbox each time).
+        let woken = if lingering {
+            tokio::time::timeout_at(answer_by, urgent).await
+        } else {
+            tokio::time::timeout_at(answer_by, queued).await
+        };
+        if woken.is_err() {
             return Ok(sent(shared, req.client_id, engine.sync_catalog(req)?));
         }
     }

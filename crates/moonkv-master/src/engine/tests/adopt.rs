@@ -164,6 +164,42 @@ fn commits_alone_may_wait_for_company_but_an_unacknowledged_drop_is_urgent() {
 }
 
 #[test]
+fn the_catalog_waker_is_told_which_notices_must_not_wait() {
+    let h = Harness::new();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = calls.clone();
+    h.engine
+        .set_catalog_waker(Arc::new(move |urgent| seen.lock().push(urgent)));
+    h.put("a", 100);
+    h.put("b", 100);
+    assert_eq!(
+        *calls.lock(),
+        [false, false],
+        "commits may wait for company"
+    );
+    let answer = sync(&h, 0, 0);
+    h.remove("a", false).unwrap();
+    assert_eq!(calls.lock().last(), Some(&true), "a drop must not wait");
+    // Until the drop is acknowledged, a commit queued behind it must not wait either.
+    h.put("c", 100);
+    assert_eq!(calls.lock().last(), Some(&true));
+    let pending = sync(&h, answer.epoch, answer.last);
+    sync(&h, pending.epoch, pending.last);
+    h.put("d", 100);
+    assert_eq!(
+        calls.lock().last(),
+        Some(&false),
+        "acknowledged: commits wait again"
+    );
+    assert_eq!(
+        calls.lock().iter().filter(|u| **u).count(),
+        2,
+        "{:?}",
+        calls.lock()
+    );
+}
+
+#[test]
 fn an_in_place_upsert_drops_the_old_entry_before_its_bytes_change() {
     let h = Harness::new();
     h.put("k", 100);
