@@ -45,7 +45,7 @@ impl Engine {
     /// Called whenever a notice is queued for some node (the server wakes its long polls),
     /// with whether that node's notices must now leave without lingering
     /// ([`Engine::catalog_urgent`]).
-    pub fn set_catalog_waker(&self, waker: Arc<dyn Fn(bool) + Send + Sync>) {
+    pub fn set_catalog_waker(&self, waker: super::catalog::CatalogWaker) {
         self.catalog.set_waker(waker);
     }
 

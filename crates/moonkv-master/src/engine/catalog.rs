@@ -140,8 +140,11 @@ pub(crate) struct CatalogBook {
     /// Entries in `replaced`, readable without its lock: Ends and Revokes of writes that
     /// replaced nothing (nearly all of them) skip the lock.
     replaced_len: std::sync::atomic::AtomicUsize,
-    waker: RwLock<Option<Arc<dyn Fn(bool) + Send + Sync>>>,
+    waker: RwLock<Option<CatalogWaker>>,
 }
+
+/// Told that a notice was queued, and whether its node's notices must now leave at once.
+pub type CatalogWaker = Arc<dyn Fn(bool) + Send + Sync>;
 
 impl std::fmt::Debug for CatalogBook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -207,7 +210,7 @@ impl CatalogBook {
         fence
     }
 
-    pub(crate) fn set_waker(&self, waker: Arc<dyn Fn(bool) + Send + Sync>) {
+    pub(crate) fn set_waker(&self, waker: CatalogWaker) {
         *self.waker.write() = Some(waker);
     }
 
