@@ -57,6 +57,13 @@ impl Engine {
             .sync(req.client_id, req.epoch, req.acked, self.now()))
     }
 
+    /// SyncCatalog's acknowledgement alone: forgets what the node acknowledged, and says
+    /// whether [`Engine::sync_catalog`] would answer anything (without copying it).
+    pub fn catalog_acknowledge(&self, req: &SyncCatalogRequest) -> bool {
+        self.catalog
+            .acknowledge(req.client_id, req.epoch, req.acked, self.now())
+    }
+
     /// Whether the notices pending for `node` must be answered without lingering (see
     /// `CatalogBook::urgent`).
     pub fn catalog_urgent(&self, node: moonkv_proto::ClientId) -> bool {

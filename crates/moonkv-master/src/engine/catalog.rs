@@ -286,16 +286,7 @@ impl CatalogBook {
         now_ms: u64,
     ) -> SyncCatalogResponse {
         let mut boxes = self.mailboxes.lock();
-        let mb = boxes.entry(node).or_default();
-        mb.last_poll_ms = now_ms;
-        if epoch == self.epoch && acked > mb.acked {
-            let done = (acked.min(mb.tail()) - mb.acked) as usize;
-            mb.notices.drain(..done);
-            mb.acked += done as u64;
-        }
-        if mb.reset_until.is_some_and(|r| mb.acked >= r) {
-            mb.reset_until = None;
-        }
+        let mb = Self::acknowledge_in(&mut boxes, self.epoch, node, epoch, acked, now_ms);
         let count = mb.notices.len().min(MAX_NOTICES_PER_SYNC);
         SyncCatalogResponse {
             epoch: self.epoch,
@@ -303,6 +294,36 @@ impl CatalogBook {
             reset: mb.reset_until.is_some(),
             notices: mb.notices.iter().take(count).cloned().collect(),
         }
+    }
+
+    /// A node's poll, without its answer: forgets what it acknowledged. Returns whether an
+    /// answer would carry anything (notices or a reset), so that a poll about to wait for more
+    /// does not copy the notices it will copy again when it answers.
+    pub(crate) fn acknowledge(&self, node: ClientId, epoch: u64, acked: u64, now_ms: u64) -> bool {
+        let mut boxes = self.mailboxes.lock();
+        let mb = Self::acknowledge_in(&mut boxes, self.epoch, node, epoch, acked, now_ms);
+        !mb.notices.is_empty() || mb.reset_until.is_some()
+    }
+
+    fn acknowledge_in(
+        boxes: &mut HashMap<ClientId, Mailbox>,
+        own_epoch: u64,
+        node: ClientId,
+        epoch: u64,
+        acked: u64,
+        now_ms: u64,
+    ) -> &mut Mailbox {
+        let mb = boxes.entry(node).or_default();
+        mb.last_poll_ms = now_ms;
+        if epoch == own_epoch && acked > mb.acked {
+            let done = (acked.min(mb.tail()) - mb.acked) as usize;
+            mb.notices.drain(..done);
+            mb.acked += done as u64;
+        }
+        if mb.reset_until.is_some_and(|r| mb.acked >= r) {
+            mb.reset_until = None;
+        }
+        mb
     }
 
     /// Whether `node`'s pending notices should leave at once: an unacknowledged drop (a

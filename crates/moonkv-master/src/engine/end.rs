@@ -179,7 +179,7 @@ impl Engine {
             }
             let before = obj.media();
             let had_complete = obj.has_complete();
-            let mut committed: Vec<ReplicaId> = Vec::new();
+            let mut committed: smallvec::SmallVec<[ReplicaId; 4]> = smallvec::SmallVec::new();
             for r in obj
                 .replicas
                 .iter_mut()

@@ -155,20 +155,20 @@ async fn sync_catalog(
         tokio::pin!(queued, urgent);
         queued.as_mut().enable();
         urgent.as_mut().enable();
-        let answer = engine.sync_catalog(req)?;
+        let pending = engine.catalog_acknowledge(req);
         if first {
             // This poll acknowledged notices: removals waiting for them may answer.
             shared.catalog.acks.notify_waiters();
             first = false;
         }
-        let lingering = if answer.reset || !answer.notices.is_empty() {
-            match commits_may_wait(shared, engine, req.client_id, &answer) {
+        let lingering = if pending {
+            match commits_may_wait(shared, engine, req.client_id) {
                 // Commits in a stream of puts: they wait for the next ones.
                 Some(until) if until > tokio::time::Instant::now() => {
                     answer_by = until.min(deadline);
                     true
                 }
-                _ => return Ok(sent(shared, req.client_id, answer)),
+                _ => return Ok(sent(shared, req.client_id, engine.sync_catalog(req)?)),
             }
         } else {
             false
@@ -187,17 +187,16 @@ async fn sync_catalog(
     }
 }
 
-/// Until when `answer` may wait for more notices: only when it carries commits alone and the
-/// node was sent some less than `COMMIT_LINGER` ago (a stream of puts, which then costs the
-/// node one answer per few puts, not one each). Drops (a removal waits for them), resets and
-/// commits after a pause go at once.
+/// Until when the notices pending for `node` may wait for more: only when they are commits
+/// alone and the node was sent some less than `COMMIT_LINGER` ago (a stream of puts, which then
+/// costs the node one answer per few puts, not one each). Drops (a removal waits for them),
+/// resets and commits after a pause go at once.
 fn commits_may_wait(
     shared: &RpcShared,
     engine: &Engine,
     node: moonkv_proto::ClientId,
-    answer: &SyncCatalogResponse,
 ) -> Option<tokio::time::Instant> {
-    if answer.reset || engine.catalog_urgent(node) {
+    if engine.catalog_urgent(node) {
         return None;
     }
     let last = shared.catalog.last_commits.lock().get(&node).copied();

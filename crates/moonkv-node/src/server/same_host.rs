@@ -132,6 +132,10 @@ pub(super) async fn copy_local(
     Ok(())
 }
 
+/// The caller's ranges under one copy: nearly always one (a caller's buffer for a key is
+/// contiguous), kept inline.
+pub(super) type Ranges = smallvec::SmallVec<[(u64, u64); 2]>;
+
 /// A plan's ranges, with where each starts when they are laid end to end: finds the ranges
 /// under any span in O(log n), so the copies of a request of many keys cost no more per key
 /// than those of a request of few ([`RangeIndex::between`]).
@@ -155,14 +159,14 @@ impl<'r> RangeIndex<'r> {
     }
 
     /// The part of the ranges covering `[from, from + len)`.
-    pub(super) fn between(&self, from: u64, len: u64) -> Vec<(u64, u64)> {
+    pub(super) fn between(&self, from: u64, len: u64) -> Ranges {
         let end = from.saturating_add(len);
         // The last range starting at or before `from`.
         let first = self
             .starts
             .partition_point(|&start| start <= from)
             .saturating_sub(1);
-        let mut out = Vec::new();
+        let mut out = Ranges::new();
         for (&(address, size), &pos) in self.ranges.iter().zip(&self.starts).skip(first) {
             if pos >= end {
                 break;
@@ -207,7 +211,7 @@ mod tests {
         for from in 0..=total + 2 {
             for len in 0..=total + 2 - from {
                 assert_eq!(
-                    index.between(from, len),
+                    index.between(from, len).to_vec(),
                     walked(&ranges, from, len),
                     "from {from} len {len}"
                 );

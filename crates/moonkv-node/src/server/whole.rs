@@ -169,7 +169,7 @@ pub(super) fn settle<T>(
 const WHOLE_MAX: usize = 256 << 10;
 
 /// One copy of [`Copies`]: the key, the node's bytes (or a piece of them), the caller's ranges.
-type Item<P> = (usize, P, Vec<(u64, u64)>);
+type Item<P> = (usize, P, super::same_host::Ranges);
 
 /// Items are shared with the copy helper only when they average at least this many bytes.
 const SHARED_ITEM_MIN: u64 = 32 << 10;

@@ -164,6 +164,35 @@ fn commits_alone_may_wait_for_company_but_an_unacknowledged_drop_is_urgent() {
 }
 
 #[test]
+fn an_acknowledgement_alone_forgets_what_was_acknowledged_and_tells_whether_more_is_pending() {
+    let h = Harness::new();
+    let poll = |epoch, acked| SyncCatalogRequest {
+        client_id: NODE,
+        epoch,
+        acked,
+        wait_ms: 0,
+    };
+    assert!(!h.engine.catalog_acknowledge(&poll(0, 0)), "nothing yet");
+    h.put("a", 100);
+    h.put("b", 100);
+    assert!(h.engine.catalog_acknowledge(&poll(0, 0)));
+    let answer = sync(&h, 0, 0);
+    assert_eq!(commits(&answer).len(), 2);
+    // Acknowledging the answer leaves nothing; the next poll's answer is empty.
+    assert!(!h
+        .engine
+        .catalog_acknowledge(&poll(answer.epoch, answer.last)));
+    let after = sync(&h, answer.epoch, answer.last);
+    assert!(after.notices.is_empty() && after.last == answer.last);
+    // A stale epoch acknowledges nothing.
+    h.put("c", 100);
+    assert!(h
+        .engine
+        .catalog_acknowledge(&poll(answer.epoch + 1, answer.last + 1)));
+    assert_eq!(commits(&sync(&h, answer.epoch, answer.last)).len(), 1);
+}
+
+#[test]
 fn the_catalog_waker_is_told_which_notices_must_not_wait() {
     let h = Harness::new();
     let calls = Arc::new(Mutex::new(Vec::new()));
