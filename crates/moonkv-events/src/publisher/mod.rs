@@ -493,6 +493,11 @@ mod tests {
         panic!("timed out waiting for: {what}");
     }
 
+    /// Waits (bounded) until the socket thread parks and asks to be woken.
+    fn until_parked(publisher: &Publisher) {
+        until(publisher, "the socket thread parks", |s| s.consumer_waiting);
+    }
+
     fn sent(state: &State) -> u64 {
         state.queue.counters().published_events
     }
@@ -506,9 +511,7 @@ mod tests {
         // A thread that never stops looking once events came.
         let publisher = start(u32::MAX);
         // Nothing published yet: the socket thread parks and asks to be woken.
-        until(&publisher, "the socket thread parks", |s| {
-            s.consumer_waiting
-        });
+        until_parked(&publisher);
         publisher.publish(KvEvent::cleared("t"));
         until(&publisher, "the first event is sent", |s| sent(s) == 1);
         assert_eq!(publisher.shared.state.lock().wakes, 1);
@@ -540,9 +543,7 @@ mod tests {
     #[test]
     fn events_published_in_an_inline_scope_leave_at_its_end_and_wake_nobody() {
         let publisher = start(0);
-        until(&publisher, "the socket thread parks", |s| {
-            s.consumer_waiting
-        });
+        until_parked(&publisher);
         let inline = publisher.inline();
         inline.scope(|| {
             for i in 0..100 {
@@ -570,9 +571,7 @@ mod tests {
     #[test]
     fn an_inline_scope_that_unwinds_still_sends_what_it_published() {
         let publisher = start(0);
-        until(&publisher, "the socket thread parks", |s| {
-            s.consumer_waiting
-        });
+        until_parked(&publisher);
         let inline = publisher.inline();
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             inline.scope(|| {
@@ -593,7 +592,7 @@ mod tests {
     fn an_inline_scope_leaves_other_publishers_to_their_threads() {
         let (mine, other) = (start(0), start(0));
         for p in [&mine, &other] {
-            until(p, "the socket thread parks", |s| s.consumer_waiting);
+            until_parked(p);
         }
         let nested = mine.inline().scope(|| {
             other.publish(KvEvent::cleared("t"));
@@ -624,9 +623,7 @@ mod tests {
     fn after_its_looks_the_socket_thread_parks_and_the_next_event_wakes_it() {
         let publisher = start(2);
         for n in 1..=3 {
-            until(&publisher, "the socket thread parks", |s| {
-                s.consumer_waiting
-            });
+            until_parked(&publisher);
             publisher.publish(KvEvent::cleared("t"));
             until(&publisher, "the event is sent", |s| sent(s) == n);
             assert_eq!(publisher.shared.state.lock().wakes, n);

@@ -57,9 +57,9 @@ impl Engine {
             .sync(req.client_id, req.epoch, req.acked, self.now()))
     }
 
-    /// SyncCatalog's acknowledgement alone: forgets what the node acknowledged, and says
-    /// whether [`Engine::sync_catalog`] would answer anything (without copying it).
-    pub fn catalog_acknowledge(&self, req: &SyncCatalogRequest) -> bool {
+    /// SyncCatalog's acknowledgement alone: forgets what the node acknowledged, and says what
+    /// [`Engine::sync_catalog`] would answer (without copying it), and whether it may wait.
+    pub fn catalog_acknowledge(&self, req: &SyncCatalogRequest) -> super::PendingNotices {
         self.catalog
             .acknowledge(req.client_id, req.epoch, req.acked, self.now())
     }

@@ -146,6 +146,18 @@ pub(crate) struct CatalogBook {
 /// Told that a notice was queued, and whether its node's notices must now leave at once.
 pub type CatalogWaker = Arc<dyn Fn(bool) + Send + Sync>;
 
+/// What a node's poll would be answered ([`CatalogBook::acknowledge`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PendingNotices {
+    /// Nothing: the poll waits for a notice.
+    Nothing,
+    /// Commits alone: they may wait a moment for more to travel with.
+    MayWait,
+    /// Notices that must leave at once ([`CatalogBook::urgent`]): a drop, a reset, or a full
+    /// answer's worth.
+    Urgent,
+}
+
 impl std::fmt::Debug for CatalogBook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CatalogBook")
@@ -296,13 +308,25 @@ impl CatalogBook {
         }
     }
 
-    /// A node's poll, without its answer: forgets what it acknowledged. Returns whether an
-    /// answer would carry anything (notices or a reset), so that a poll about to wait for more
-    /// does not copy the notices it will copy again when it answers.
-    pub(crate) fn acknowledge(&self, node: ClientId, epoch: u64, acked: u64, now_ms: u64) -> bool {
+    /// A node's poll, without its answer: forgets what it acknowledged. Returns what an answer
+    /// would carry, so that a poll about to wait for more does not copy the notices it will
+    /// copy again when it answers.
+    pub(crate) fn acknowledge(
+        &self,
+        node: ClientId,
+        epoch: u64,
+        acked: u64,
+        now_ms: u64,
+    ) -> PendingNotices {
         let mut boxes = self.mailboxes.lock();
         let mb = Self::acknowledge_in(&mut boxes, self.epoch, node, epoch, acked, now_ms);
-        !mb.notices.is_empty() || mb.reset_until.is_some()
+        if mb.is_urgent() {
+            PendingNotices::Urgent
+        } else if mb.notices.is_empty() {
+            PendingNotices::Nothing
+        } else {
+            PendingNotices::MayWait
+        }
     }
 
     fn acknowledge_in(

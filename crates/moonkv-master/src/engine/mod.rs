@@ -59,7 +59,7 @@ pub use admin::{
     DiskInfo, EngineStats, EvictionReport, PlacedObject, PlacementSnapshot, SegmentInfo,
     TenantQuotaSnapshot,
 };
-pub use catalog::{fence_scope, CatalogFence};
+pub use catalog::{fence_scope, CatalogFence, PendingNotices};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{default_shard_count, AllocationStrategy, EngineConfig, EngineConfigError};
 pub use pressure::{found_no_memory, TierStats};

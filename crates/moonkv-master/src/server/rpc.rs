@@ -8,7 +8,7 @@
 use super::ha::Gate;
 use super::metrics::Metrics;
 use super::pending::{Connections, Established, Pending};
-use crate::engine::Engine;
+use crate::engine::{Engine, PendingNotices};
 use moonkv_proto::auth::{Secret, NONCE_LEN};
 use moonkv_proto::frame::{self, FrameKind};
 use moonkv_proto::msg::*;
@@ -161,8 +161,8 @@ async fn sync_catalog(
             shared.catalog.acks.notify_waiters();
             first = false;
         }
-        let lingering = if pending {
-            match commits_may_wait(shared, engine, req.client_id) {
+        let lingering = if pending != PendingNotices::Nothing {
+            match commits_may_wait(shared, req.client_id, pending) {
                 // Commits in a stream of puts: they wait for the next ones.
                 Some(until) if until > tokio::time::Instant::now() => {
                     answer_by = until.min(deadline);
@@ -193,10 +193,10 @@ async fn sync_catalog(
 /// resets and commits after a pause go at once.
 fn commits_may_wait(
     shared: &RpcShared,
-    engine: &Engine,
     node: moonkv_proto::ClientId,
+    pending: PendingNotices,
 ) -> Option<tokio::time::Instant> {
-    if engine.catalog_urgent(node) {
+    if pending == PendingNotices::Urgent {
         return None;
     }
     let last = shared.catalog.last_commits.lock().get(&node).copied();
@@ -435,10 +435,11 @@ async fn serve_connection(
                 if read? == 0 {
                     return Ok(());
                 }
-                let verdict = process_input(
+                // The events of the frames answered here leave with their answers.
+                let verdict = serving.engine.clone().reporting_inline(|| process_input(
                     &shared, &mut serving, &mut input, &mut output, &mut opening,
                     &done_tx, &scans,
-                );
+                ));
                 if opening.established.is_some() {
                     // Accepted: the handshake's place goes back.
                     pending = None;
@@ -456,9 +457,9 @@ async fn serve_connection(
                 // The slot frees only once the answer left, so unread answers stay bounded.
                 drop(slot);
                 if paused {
-                    let verdict = process_input(
+                    let verdict = serving.engine.clone().reporting_inline(|| process_input(
                         &shared, &mut serving, &mut input, &mut output, &mut opening, &done_tx, &scans,
-                    );
+                    ));
                     if !output.is_empty() {
                         serving.seal(&shared.gate, &mut output);
                         writer.write_all(&output).await?;
@@ -525,23 +526,6 @@ type ScanDone = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
 /// Handles every complete frame in `input`, appending responses to `output`; `Ok(true)` when
 /// it stopped at a scan for want of a scan slot (the frame stays in `input`).
 fn process_input(
-    shared: &Arc<RpcShared>,
-    serving: &mut Serving,
-    input: &mut Vec<u8>,
-    output: &mut Vec<u8>,
-    opening: &mut Opening,
-    done_tx: &mpsc::UnboundedSender<ScanDone>,
-    scans: &Arc<Semaphore>,
-) -> Result<bool, CloseReason> {
-    // The events of the frames answered here leave with their answers.
-    let engine = serving.engine.clone();
-    engine.reporting_inline(|| {
-        process_frames(shared, serving, input, output, opening, done_tx, scans)
-    })
-}
-
-/// [`process_input`] itself.
-fn process_frames(
     shared: &Arc<RpcShared>,
     serving: &mut Serving,
     input: &mut Vec<u8>,

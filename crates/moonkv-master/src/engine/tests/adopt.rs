@@ -2,7 +2,7 @@
 //! rebuilding objects from announced catalogs after a restart.
 
 use super::*;
-use crate::engine::fence_scope;
+use crate::engine::{fence_scope, PendingNotices};
 
 const NODE: ClientId = ClientId::new(7, 7);
 
@@ -172,24 +172,27 @@ fn an_acknowledgement_alone_forgets_what_was_acknowledged_and_tells_whether_more
         acked,
         wait_ms: 0,
     };
-    assert!(!h.engine.catalog_acknowledge(&poll(0, 0)), "nothing yet");
+    let ack = |epoch, acked| h.engine.catalog_acknowledge(&poll(epoch, acked));
+    assert_eq!(ack(0, 0), PendingNotices::Nothing, "nothing yet");
     h.put("a", 100);
     h.put("b", 100);
-    assert!(h.engine.catalog_acknowledge(&poll(0, 0)));
+    assert_eq!(ack(0, 0), PendingNotices::MayWait, "commits alone may wait");
     let answer = sync(&h, 0, 0);
     assert_eq!(commits(&answer).len(), 2);
     // Acknowledging the answer leaves nothing; the next poll's answer is empty.
-    assert!(!h
-        .engine
-        .catalog_acknowledge(&poll(answer.epoch, answer.last)));
+    assert_eq!(ack(answer.epoch, answer.last), PendingNotices::Nothing);
     let after = sync(&h, answer.epoch, answer.last);
     assert!(after.notices.is_empty() && after.last == answer.last);
     // A stale epoch acknowledges nothing.
     h.put("c", 100);
-    assert!(h
-        .engine
-        .catalog_acknowledge(&poll(answer.epoch + 1, answer.last + 1)));
+    assert_eq!(
+        ack(answer.epoch + 1, answer.last + 1),
+        PendingNotices::MayWait
+    );
     assert_eq!(commits(&sync(&h, answer.epoch, answer.last)).len(), 1);
+    // A drop must not wait, and the acknowledgement says so without copying anything.
+    h.remove("c", false).unwrap();
+    assert_eq!(ack(answer.epoch, answer.last), PendingNotices::Urgent);
 }
 
 #[test]
