@@ -6,6 +6,7 @@ none."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import threading
 import time
@@ -386,3 +387,88 @@ def test_callers_given_the_master_take_their_gets_from_the_node(up, key, monkeyp
         assert got[:-1] == [pattern(k, n) for k, n in zip(keys, sizes)]
     finally:
         s.close()
+
+
+def test_callers_killed_mid_batch_leave_an_event_stream_a_router_can_follow(key):
+    """A router following `moonkv up`'s KV event stream while callers are SIGKILLed mid-batch
+    (32 x 128 KiB upserts taken whole by the node, whose answering thread sends the batch's
+    events itself): the stream has no gap and no event out of order, nothing is dropped, and
+    once a live caller has rewritten every key, the last event of each says it is stored."""
+    zmq = pytest.importorskip("zmq")
+    msgpack = pytest.importorskip("msgpack")
+    n, size = 32, 128 << 10
+    keys = [f"{key}-{i}" for i in range(n)]
+    server = Server(
+        "up", "--rpc-port", "0", "--metrics-port", "0", "--segment-size", "256MiB",
+        "--kv-events-bind-endpoint", "tcp://127.0.0.1:*", "--kv-events-backend-id", "b",
+    )
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 50)
+    sub.connect(server.ready["kv_events"])
+    s = moonkv.MooncakeDistributedStore()
+    try:
+        assert s.setup_dummy(n * size * 3, 1 << 20, server.ready["data"]) == OK
+        buf = s.alloc_from_mem_pool(n * size)
+        ptrs = [buf + i * size for i in range(n)]
+        messages = []
+
+        def drain() -> None:
+            # Until nothing arrives for a receive timeout.
+            while True:
+                try:
+                    messages.append(sub.recv_multipart())
+                except zmq.Again:
+                    return
+
+        # The subscription reaches the publisher some time after connect: probe until a message
+        # arrives (bounded), then start from a clean stream.
+        for probe in range(200):
+            assert s.put(f"{key}-probe-{probe}", b"p") == OK
+            try:
+                messages.append(sub.recv_multipart())
+                break
+            except zmq.Again:
+                pass
+        assert messages, "the subscriber never joined"
+        drain()
+        ctypes.memmove(buf, b"".join(pattern(f"{k}-old", size) for k in keys), n * size)
+        assert s.batch_put_from(keys, ptrs, [size] * n) == [OK] * n
+        for delay in (0.0, 0.002, 0.01, 0.03):
+            child = python_child(
+                "worker.py", "batch-upserts", server.ready["data"], key, str(n), str(size)
+            )
+            try:
+                assert child.stdout.readline().split() == ["go"] + ["0"] * n
+                time.sleep(delay)
+            finally:
+                child.kill()
+                child.wait(timeout=10)
+            assert s.batch_upsert_from(keys, ptrs, [size] * n) == [OK] * n
+        assert s.batch_get_into(keys, ptrs, [size] * n) == [size] * n
+        drain()
+        status_url = f"http://{server.ready['admin']}/kv_events/status"
+        with urllib.request.urlopen(status_url, timeout=10) as r:
+            status = json.loads(r.read())
+        assert status["dropped_events"] == 0, status
+        # Anything the master's own duties published meanwhile.
+        drain()
+        # The stream: consecutive sequence numbers, event ids one apart, through the last one
+        # the publisher had assigned.
+        seqs = [int.from_bytes(m[1], "big") for m in messages]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "a gap or a reordering"
+        events = [e for m in messages for e in msgpack.unpackb(m[2], raw=False)[1]]
+        ids = [e["event_id"] for e in events]
+        assert ids == list(range(ids[0], ids[0] + len(ids))), "event ids out of order"
+        assert ids[-1] >= status["last_event_id"], (ids[-1], status)
+        last = {}
+        for e in events:
+            if e.get("object_key") in keys:
+                last[e["object_key"]] = e["event_type"]
+        assert last == {k: "stored" for k in keys}, last
+    finally:
+        s.close()
+        sub.close(linger=0)
+        ctx.term()
+        server.stop()
