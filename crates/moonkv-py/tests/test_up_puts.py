@@ -217,6 +217,19 @@ def test_a_caller_killed_mid_put_leaves_whole_values_or_none(up, key):
     kill_long_upserters(up.data, key)
 
 
+def kill_batch_upserter(data: str, key: str, n: int, size: int, delay: float) -> None:
+    """A child process upserting keys `{key}-0` .. `{key}-{n-1}` of `size` bytes in one batch,
+    again and again, against the node at `data`: SIGKILLed `delay` seconds after its first
+    batch succeeded."""
+    child = python_child("worker.py", "batch-upserts", data, key, str(n), str(size))
+    try:
+        assert child.stdout.readline().split() == ["go"] + ["0"] * n
+        time.sleep(delay)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
 def test_a_caller_killed_mid_batch_leaves_every_key_whole_or_none(up, key):
     """A caller SIGKILLed mid-batch (32 x 128 KiB upserts the node takes whole, copied on two
     threads, at several points of the call) leaves each key whole, old or new, or without a
@@ -234,13 +247,7 @@ def test_a_caller_killed_mid_batch_leaves_every_key_whole_or_none(up, key):
         ctypes.memmove(buf, b"".join(old), n * size)
         assert s.batch_put_from(keys, ptrs, [size] * n) == [OK] * n
         for delay in (0.0, 0.002, 0.01, 0.03):
-            child = python_child("worker.py", "batch-upserts", up.data, key, str(n), str(size))
-            try:
-                assert child.stdout.readline().split() == ["go"] + ["0"] * n
-                time.sleep(delay)
-            finally:
-                child.kill()
-                child.wait(timeout=10)
+            kill_batch_upserter(up.data, key, n, size, delay)
             for i, k in enumerate(keys):
                 ctypes.memset(ptrs[i], 0, size)
                 rc = s.get_into(k, ptrs[i], size)
@@ -436,15 +443,7 @@ def test_callers_killed_mid_batch_leave_an_event_stream_a_router_can_follow(key)
         ctypes.memmove(buf, b"".join(pattern(f"{k}-old", size) for k in keys), n * size)
         assert s.batch_put_from(keys, ptrs, [size] * n) == [OK] * n
         for delay in (0.0, 0.002, 0.01, 0.03):
-            child = python_child(
-                "worker.py", "batch-upserts", server.ready["data"], key, str(n), str(size)
-            )
-            try:
-                assert child.stdout.readline().split() == ["go"] + ["0"] * n
-                time.sleep(delay)
-            finally:
-                child.kill()
-                child.wait(timeout=10)
+            kill_batch_upserter(server.ready["data"], key, n, size, delay)
             assert s.batch_upsert_from(keys, ptrs, [size] * n) == [OK] * n
         assert s.batch_get_into(keys, ptrs, [size] * n) == [size] * n
         drain()
