@@ -4,7 +4,7 @@
 use moonkv_proto::{Error, ErrorCode};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyFloat, PyString};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyList, PyString, PyTuple};
 
 /// A key given as `str` or `bytes` (upstream's bindings take both). Wrong types raise
 /// `TypeError`; text that is not UTF-8 is an `INVALID_KEY` error for the caller to report.
@@ -40,7 +40,18 @@ pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Result<String, Error>
 }
 
 /// The items of a sequence argument (not `str`/`bytes`).
+///
+/// A `list` or `tuple` (not a subclass, which may iterate its own way), what callers nearly
+/// always pass, is read directly. Any other iterable goes through Python's iterator protocol,
+/// whose size hint calls back into Python (`operator.length_hint`): about 3 µs per argument,
+/// three times per batch call.
 pub(crate) fn items<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if let Ok(list) = obj.cast_exact::<PyList>() {
+        return Ok(list.iter().collect());
+    }
+    if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
+        return Ok(tuple.iter().collect());
+    }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(PyTypeError::new_err(format!(
             "{what} must be a list, not {}",

@@ -114,3 +114,29 @@ def test_a_store_stays_usable_after_refused_arguments(store, key):
                 pass
     assert store.put(key, b"fine") == 0
     assert store.get(key) == b"fine"
+
+
+def test_batch_arguments_read_the_same_from_lists_tuples_and_other_iterables(store, pool, key):
+    present, absent = f"{key}-a", f"{key}-b"
+    assert store.put(present, b"here") == 0
+    expected = [1, 0]
+    assert store.batch_is_exist([present, absent]) == expected
+    assert store.batch_is_exist((present, absent)) == expected
+    assert store.batch_is_exist(k for k in (present, absent)) == expected
+    assert store.batch_is_exist(iter([present, absent])) == expected
+
+    # A list subclass may iterate its own way: its iteration, not its storage, is the argument.
+    class Backwards(list):
+        def __iter__(self):
+            return reversed(self[:])
+
+    assert store.batch_is_exist(Backwards([present, absent])) == [0, 1]
+
+    for keys, ptrs, sizes in [
+        ([present], [pool.ptr], [4]),
+        ((present,), (pool.ptr,), (4,)),
+        (iter([present]), (a for a in [pool.ptr]), range(4, 5)),
+    ]:
+        pool.write(0, b"\0" * 4)
+        assert store.batch_get_into(keys, ptrs, sizes) == [4]
+        assert pool.read(0, 4) == b"here"
