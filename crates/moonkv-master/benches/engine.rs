@@ -9,7 +9,7 @@ use moonkv_master::engine::{AvailabilitySink, Engine, EngineConfig, NoopSink, Sy
 use moonkv_master::server::events::EventHook;
 use moonkv_master::server::KvEventsSettings;
 use moonkv_proto::msg::{
-    BatchEndRequest, BatchPutStartRequest, EndItem, EndRequest, KeyRequest, KeysRequest,
+    BatchEndRequest, BatchPutStartRequest, BatchRemoveRequest, EndItem, EndRequest, KeyRequest, KeysRequest,
     MountSegmentRequest, PutStartRequest, RemoveRequest,
 };
 use moonkv_proto::{ClientId, ReplicaType, ReplicateConfig, Segment, SegmentId};
@@ -189,6 +189,33 @@ fn batches_of(c: &mut Criterion, group: &str, engine: &Engine) {
                     }));
                 // As the master answers a request: its events leave from this thread.
                 black_box(engine.reporting_inline(|| engine.batch_put_end(&end).unwrap()))
+            })
+        });
+        // The same batch put with its keys removed after each End: the maps stay at a steady
+        // size, as in a cycle of puts and removals, instead of growing for the whole run.
+        let mut remove = BatchRemoveRequest {
+            tenant: String::new(),
+            keys: Vec::with_capacity(batch),
+            force: true,
+        };
+        g.bench_function(format!("batch_put_remove_b{batch}"), |b| {
+            b.iter(|| {
+                for key in start.keys.iter_mut() {
+                    n += 1;
+                    set_key(key, &prefix, n);
+                }
+                let started = engine.batch_put_start(&start).unwrap();
+                end.items.clear();
+                end.items
+                    .extend(start.keys.iter().zip(&started).map(|(key, r)| EndItem {
+                        key: key.clone(),
+                        replica_ids: r.0.as_ref().unwrap().iter().map(|d| d.id).collect(),
+                        checksum: None,
+                    }));
+                black_box(engine.reporting_inline(|| engine.batch_put_end(&end).unwrap()));
+                remove.keys.clear();
+                remove.keys.extend(start.keys.iter().cloned());
+                black_box(engine.reporting_inline(|| engine.batch_remove(&remove).unwrap()))
             })
         });
         let keys: Vec<String> = (0..batch as u64)
