@@ -6,7 +6,8 @@
 //!   `stream` paces a publisher → subscriber run at a fixed offered rate.
 //! - `echo`: the loopback round-trip floor of the machine (`bench echo`); `memcpy`: its
 //!   single-thread copy rate, the ceiling of same-host copies (`bench memcpy`); `tcp_calls`:
-//!   the loopback TCP floor of one call by size, the ceiling of socket cells (`bench tcp`).
+//!   the loopback TCP floor of one call by size, the ceiling of socket cells (`bench tcp`);
+//!   `roundtrip`: one round trip over TCP loopback against a Unix socket (`bench roundtrip`).
 //! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
 //! - `readopt`: time for a restarted master to re-adopt N objects from a node (`bench readopt`).
@@ -34,6 +35,7 @@ mod readopt;
 pub mod relay;
 mod report;
 mod resp;
+mod roundtrip;
 mod shape;
 mod store;
 mod stream;
@@ -69,6 +71,8 @@ enum BenchCommand {
     Memcpy(memcpy::MemcpyBenchArgs),
     /// Loopback TCP floor of one call by size: the bytes one way, a short answer back.
     Tcp(tcp_calls::TcpBenchArgs),
+    /// One round trip between two threads over TCP loopback and over a Unix socket.
+    Roundtrip(roundtrip::RoundtripBenchArgs),
     /// Data plane: put and get GB/s and latency by object size, next to Redis and raw TCP.
     Store(store::StoreBenchArgs),
     /// Restart re-adoption: time for a new master to get N objects back from a node.
@@ -93,6 +97,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Echo(a) => echo::run(a),
         BenchCommand::Memcpy(a) => memcpy::run(a),
         BenchCommand::Tcp(a) => tcp_calls::run(a),
+        BenchCommand::Roundtrip(a) => roundtrip::run(a),
         BenchCommand::Store(a) => store::run(a),
         BenchCommand::Readopt(a) => readopt::run(a),
         BenchCommand::Charts(a) => charts::run(a),

@@ -9,8 +9,8 @@ use moonkv_master::engine::{AvailabilitySink, Engine, EngineConfig, NoopSink, Sy
 use moonkv_master::server::events::EventHook;
 use moonkv_master::server::KvEventsSettings;
 use moonkv_proto::msg::{
-    BatchEndRequest, BatchPutStartRequest, BatchRemoveRequest, EndItem, EndRequest, KeyRequest, KeysRequest,
-    MountSegmentRequest, PutStartRequest, RemoveRequest,
+    BatchEndRequest, BatchPutStartRequest, BatchRemoveRequest, EndItem, EndRequest, KeyRequest,
+    KeysRequest, MountSegmentRequest, PutStartRequest, RemoveRequest,
 };
 use moonkv_proto::{ClientId, ReplicaType, ReplicateConfig, Segment, SegmentId};
 use std::fmt::Write as _;
