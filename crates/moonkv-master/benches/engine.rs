@@ -154,6 +154,30 @@ fn batches(c: &mut Criterion) {
     batches_of(c, "engine_batch_events", &engine_publishing());
 }
 
+/// One batch Start and End of fresh keys (`prefix`-`n`, `n` counting on), reusing the request
+/// buffers; the End's events leave from this thread, as when the master answers a request.
+fn batch_put(
+    engine: &Engine,
+    start: &mut BatchPutStartRequest,
+    end: &mut BatchEndRequest,
+    prefix: &str,
+    n: &mut u64,
+) -> Vec<moonkv_proto::ItemResult<()>> {
+    for key in start.keys.iter_mut() {
+        *n += 1;
+        set_key(key, prefix, *n);
+    }
+    let started = engine.batch_put_start(start).unwrap();
+    end.items.clear();
+    end.items
+        .extend(start.keys.iter().zip(&started).map(|(key, r)| EndItem {
+            key: key.clone(),
+            replica_ids: r.0.as_ref().unwrap().iter().map(|d| d.id).collect(),
+            checksum: None,
+        }));
+    engine.reporting_inline(|| engine.batch_put_end(end).unwrap())
+}
+
 fn batches_of(c: &mut Criterion, group: &str, engine: &Engine) {
     let mut g = c.benchmark_group(group);
     for batch in [8usize, 32, 128] {
@@ -174,22 +198,7 @@ fn batches_of(c: &mut Criterion, group: &str, engine: &Engine) {
         let prefix = format!("bput{batch}");
         let mut n = 0u64;
         g.bench_function(format!("batch_put_b{batch}"), |b| {
-            b.iter(|| {
-                for key in start.keys.iter_mut() {
-                    n += 1;
-                    set_key(key, &prefix, n);
-                }
-                let started = engine.batch_put_start(&start).unwrap();
-                end.items.clear();
-                end.items
-                    .extend(start.keys.iter().zip(&started).map(|(key, r)| EndItem {
-                        key: key.clone(),
-                        replica_ids: r.0.as_ref().unwrap().iter().map(|d| d.id).collect(),
-                        checksum: None,
-                    }));
-                // As the master answers a request: its events leave from this thread.
-                black_box(engine.reporting_inline(|| engine.batch_put_end(&end).unwrap()))
-            })
+            b.iter(|| black_box(batch_put(engine, &mut start, &mut end, &prefix, &mut n)))
         });
         // The same batch put with its keys removed after each End: the maps stay at a steady
         // size, as in a cycle of puts and removals, instead of growing for the whole run.
@@ -200,19 +209,7 @@ fn batches_of(c: &mut Criterion, group: &str, engine: &Engine) {
         };
         g.bench_function(format!("batch_put_remove_b{batch}"), |b| {
             b.iter(|| {
-                for key in start.keys.iter_mut() {
-                    n += 1;
-                    set_key(key, &prefix, n);
-                }
-                let started = engine.batch_put_start(&start).unwrap();
-                end.items.clear();
-                end.items
-                    .extend(start.keys.iter().zip(&started).map(|(key, r)| EndItem {
-                        key: key.clone(),
-                        replica_ids: r.0.as_ref().unwrap().iter().map(|d| d.id).collect(),
-                        checksum: None,
-                    }));
-                black_box(engine.reporting_inline(|| engine.batch_put_end(&end).unwrap()));
+                black_box(batch_put(engine, &mut start, &mut end, &prefix, &mut n));
                 remove.keys.clear();
                 remove.keys.extend(start.keys.iter().cloned());
                 black_box(engine.reporting_inline(|| engine.batch_remove(&remove).unwrap()))
