@@ -7,7 +7,7 @@
 //! other round; the median of `--repeat` runs is reported.
 
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -49,14 +49,12 @@ impl Duplex for TcpStream {}
 impl Duplex for UnixStream {}
 
 /// A connected pair of `transport`.
-fn pair(transport: Transport) -> io::Result<(Box<dyn Duplex>, Box<dyn Duplex>)> {
+fn pair(transport: Transport) -> anyhow::Result<(Box<dyn Duplex>, Box<dyn Duplex>)> {
     Ok(match transport {
         Transport::Tcp => {
-            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-            let client = TcpStream::connect(listener.local_addr()?)?;
-            let (server, _) = listener.accept()?;
-            client.set_nodelay(true)?;
-            server.set_nodelay(true)?;
+            let (client, server) = super::tcp::loopback_pairs(1, true)?
+                .pop()
+                .ok_or_else(|| anyhow::anyhow!("no loopback pair"))?;
             (Box::new(client), Box::new(server))
         }
         Transport::Unix => {

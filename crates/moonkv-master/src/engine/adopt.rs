@@ -64,9 +64,10 @@ impl Engine {
             .acknowledge(req.client_id, req.epoch, req.acked, self.now())
     }
 
-    /// Whether the notices pending for `node` must be answered without lingering (see
-    /// `CatalogBook::urgent`).
-    pub fn catalog_urgent(&self, node: moonkv_proto::ClientId) -> bool {
+    /// Whether the notices pending for `node` must be answered without lingering (tests; a
+    /// poll learns it from [`Engine::catalog_acknowledge`]).
+    #[cfg(test)]
+    pub(crate) fn catalog_urgent(&self, node: moonkv_proto::ClientId) -> bool {
         self.catalog.urgent(node)
     }
 

@@ -52,7 +52,9 @@ impl Mailbox {
         self.acked + self.notices.len() as u64
     }
 
-    /// Whether the pending notices should leave at once ([`CatalogBook::urgent`]).
+    /// Whether the pending notices should leave at once: an unacknowledged drop (a removal may
+    /// be waiting for it), a reset, or a full answer's worth. Commits alone may wait a moment
+    /// to travel together.
     fn is_urgent(&self) -> bool {
         self.last_drop > self.acked
             || self.reset_until.is_some()
@@ -153,8 +155,7 @@ pub enum PendingNotices {
     Nothing,
     /// Commits alone: they may wait a moment for more to travel with.
     MayWait,
-    /// Notices that must leave at once ([`CatalogBook::urgent`]): a drop, a reset, or a full
-    /// answer's worth.
+    /// Notices that must leave at once: a drop, a reset, or a full answer's worth.
     Urgent,
 }
 
@@ -350,9 +351,9 @@ impl CatalogBook {
         mb
     }
 
-    /// Whether `node`'s pending notices should leave at once: an unacknowledged drop (a
-    /// removal may be waiting for it), a reset, or a full answer's worth. Commits alone may
-    /// wait a moment to travel together.
+    /// Whether `node`'s pending notices should leave at once, without acknowledging anything
+    /// (tests; a poll learns it from [`CatalogBook::acknowledge`]).
+    #[cfg(test)]
     pub(crate) fn urgent(&self, node: ClientId) -> bool {
         self.mailboxes
             .lock()
