@@ -140,3 +140,50 @@ def test_batch_arguments_read_the_same_from_lists_tuples_and_other_iterables(sto
         pool.write(0, b"\0" * 4)
         assert store.batch_get_into(keys, ptrs, sizes) == [4]
         assert pool.read(0, 4) == b"here"
+
+
+def test_careless_batch_arguments_raise_their_own_error_and_leave_the_store_usable(store, key):
+    # A generator that fails halfway: its own exception reaches the caller, nothing is sent.
+    def failing():
+        yield f"{key}-x"
+        raise RuntimeError("the caller's generator broke")
+
+    with pytest.raises(RuntimeError, match="generator broke"):
+        store.batch_is_exist(failing())
+
+    # One list shared by threads while another thread keeps growing and shrinking it: every
+    # call reads some consistent length of it, answers one code per key read, and nothing
+    # crashes.
+    import threading
+
+    assert store.put(f"{key}-0", b"v") == 0
+    shared = [f"{key}-0"]
+    stop = threading.Event()
+    bad = []
+
+    def mutate():
+        i = 0
+        while not stop.is_set():
+            shared.append(f"{key}-{i % 7}")
+            if len(shared) > 64:
+                del shared[1:32]
+            i += 1
+
+    def read():
+        for _ in range(200):
+            got = store.batch_is_exist(shared)
+            if not 1 <= len(got) <= 65 or any(c not in (0, 1) for c in got) or got[0] != 1:
+                bad.append(got)
+
+    writer = threading.Thread(target=mutate)
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    writer.start()
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(timeout=60)
+    stop.set()
+    writer.join(timeout=10)
+    assert not any(t.is_alive() for t in readers) and not bad, bad[:1]
+    assert store.put(f"{key}-after", b"fine") == 0
+    assert store.get(f"{key}-after") == b"fine"
