@@ -43,6 +43,7 @@ impl Granting {
             max_connections: None,
             refuse_same_host: false,
             same_host_other_users: false,
+            no_local_socket: false,
             master_addr: None,
         };
         let server = DataServer::spawn_with_disk(listener, table, None, access).unwrap();

@@ -83,7 +83,35 @@ impl DataConnection {
         let stream = tokio::time::timeout(timeout, opened)
             .await
             .map_err(|_| transfer_fail(endpoint, "connect timed out"))??;
-        Ok(DataConnection {
+        Ok(Self::over(stream, endpoint))
+    }
+
+    /// Connects to the local socket `name` of the node whose data endpoint is `endpoint` (the
+    /// name its STATS answer gave, [`crate::header::NodeStats::local_socket`]); with a `secret`,
+    /// performs the handshake as over TCP. Errors name `endpoint`, the node's address.
+    pub async fn connect_local(
+        endpoint: &str,
+        name: &str,
+        timeout: Duration,
+        secret: Option<&Secret>,
+    ) -> Result<DataConnection> {
+        let opened = async {
+            let mut stream = crate::stream::connect_local(name).await.map_err(|e| {
+                transfer_io_fail(endpoint, &format!("connect to local socket {name}"), e)
+            })?;
+            if let Some(secret) = secret {
+                authenticate(&mut stream, endpoint, secret).await?;
+            }
+            Ok::<_, Error>(stream)
+        };
+        let stream = tokio::time::timeout(timeout, opened)
+            .await
+            .map_err(|_| transfer_fail(endpoint, "connect to local socket timed out"))??;
+        Ok(Self::over(stream, endpoint))
+    }
+
+    fn over(stream: Stream, endpoint: &str) -> DataConnection {
+        DataConnection {
             whole_mark: None,
             stream,
             endpoint: endpoint.to_string(),
@@ -93,30 +121,41 @@ impl DataConnection {
             permit: None,
             _open: None,
             whole_left: 0,
-        })
+        }
+    }
+
+    /// Whether this connection is plain TCP to a loopback address.
+    pub(crate) fn on_loopback(&self) -> bool {
+        matches!(&self.stream, Stream::Plain(tcp)
+            if tcp.peer_addr().is_ok_and(|peer| peer.ip().to_canonical().is_loopback()))
+    }
+
+    /// Whether this connection runs over the node's local socket.
+    pub fn is_local(&self) -> bool {
+        matches!(self.stream, Stream::Local(_))
     }
 
     /// Asks the node to copy this connection's memory ranges straight between its segments and
-    /// this process's memory (`crate::same_host`). Only tried over plain TCP to a loopback
-    /// address; `Ok(false)` when not tried or when the node declines (an older node, one
-    /// started with same-host copies off, or one that cannot reach this process), and the
-    /// connection then carries bytes over the socket as before. `Err` only when the connection
+    /// this process's memory (`crate::same_host`). Only tried over the node's local socket or
+    /// plain TCP to a loopback address; `Ok(false)` when not tried or when the node declines
+    /// (an older node, one started with same-host copies off, or one that cannot reach this
+    /// process), and the connection then carries bytes over the socket as before. `Err` only when the connection
     /// itself failed.
     pub async fn attach(&mut self, timeout: Duration) -> Result<bool> {
-        #[allow(irrefutable_let_patterns)]
-        let Stream::Plain(tcp) = &self.stream
-        else {
-            return Ok(false);
+        let socket = match &self.stream {
+            Stream::Plain(tcp)
+                if tcp
+                    .peer_addr()
+                    .is_ok_and(|peer| peer.ip().to_canonical().is_loopback()) =>
+            {
+                std::os::fd::AsFd::as_fd(tcp).try_clone_to_owned()
+            }
+            Stream::Local(unix) => std::os::fd::AsFd::as_fd(unix).try_clone_to_owned(),
+            _ => return Ok(false),
         };
-        if !tcp
-            .peer_addr()
-            .is_ok_and(|peer| peer.ip().to_canonical().is_loopback())
-        {
-            return Ok(false);
-        }
         // Without a second handle on the socket lent memory could not be waited for: no
         // same-host copies then.
-        let Ok(lend_socket) = std::os::fd::AsFd::as_fd(tcp).try_clone_to_owned() else {
+        let Ok(lend_socket) = socket else {
             return Ok(false);
         };
         // The node reads these bytes out of this process to show it can reach it; they live

@@ -255,6 +255,10 @@ pub struct NodeStats {
     /// the replicas itself, so a caller's small get is one round trip.
     #[serde(default)]
     pub get_whole: bool,
+    /// The node's local socket, for callers on this machine: `@` and an abstract name
+    /// (`docs/data-plane.md`, *The local socket*). Absent when the node offers none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_socket: Option<String>,
 }
 
 /// Largest STATS answer a caller accepts.

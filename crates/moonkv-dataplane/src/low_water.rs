@@ -50,6 +50,8 @@ impl LowWater {
             use std::os::fd::AsRawFd;
             let fd = match stream {
                 Stream::Plain(tcp) => Some(tcp.as_raw_fd()),
+                // A Unix socket reports itself readable at every arrival whatever the mark.
+                Stream::Local(_) => None,
                 #[cfg(feature = "tls")]
                 Stream::Tls(_) => None,
             };

@@ -27,6 +27,7 @@ pub struct PoolCounters {
     open: AtomicU64,
     waited: AtomicU64,
     attached: AtomicU64,
+    local: AtomicU64,
 }
 
 /// A point-in-time copy of [`PoolCounters`].
@@ -40,6 +41,8 @@ pub struct PoolStats {
     pub waited: u64,
     /// Connections dialled whose node copies straight to and from this process (same host).
     pub attached: u64,
+    /// Connections dialled over a node's local socket instead of TCP (same host).
+    pub local: u64,
 }
 
 impl PoolCounters {
@@ -49,6 +52,7 @@ impl PoolCounters {
             open: self.open.load(Ordering::Relaxed),
             waited: self.waited.load(Ordering::Relaxed),
             attached: self.attached.load(Ordering::Relaxed),
+            local: self.local.load(Ordering::Relaxed),
         }
     }
 }
@@ -72,6 +76,21 @@ struct Endpoint {
     /// The last dial here failed to connect (refused or timed out) and none has succeeded
     /// since: the node is unreachable from this process.
     unreachable: std::sync::atomic::AtomicBool,
+    /// What this process knows of the node's local socket.
+    local: Mutex<LocalSocket>,
+}
+
+/// What a pool knows of a node's local socket (`docs/data-plane.md`, *The local socket*).
+#[derive(Clone, Debug, Default)]
+enum LocalSocket {
+    /// Not asked yet, or the socket it named refused a connection: the next dial over TCP
+    /// asks the node's STATS.
+    #[default]
+    Unknown,
+    /// The node offers none (another machine, TLS, same-host copies off, an older node).
+    None,
+    /// The name the node's STATS gave.
+    Named(String),
 }
 
 /// Connections to every node a store talks to, at most `cap` per node.
@@ -142,6 +161,7 @@ impl ConnectionPool {
                     slots: Arc::new(Semaphore::new(self.cap)),
                     attached: Default::default(),
                     unreachable: Default::default(),
+                    local: Default::default(),
                 })
             })
             .clone()
@@ -197,33 +217,104 @@ impl ConnectionPool {
         self.dial(endpoint).await.is_ok()
     }
 
+    /// Opens a connection to `endpoint`. A pool that asks for same-host copies goes to a node
+    /// on this machine through the node's local socket once it knows its name, learning it from
+    /// the node's STATS over the first TCP connection; the connection is then attached.
     async fn dial(&self, endpoint: &str) -> Result<DataConnection> {
-        let dialled = DataConnection::connect_with_tls(
-            endpoint,
-            self.connect_timeout,
-            self.secret.as_ref(),
-            self.tls.as_ref(),
-        )
-        .await;
-        // TLS and authentication refusals are not a node that is gone.
-        let down = matches!(&dialled, Err(e) if e.code == ErrorCode::TRANSFER_FAIL);
-        self.endpoint(endpoint)
-            .unreachable
-            .store(down, Ordering::Relaxed);
-        let mut conn = dialled?;
-        if self.same_host && self.tls.is_none() {
+        let entry = self.endpoint(endpoint);
+        let same_host = self.same_host && self.tls.is_none();
+        let mut conn = None;
+        if same_host {
+            let known = entry.local.lock().clone();
+            if let LocalSocket::Named(name) = known {
+                conn = self.dial_local(&entry, endpoint, &name).await;
+            }
+        }
+        let mut conn = match conn {
+            Some(conn) => conn,
+            None => {
+                let dialled = DataConnection::connect_with_tls(
+                    endpoint,
+                    self.connect_timeout,
+                    self.secret.as_ref(),
+                    self.tls.as_ref(),
+                )
+                .await;
+                // TLS and authentication refusals are not a node that is gone.
+                let down = matches!(&dialled, Err(e) if e.code == ErrorCode::TRANSFER_FAIL);
+                entry.unreachable.store(down, Ordering::Relaxed);
+                let conn = dialled?;
+                let unknown = matches!(*entry.local.lock(), LocalSocket::Unknown);
+                if same_host && unknown && conn.on_loopback() {
+                    self.learn_local(&entry, endpoint, conn).await?
+                } else {
+                    conn
+                }
+            }
+        };
+        if same_host {
             let attached = conn.attach(self.connect_timeout).await?;
             if attached {
                 self.counters.attached.fetch_add(1, Ordering::Relaxed);
             }
-            self.endpoint(endpoint)
-                .attached
-                .store(attached, Ordering::Relaxed);
+            entry.attached.store(attached, Ordering::Relaxed);
+        }
+        if conn.is_local() {
+            self.counters.local.fetch_add(1, Ordering::Relaxed);
         }
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
         self.counters.open.fetch_add(1, Ordering::Relaxed);
         conn._open = Some(OpenGuard(self.counters.clone()));
         Ok(conn)
+    }
+
+    /// Asks the node at the other end of `tcp` (on this machine) for its local socket and,
+    /// when it has one, returns a connection to it in place of `tcp`.
+    async fn learn_local(
+        &self,
+        entry: &Endpoint,
+        endpoint: &str,
+        mut tcp: DataConnection,
+    ) -> Result<DataConnection> {
+        let stats = tokio::time::timeout(self.connect_timeout, tcp.stats())
+            .await
+            .map_err(|_| {
+                crate::connection::transfer_fail(endpoint, "STATS: no answer in time")
+            })??;
+        let Some(name) = stats.local_socket else {
+            *entry.local.lock() = LocalSocket::None;
+            return Ok(tcp);
+        };
+        *entry.local.lock() = LocalSocket::Named(name.clone());
+        Ok(self.dial_local(entry, endpoint, &name).await.unwrap_or(tcp))
+    }
+
+    /// A connection to the node's local socket `name`, or `None` (the pool then asks again
+    /// over TCP at its next dial) when it cannot be opened.
+    async fn dial_local(
+        &self,
+        entry: &Endpoint,
+        endpoint: &str,
+        name: &str,
+    ) -> Option<DataConnection> {
+        let dialled = DataConnection::connect_local(
+            endpoint,
+            name,
+            self.connect_timeout,
+            self.secret.as_ref(),
+        )
+        .await;
+        match dialled {
+            Ok(conn) => {
+                entry.unreachable.store(false, Ordering::Relaxed);
+                Some(conn)
+            }
+            Err(e) => {
+                tracing::debug!(endpoint, name, error = %e, "node's local socket refused; over TCP");
+                *entry.local.lock() = LocalSocket::Unknown;
+                None
+            }
+        }
     }
 
     /// Returns a connection for reuse if it is still in step; frees its slot either way.

@@ -1,7 +1,9 @@
 //! Optional TLS for the master connection and the data plane (`docs/operations.md`, Security).
 //!
-//! [`Stream`] is a plain TCP or TLS connection behind one `AsyncRead`/`AsyncWrite` type, so the
-//! protocol code (hello, shared-secret handshake, grants, requests) runs unchanged inside TLS.
+//! [`Stream`] is a plain TCP, TLS or local (Unix socket) connection behind one
+//! `AsyncRead`/`AsyncWrite` type, so the protocol code (hello, shared-secret handshake, grants,
+//! requests) runs unchanged inside TLS and over a node's local socket (`docs/data-plane.md`,
+//! *The local socket*).
 //! Without the `tls` feature only the plain variant exists and any TLS setting is refused when
 //! it is loaded.
 
@@ -10,14 +12,17 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 
 pub use moonkv_proto::tls::{TlsClientConfig, TlsServerConfig};
 
-/// A connection to or from a master or node: plain TCP or TLS.
+/// A connection to or from a master or node: plain TCP, TLS, or a node's local socket.
 pub enum Stream {
     /// Plain TCP.
     Plain(TcpStream),
+    /// A node's local socket: a Unix stream socket in the abstract namespace, reachable from
+    /// this machine's (network namespace's) processes only.
+    Local(UnixStream),
     /// TLS, either side (tokio-rustls' own client/server stream).
     #[cfg(feature = "tls")]
     Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
@@ -27,6 +32,7 @@ macro_rules! each {
     ($self:ident, $s:ident => $body:expr) => {
         match $self.get_mut() {
             Stream::Plain($s) => $body,
+            Stream::Local($s) => $body,
             #[cfg(feature = "tls")]
             Stream::Tls($s) => $body,
         }
@@ -63,6 +69,7 @@ impl AsyncWrite for Stream {
     fn is_write_vectored(&self) -> bool {
         match self {
             Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Local(s) => s.is_write_vectored(),
             #[cfg(feature = "tls")]
             Stream::Tls(s) => s.is_write_vectored(),
         }
@@ -257,6 +264,24 @@ pub async fn connect(
         let _ = (tls, peer);
         Err(ConnectFailure::Tls(TlsError::Unsupported))
     }
+}
+
+/// How a node's local socket is named in its STATS answer: `@` and the abstract name.
+pub const LOCAL_PREFIX: char = '@';
+
+/// Opens a connection to a node's local socket `name` (as its STATS answer gives it: `@` and
+/// an abstract name). Refused (`ECONNREFUSED`) when no socket of that name listens, as after
+/// the node stopped.
+pub async fn connect_local(name: &str) -> io::Result<Stream> {
+    let Some(abstract_name) = name.strip_prefix(LOCAL_PREFIX).filter(|n| !n.is_empty()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a local socket name (`@` and an abstract name)"),
+        ));
+    };
+    // tokio reads a leading NUL as the abstract namespace.
+    let path = format!("\0{abstract_name}");
+    Ok(Stream::Local(UnixStream::connect(path).await?))
 }
 
 /// An I/O error on a connection to a `peer` at `addr`, with the TLS fix spelled out when the

@@ -86,6 +86,8 @@ pub struct NodeConfig {
     pub refuse_same_host: bool,
     /// Attach same-host callers of another user too (see `Access::same_host_other_users`).
     pub same_host_other_users: bool,
+    /// Listen on no local socket (see `Access::no_local_socket`).
+    pub no_local_socket: bool,
     /// The master as a call in this process (`moonkv up`): puts taken whole from same-host
     /// callers (PUT_LOCAL) start and end through it instead of through a socket.
     pub in_process_master: Option<Arc<dyn moonkv_proto::local::InProcessMaster>>,
@@ -120,6 +122,7 @@ impl NodeConfig {
             data_max_connections: 4096,
             refuse_same_host: false,
             same_host_other_users: false,
+            no_local_socket: false,
         }
         .with_secrets(
             moonkv_proto::auth::Secret::from_env(),
@@ -233,6 +236,7 @@ impl Node {
             max_connections: Some(config.data_max_connections),
             refuse_same_host: config.refuse_same_host,
             same_host_other_users: config.same_host_other_users,
+            no_local_socket: config.no_local_socket,
             master_addr: Some(config.master_addr.clone()),
         };
         let local_views: Vec<Arc<dyn LocalSegment>> = memories

@@ -1,10 +1,13 @@
 //! The node's side of same-host copies (`docs/data-plane.md`, *Same-host copies*).
 //!
-//! A caller on the node's machine attaches its connection by naming its process id. Before
-//! the node touches that process's memory it makes sure the process really is the caller:
-//! the connection's peer is a loopback address, the peer end of this very TCP connection (found
-//! in `/proc/net/tcp`) is an open file of that process (`/proc/PID/fd`), and the node can read
-//! the probe bytes the caller sent out of the caller's memory. A caller therefore cannot make
+//! A caller on the node's machine attaches its connection. Before the node touches a process's
+//! memory it makes sure the process really is the caller. Over the node's local socket (a Unix
+//! socket, `docs/data-plane.md`, *The local socket*) the kernel names the process that
+//! connected (`SO_PEERPIDFD`, or `SO_PEERCRED` on kernels before 6.5), and the process id the
+//! request names is not used. Over TCP the request names its process id, the connection's peer
+//! must be a loopback address, and the peer end of this very TCP connection (found in
+//! `/proc/net/tcp`) must be an open file of that process (`/proc/PID/fd`). Either way the node
+//! must then read the probe bytes the caller sent out of the caller's memory. A caller therefore cannot make
 //! the node read or write any process but itself. The process is then held by a pidfd, so a
 //! caller that exits is noticed before each copy, and its id can never lead to another process.
 //!
@@ -32,14 +35,22 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
-/// The two ends of a plain data-plane connection, and its socket.
+/// How a connection that may attach reaches the node, and its socket.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Ends {
-    pub(crate) peer: SocketAddr,
-    pub(crate) local: SocketAddr,
-    /// The connection's socket; valid while the connection is served (longer than any `Peer`
-    /// made from it).
-    pub(crate) socket: RawFd,
+pub(crate) enum Ends {
+    /// Plain TCP between these two addresses.
+    Tcp {
+        peer: SocketAddr,
+        local: SocketAddr,
+        /// The connection's socket; valid while the connection is served (longer than any
+        /// `Peer` made from it).
+        socket: RawFd,
+    },
+    /// The node's local socket.
+    Local {
+        /// As [`Ends::Tcp`]'s.
+        socket: RawFd,
+    },
 }
 
 /// The node's side of one copy: the bytes sent to the caller, or the buffer filled from it.
@@ -311,6 +322,9 @@ pub(crate) enum AttachError {
     /// The process belongs to another user, and the node attaches its own user's only.
     #[error("process {pid} runs as uid {uid}, not as the node's uid {node}")]
     OtherUser { pid: Pid, uid: u32, node: u32 },
+    /// The kernel would not name the process at the other end of the local socket.
+    #[error("cannot tell which process connected: {0}")]
+    PeerUnknown(#[source] io::Error),
     /// The blocking task that ran the checks failed.
     #[error("verification failed: {0}")]
     Verification(#[source] tokio::task::JoinError),
@@ -373,6 +387,17 @@ pub(crate) fn verify(
             socket: wanted,
         });
     }
+    attached(pid, pidfd, probe_address, probe)
+}
+
+/// The caller `pid` (held by `pidfd`), once the node read the `probe` bytes at
+/// `probe_address` out of its memory.
+fn attached(
+    pid: Pid,
+    pidfd: OwnedFd,
+    probe_address: u64,
+    probe: [u8; 16],
+) -> Result<Peer, AttachError> {
     let mut peer = Peer {
         pid,
         pidfd,
@@ -396,6 +421,117 @@ pub(crate) fn verify(
         tracing::debug!(%pid, pools = ?peer.pools, "caller pools mapped for same-host copies");
     }
     Ok(peer)
+}
+
+/// The process at the other end of the node's local socket `socket` (see [`Ends::socket`]),
+/// held by a pidfd: the process the kernel says connected it. Does not block; called by the
+/// task serving the connection, so the socket is open for the call.
+pub(crate) fn local_caller(socket: RawFd) -> Result<(Pid, OwnedFd), AttachError> {
+    // SAFETY: `socket` is the socket of the connection the calling task serves, open for
+    // the duration of this synchronous call.
+    let socket = unsafe { BorrowedFd::borrow_raw(socket) };
+    let pid = peer_pid(socket).map_err(AttachError::PeerUnknown)?;
+    // The kernel's own pidfd of the connecting process cannot name a later process that reused
+    // its id. Before Linux 6.5 there is none; a process that took over the id then could not
+    // show the probe bytes.
+    let pidfd = match peer_pidfd(socket) {
+        Ok(pidfd) => pidfd,
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
+            pidfd_open(pid, PidfdFlags::empty()).map_err(|e| AttachError::NoProcess {
+                pid,
+                source: e.into(),
+            })?
+        }
+        Err(source) => return Err(AttachError::NoProcess { pid, source }),
+    };
+    Ok((pid, pidfd))
+}
+
+/// Checks the caller `pid` (held by `pidfd`, from [`local_caller`]) of the node's local
+/// socket: its memory must hold the 16 `probe` bytes at `probe_address`. The process id the
+/// request named is not used. Blocking: reads `/proc`.
+pub(crate) fn verify_local(
+    (pid, pidfd): (Pid, OwnedFd),
+    probe_address: u64,
+    probe: [u8; 16],
+    other_users: bool,
+) -> Result<Peer, AttachError> {
+    if !other_users {
+        same_user(pid)?;
+    }
+    attached(pid, pidfd, probe_address, probe)
+}
+
+/// Reads the socket option `option` of `socket` into a `T` (a plain C value).
+fn socket_option<T: Copy>(
+    socket: BorrowedFd<'_>,
+    option: libc::c_int,
+    mut value: T,
+) -> io::Result<T> {
+    use std::os::fd::AsRawFd;
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes, the size of the `T` it is given (a plain C
+    // value, valid for any bytes), and `socket` is open for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            std::ptr::addr_of_mut!(value).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+/// `SO_PEERCRED`: the process that connected `socket`, as this node's pid namespace numbers
+/// it (none when that process is not visible there).
+fn peer_pid(socket: BorrowedFd<'_>) -> io::Result<Pid> {
+    let blank = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let cred = socket_option(socket, libc::SO_PEERCRED, blank)?;
+    Pid::from_raw(cred.pid).ok_or_else(|| {
+        io::Error::other("the connecting process is not visible in this node's pid namespace")
+    })
+}
+
+/// `SO_PEERPIDFD`: a pidfd of the process that connected `socket` (Linux 6.5+; elsewhere
+/// `ENOPROTOOPT`, as from an older kernel).
+fn peer_pidfd(socket: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "loongarch64"
+    ))]
+    const SO_PEERPIDFD: Option<libc::c_int> = Some(77);
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "loongarch64"
+    )))]
+    const SO_PEERPIDFD: Option<libc::c_int> = None;
+    let Some(option) = SO_PEERPIDFD else {
+        return Err(io::Error::from_raw_os_error(libc::ENOPROTOOPT));
+    };
+    let fd: libc::c_int = socket_option(socket, option, -1)?;
+    if fd < 0 {
+        return Err(io::Error::other("SO_PEERPIDFD gave no descriptor"));
+    }
+    // SAFETY: the call succeeded, so `fd` is a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// The inode of the caller's end of the TCP connection `local ↔ peer` (this node's end is

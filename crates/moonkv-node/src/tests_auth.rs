@@ -49,6 +49,7 @@ async fn secured(node_secret: Option<Secret>) -> Secured {
         max_connections: None,
         refuse_same_host: false,
         same_host_other_users: false,
+        no_local_socket: false,
         master_addr: None,
     };
     let server = DataServer::spawn_with_disk(listener, table, Some(disk.clone()), access).unwrap();

@@ -40,14 +40,17 @@ impl Fixture {
     }
 }
 
-async fn answer(stream: &mut TcpStream) -> ResponseHeader {
+async fn answer<S: AsyncReadExt + Unpin>(stream: &mut S) -> ResponseHeader {
     let mut raw = [0u8; RESPONSE_LEN];
     stream.read_exact(&mut raw).await.unwrap();
     ResponseHeader::decode(&raw).unwrap()
 }
 
 /// Sends an ATTACH naming `pid`, with a probe that really lies in this process.
-async fn attach_raw(stream: &mut TcpStream, pid: u32) -> DataStatus {
+async fn attach_raw<S: AsyncReadExt + AsyncWriteExt + Unpin>(
+    stream: &mut S,
+    pid: u32,
+) -> DataStatus {
     let probe: Box<[u8; 16]> = Box::new(rand::random());
     let request = AttachRequest {
         pid,
@@ -451,4 +454,187 @@ async fn a_connection_that_does_not_finish_its_handshake_is_closed_at_the_deadli
     );
     let text = f.server.metrics().encode();
     assert!(text.contains("node_handshake_timeouts_total 3"), "{text}");
+}
+
+/// The name of the local socket the node at `addr` gives in its STATS answer.
+async fn local_socket_of(addr: &str) -> Option<String> {
+    let mut conn = DataConnection::connect(addr, LIMIT, None).await.unwrap();
+    conn.stats().await.unwrap().local_socket
+}
+
+/// A raw connection to the local socket `name` (`@` and an abstract name).
+async fn local_raw_stream(name: &str) -> tokio::net::UnixStream {
+    let abstract_name = name.strip_prefix('@').unwrap();
+    tokio::net::UnixStream::connect(format!("\0{abstract_name}"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_local_socket_attaches_the_process_the_kernel_names_and_serves_same_host_copies() {
+    tokio::time::timeout(LIMIT, async {
+        let f = fixture(Access::default()).await;
+        let (id, base) = (f.segment.id(), f.segment.base());
+        let name = local_socket_of(&f.addr()).await.expect("a local socket");
+        assert!(name.starts_with("@moonkv-node-"), "{name}");
+        assert_eq!(name.len(), "@moonkv-node-".len() + 32, "{name}");
+        let mut conn = DataConnection::connect_local(&f.addr(), &name, LIMIT, None)
+            .await
+            .unwrap();
+        assert!(conn.is_local());
+        assert!(conn.attach(LIMIT).await.unwrap(), "the caller is attached");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        let pieces = vec![Piece::Write {
+            segment: id,
+            address: base,
+            data: &data,
+            grant: &[],
+        }];
+        assert!(conn.burst(pieces, LIMIT).await.into_results(1)[0].is_ok());
+        let mut back = vec![0u8; data.len()];
+        let pieces = vec![Piece::Read {
+            segment: id,
+            address: base,
+            buf: &mut back,
+            grant: &[],
+        }];
+        assert!(conn.burst(pieces, LIMIT).await.into_results(1)[0].is_ok());
+        assert_eq!(back, data);
+        assert_eq!(f.server.stats().same_host_requests, 2);
+
+        // The process id an ATTACH names is not what the node goes by over the local socket:
+        // naming pid 1 still attaches this process, whose memory holds the probe...
+        let mut raw = local_raw_stream(&name).await;
+        assert_eq!(attach_raw(&mut raw, 1).await, DataStatus::Ok);
+        // ...and a probe this process does not hold is refused, the connection kept in step.
+        let mut raw = local_raw_stream(&name).await;
+        let request = AttachRequest {
+            pid: std::process::id(),
+            probe_address: 4096,
+            probe: [7; 16],
+        };
+        raw.write_all(&request.header(1).encode()).await.unwrap();
+        assert_eq!(answer(&mut raw).await.status, DataStatus::LocalRefused);
+        let stats = RequestHeader::new(DataOp::Stats, 2, SegmentId::new(0, 0), 0, 0);
+        raw.write_all(&stats.encode()).await.unwrap();
+        assert_eq!(answer(&mut raw).await.status, DataStatus::Ok);
+
+        // The socket goes away with the node.
+        drop(raw);
+        drop(conn);
+        f.server.stop().await;
+        let gone = moonkv_dataplane::stream::connect_local(&name).await;
+        assert_eq!(
+            gone.err().map(|e| e.kind()),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_node_offers_no_local_socket_with_same_host_copies_off_and_keeps_its_secret_on_it() {
+    tokio::time::timeout(LIMIT, async {
+        let off = fixture(Access {
+            refuse_same_host: true,
+            ..Access::default()
+        })
+        .await;
+        assert_eq!(local_socket_of(&off.addr()).await, None);
+        // Without the local socket, same-host copies still attach over TCP.
+        let tcp_only = fixture(Access {
+            no_local_socket: true,
+            ..Access::default()
+        })
+        .await;
+        assert_eq!(local_socket_of(&tcp_only.addr()).await, None);
+        let mut conn = DataConnection::connect(&tcp_only.addr(), LIMIT, None)
+            .await
+            .unwrap();
+        assert!(conn.attach(LIMIT).await.unwrap());
+        assert!(
+            moonkv_dataplane::stream::connect_local("not-a-name")
+                .await
+                .is_err(),
+            "a name without `@` is refused"
+        );
+
+        let secret = moonkv_proto::auth::Secret::new(b"a-data-plane-secret-0123".to_vec()).unwrap();
+        let f = fixture(Access {
+            secret: Some(secret.clone()),
+            ..Access::default()
+        })
+        .await;
+        let mut tcp = DataConnection::connect(&f.addr(), LIMIT, Some(&secret))
+            .await
+            .unwrap();
+        let name = tcp.stats().await.unwrap().local_socket.unwrap();
+        // Without the handshake, a request on the local socket is refused as over TCP.
+        let mut raw = local_raw_stream(&name).await;
+        let stats = RequestHeader::new(DataOp::Stats, 9, SegmentId::new(0, 0), 0, 0);
+        raw.write_all(&stats.encode()).await.unwrap();
+        let refused = answer(&mut raw).await;
+        assert_eq!(refused.status, DataStatus::Unauthenticated);
+        // With it, the local connection attaches.
+        let mut conn = DataConnection::connect_local(&f.addr(), &name, LIMIT, Some(&secret))
+            .await
+            .unwrap();
+        assert!(conn.attach(LIMIT).await.unwrap());
+        assert_eq!(conn.stats().await.unwrap().local_socket, Some(name));
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_pool_goes_through_the_local_socket_and_learns_a_restarted_nodes_new_one() {
+    tokio::time::timeout(LIMIT, async {
+        let first = fixture(Access::default()).await;
+        let addr = first.addr();
+        let pool = moonkv_dataplane::ConnectionPool::new(2, LIMIT, None).with_same_host(true);
+        let (conn, reused) = pool.checkout(&addr).await.unwrap();
+        assert!(!reused && conn.is_local(), "the first connection is local");
+        pool.checkin(conn);
+        let (conn, reused) = pool.checkout(&addr).await.unwrap();
+        assert!(reused && conn.is_local());
+        pool.checkin(conn);
+        let stats = pool.stats();
+        assert_eq!((stats.opened, stats.local, stats.attached), (1, 1, 1));
+        assert!(pool.same_host(&addr));
+        // STATS over TCP, then the local connection.
+        assert_eq!(first.server.stats().connections_opened, 2);
+        let old_name = local_socket_of(&addr).await.unwrap();
+
+        // The node restarts on the same port with a new local socket: the old name is
+        // refused, the pool asks again over TCP and goes local.
+        pool.forget(&addr);
+        first.server.stop().await;
+        let segment = Arc::new(SegmentMemory::allocate(SegmentId::new(5, 6), 1 << 20).unwrap());
+        let table: SegmentTable = Arc::new(parking_lot::RwLock::new(
+            [(segment.id(), segment.clone())].into(),
+        ));
+        let listener = tokio::net::TcpListener::bind(&addr).await.unwrap();
+        let second = DataServer::spawn_with_disk(listener, table, None, Access::default()).unwrap();
+        let (conn, reused) = pool.checkout(&addr).await.unwrap();
+        assert!(!reused && conn.is_local());
+        pool.checkin(conn);
+        assert_eq!((pool.stats().opened, pool.stats().local), (2, 2));
+        let new_name = local_socket_of(&addr).await.unwrap();
+        assert_ne!(new_name, old_name);
+
+        // A node that offers none is reached over TCP, and attached there.
+        let off = fixture(Access {
+            refuse_same_host: true,
+            ..Access::default()
+        })
+        .await;
+        let (conn, _) = pool.checkout(&off.addr()).await.unwrap();
+        assert!(!conn.is_local());
+        pool.checkin(conn);
+        assert!(!pool.same_host(&off.addr()));
+        second.stop().await;
+    })
+    .await
+    .unwrap();
 }

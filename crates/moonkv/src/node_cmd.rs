@@ -82,6 +82,10 @@ pub struct NodeArgs {
     /// memory (root or CAP_SYS_PTRACE). Off: only processes of the node's own user.
     #[arg(long)]
     pub same_host_other_users: bool,
+    /// Listen on no local socket: same-host callers then attach over their TCP connection to
+    /// the loopback address, a round trip slower (`docs/data-plane.md`, *The local socket*).
+    #[arg(long)]
+    pub no_local_socket: bool,
     /// A data-plane connection must send its first byte, finish TLS and its hello and proof
     /// within this long of being accepted, else it is closed.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = positive_duration_flag)]
@@ -166,6 +170,7 @@ impl NodeArgs {
         config.data_max_connections = self.data_max_connections as usize;
         config.refuse_same_host = self.no_same_host;
         config.same_host_other_users = self.same_host_other_users;
+        config.no_local_socket = self.no_local_socket;
         config.data_bind = self.data_bind.clone();
         config.advertise_host = self.advertise_host.clone();
         config.host_id = self.host_id.clone().unwrap_or_else(host_name);

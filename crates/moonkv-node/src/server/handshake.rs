@@ -3,7 +3,7 @@
 //! lets the node copy same-host requests straight to and from the caller's memory.
 
 use super::{respond, Conn, Served, MAX_DRAIN_BYTES};
-use crate::same_host::AttachError;
+use crate::same_host::{local_caller, AttachError, Ends};
 use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use moonkv_dataplane::header::{AttachRequest, DataStatus, RequestHeader};
 use moonkv_proto::auth::NONCE_LEN;
@@ -88,16 +88,37 @@ pub(super) async fn attach(
     let verified = match (ends, AttachRequest::from_header(h)) {
         (_, None) => Err(AttachError::NotAProcessId(h.length)),
         (None, _) => Err(AttachError::Off),
-        (Some(ends), Some(request)) => tokio::task::spawn_blocking(move || {
+        (Some(Ends::Local { socket }), Some(request)) => match local_caller(socket) {
+            Err(why) => Err(why),
+            Ok(caller) => tokio::task::spawn_blocking(move || {
+                crate::same_host::verify_local(
+                    caller,
+                    request.probe_address,
+                    request.probe,
+                    other_users,
+                )
+                .map(|peer| peer.watching(socket))
+            })
+            .await
+            .unwrap_or_else(|e| Err(AttachError::Verification(e))),
+        },
+        (
+            Some(Ends::Tcp {
+                peer,
+                local,
+                socket,
+            }),
+            Some(request),
+        ) => tokio::task::spawn_blocking(move || {
             crate::same_host::verify(
                 request.pid,
-                ends.peer,
-                ends.local,
+                peer,
+                local,
                 request.probe_address,
                 request.probe,
                 other_users,
             )
-            .map(|peer| peer.watching(ends.socket))
+            .map(|peer| peer.watching(socket))
         })
         .await
         .unwrap_or_else(|e| Err(AttachError::Verification(e))),

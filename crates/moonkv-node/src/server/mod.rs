@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::io::{BufReader, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -107,6 +107,9 @@ pub struct Access {
     /// Attach callers of another user too, when the node may reach their memory (it runs as
     /// root or with `CAP_SYS_PTRACE`). Off: only processes of the node's own user are attached.
     pub same_host_other_users: bool,
+    /// Listen on no local socket: callers on this machine attach over TCP to the loopback
+    /// address instead (`docs/data-plane.md`, *The local socket*).
+    pub no_local_socket: bool,
     /// The master this node mounts its segments on, told to callers in STATS answers (so a
     /// standalone client that knows only the node finds the cluster).
     pub master_addr: Option<String>,
@@ -123,6 +126,8 @@ pub(crate) struct Served {
     /// The node's own master client, once it has one: set, it takes same-host puts whole
     /// (PUT_LOCAL) when it checks no secrets and no grants.
     master: std::sync::OnceLock<MasterRoute>,
+    /// The name of the node's local socket (`@` and its abstract name), when it listens on one.
+    local_socket: Option<String>,
 }
 
 /// How the node reaches its master for the puts it takes whole and for its catalog polls: its
@@ -207,6 +212,7 @@ impl Counters {
             get_local: false,
             put_whole: false,
             get_whole: false,
+            local_socket: None,
         }
     }
 }
@@ -243,6 +249,7 @@ impl Served {
         stats.get_local = stats.put_local;
         stats.put_whole = self.put_whole_master().is_some();
         stats.get_whole = stats.put_whole;
+        stats.local_socket = self.local_socket.clone();
         stats
     }
 
@@ -279,6 +286,18 @@ impl DataServer {
     ) -> io::Result<DataServer> {
         let local_addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
+        // Same-host copies are offered only on plain connections, so is the local socket.
+        let offered = !access.refuse_same_host && !access.no_local_socket;
+        let local = if access.tls.is_none() && offered {
+            bind_local()
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "no local socket: callers on this machine use TCP")
+                })
+                .ok()
+        } else {
+            None
+        };
+        let (local_socket, local) = local.unzip();
         let served = Arc::new(Served {
             segments: table,
             disk,
@@ -286,8 +305,9 @@ impl DataServer {
             counters: Counters::default(),
             metrics: Default::default(),
             master: std::sync::OnceLock::new(),
+            local_socket,
         });
-        let task = tokio::spawn(accept_loop(listener, served.clone(), stopped));
+        let task = tokio::spawn(accept_loop(listener, local, served.clone(), stopped));
         Ok(DataServer {
             served,
             local_addr,
@@ -324,44 +344,109 @@ impl DataServer {
     }
 }
 
+/// Binds the node's local socket: a Unix stream socket in the abstract namespace, so it is
+/// reachable from this network namespace only and goes away with the node, under a name no
+/// other process can guess before the node holds it. Returns the name as STATS gives it.
+fn bind_local() -> io::Result<(String, UnixListener)> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("moonkv-node-{:032x}", rand::random::<u128>());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    listener.set_nonblocking(true)?;
+    let listener = UnixListener::from_std(listener)?;
+    Ok((
+        format!("{}{name}", moonkv_dataplane::stream::LOCAL_PREFIX),
+        listener,
+    ))
+}
+
+/// A connection just accepted, on the TCP listener or the local socket.
+enum Accepted {
+    Tcp(TcpStream),
+    Local(UnixStream),
+}
+
+/// The next connection on the local socket, if the node has one (else never).
+async fn accept_local(local: &Option<UnixListener>) -> io::Result<UnixStream> {
+    match local {
+        Some(listener) => listener.accept().await.map(|(stream, _)| stream),
+        None => std::future::pending().await,
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
+    local: Option<UnixListener>,
     served: Arc<Served>,
     mut stopped: watch::Receiver<bool>,
 ) {
     // Dropping the set at the end aborts every connection task.
     let mut connections = JoinSet::new();
     loop {
-        tokio::select! {
+        let (accepted, peer) = tokio::select! {
             _ = stopped.changed() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let open_now = served.counters.open.load(Ordering::Relaxed) as usize;
-                    if served.access.max_connections.is_some_and(|max| open_now >= max) {
-                        tracing::warn!(%peer, open_now, "data-plane connection refused: the node's connection cap is reached");
-                        served.metrics.refused_connection();
-                        drop(stream);
-                        continue;
-                    }
-                    let served = served.clone();
-                    served.counters.opened.fetch_add(1, Ordering::Relaxed);
-                    served.counters.open.fetch_add(1, Ordering::Relaxed);
-                    let open = OpenConnection(served.clone());
-                    connections.spawn(async move {
-                        let _open = open;
-                        if let Err(e) = open_and_serve(stream, served).await {
-                            tracing::debug!(%peer, error = %e, "data-plane connection ended");
-                        }
-                    });
-                }
+                Ok((stream, peer)) => (Accepted::Tcp(stream), peer.to_string()),
                 Err(e) => {
                     tracing::warn!(error = %e, "data-plane accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
                 }
             },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = accept_local(&local) => match accepted {
+                Ok(stream) => (Accepted::Local(stream), "local socket".to_string()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "local socket accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let open_now = served.counters.open.load(Ordering::Relaxed) as usize;
+        if served
+            .access
+            .max_connections
+            .is_some_and(|max| open_now >= max)
+        {
+            tracing::warn!(%peer, open_now, "data-plane connection refused: the node's connection cap is reached");
+            served.metrics.refused_connection();
+            drop(accepted);
+            continue;
         }
+        let served = served.clone();
+        served.counters.opened.fetch_add(1, Ordering::Relaxed);
+        served.counters.open.fetch_add(1, Ordering::Relaxed);
+        let open = OpenConnection(served.clone());
+        connections.spawn(async move {
+            let _open = open;
+            let ended = match accepted {
+                Accepted::Tcp(stream) => open_and_serve(stream, served).await,
+                Accepted::Local(stream) => open_and_serve_local(stream, served).await,
+            };
+            if let Err(e) = ended {
+                tracing::debug!(%peer, error = %e, "data-plane connection ended");
+            }
+        });
     }
+}
+
+/// Serves a connection on the local socket once its caller has sent something (the same
+/// opening deadline as over TCP; no TLS).
+async fn open_and_serve_local(stream: UnixStream, served: Arc<Served>) -> io::Result<()> {
+    let opening_until = tokio::time::Instant::now() + served.access.deadlines.handshake;
+    if tokio::time::timeout_at(opening_until, stream.readable())
+        .await
+        .is_err()
+    {
+        served.metrics.handshake_timed_out();
+        return Ok(());
+    }
+    let ends = crate::same_host::Ends::Local {
+        socket: std::os::fd::AsRawFd::as_raw_fd(&stream),
+    };
+    let stream = Stream::Local(stream);
+    Box::pin(serve_connection(stream, served, Some(ends), opening_until)).await
 }
 
 /// How long a new connection may take to finish its TLS handshake.
@@ -399,7 +484,7 @@ async fn open_and_serve_sending(
     // Same-host copies are offered only on plain connections from this machine.
     let ends = match (stream.peer_addr(), stream.local_addr()) {
         (Ok(peer), Ok(local)) if served.access.tls.is_none() && !served.access.refuse_same_host => {
-            Some(crate::same_host::Ends {
+            Some(crate::same_host::Ends::Tcp {
                 peer,
                 local,
                 socket: std::os::fd::AsRawFd::as_raw_fd(&stream),
