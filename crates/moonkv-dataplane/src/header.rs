@@ -236,6 +236,9 @@ pub struct NodeStats {
     /// Same-host requests served (bytes copied straight to or from a caller on this machine).
     #[serde(default)]
     pub same_host_requests: u64,
+    /// Of `connections_opened`, those accepted on the node's local socket.
+    #[serde(default)]
+    pub local_connections_opened: u64,
     /// The master this node mounts its segments on (`host:port`, or an `etcd://` cluster).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master: Option<String>,

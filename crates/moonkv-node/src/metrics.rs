@@ -260,6 +260,12 @@ impl Collector for NodeCollector {
             "data-plane connections accepted",
             stats.connections_opened,
         )?;
+        counter(
+            e,
+            "node_data_local_connections_opened",
+            "data-plane connections accepted on the node's local socket (callers on this machine)",
+            stats.local_connections_opened,
+        )?;
         gauge(
             e,
             "node_data_connections_open",

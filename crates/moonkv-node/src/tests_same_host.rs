@@ -604,6 +604,12 @@ async fn a_pool_goes_through_the_local_socket_and_learns_a_restarted_nodes_new_o
         assert!(pool.same_host(&addr));
         // STATS over TCP, then the local connection.
         assert_eq!(first.server.stats().connections_opened, 2);
+        assert_eq!(first.server.stats().local_connections_opened, 1);
+        let metrics = first.server.metrics().encode();
+        assert!(
+            metrics.contains("node_data_local_connections_opened_total 1"),
+            "{metrics}"
+        );
         let old_name = local_socket_of(&addr).await.unwrap();
 
         // The node restarts on the same port with a new local socket: the old name is

@@ -22,16 +22,16 @@ OK = 0
 class Up(Server):
     """A `moonkv up` child process (events off, so tests may run side by side)."""
 
-    def __init__(self, size: str = "256MiB", env: dict | None = None) -> None:
+    def __init__(self, size: str = "256MiB", env: dict | None = None, flags: tuple = ()) -> None:
         super().__init__(
             "up", "--rpc-port", "0", "--metrics-port", "0", "--segment-size", size,
-            "--enable-kv-events", "false", env=env,
+            "--enable-kv-events", "false", *flags, env=env,
         )
         self.data: str = self.ready["data"]
         self.admin: str = self.ready["admin"]
 
-    def counter(self, name: str) -> int:
-        with urllib.request.urlopen(f"http://{self.admin}/metrics", timeout=10) as r:
+    def counter(self, name: str, admin: str | None = None) -> int:
+        with urllib.request.urlopen(f"http://{admin or self.admin}/metrics", timeout=10) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith(name + " "):
                     return int(float(line.split()[1]))
@@ -471,3 +471,82 @@ def test_callers_killed_mid_batch_leave_an_event_stream_a_router_can_follow(key)
         sub.close(linger=0)
         ctx.term()
         server.stop()
+
+
+@pytest.mark.parametrize("local_socket", [True, False])
+def test_same_host_callers_reach_the_node_through_its_local_socket(key, local_socket):
+    """Standalone callers on the node's machine connect to its local socket (a Unix socket it
+    names in STATS) and attach there: the same bytes and codes as over TCP, from four threads
+    sharing one store behind a barrier, and from callers SIGKILLed mid-put. With
+    `--no-local-socket` they attach over TCP instead, with the same answers."""
+    flags = ("--node-metrics-addr", "127.0.0.1:0")
+    if not local_socket:
+        flags += ("--no-local-socket",)
+    u = Up(flags=flags)
+    node = u.ready["node_metrics"]
+
+    def local_opened() -> int:
+        return u.counter("node_data_local_connections_opened_total", node)
+
+    try:
+        s = moonkv.MooncakeDistributedStore()
+        assert s.setup_dummy(64 << 20, 1 << 20, u.data) == OK
+        try:
+            pool = s.alloc_from_mem_pool(8 << 20)
+            back = s.alloc_from_mem_pool(8 << 20)
+            copies = u.counter("node_data_same_host_requests_total", node)
+            for size in [1, 4096, 300_001, 4 << 20]:
+                k = f"{key}-{size}"
+                data = pattern(k, size)
+                ctypes.memmove(pool, data, size)
+                assert s.put_from(k, pool, size) == OK
+                ctypes.memset(back, 0, size)
+                assert s.get_into(k, back, size) == size
+                assert ctypes.string_at(back, size) == data
+            assert s.get_into(f"{key}-missing", back, 16) < 0
+            assert u.counter("node_data_same_host_requests_total", node) > copies, (
+                "the bytes were copied straight to and from this process"
+            )
+            opened = local_opened()
+            if local_socket:
+                assert opened >= 1, "the store's connections go through the local socket"
+            else:
+                assert opened == 0
+
+            barrier = threading.Barrier(4)
+            errors: list = []
+
+            def worker(t: int) -> None:
+                try:
+                    mine = s.alloc_from_mem_pool(1 << 20)
+                    barrier.wait(timeout=30)
+                    for i in range(30):
+                        k = f"{key}-t{t}-{i}"
+                        data = pattern(k, 70_000 + i)
+                        ctypes.memmove(mine, data, len(data))
+                        if s.put_from(k, mine, len(data)) != OK:
+                            errors.append(("put", k))
+                        ctypes.memset(mine, 0, len(data))
+                        if s.get_into(k, mine, len(data)) != len(data):
+                            errors.append(("get", k))
+                        elif ctypes.string_at(mine, len(data)) != data:
+                            errors.append(("bytes", k))
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+
+            threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            assert not errors, errors
+        finally:
+            s.close()
+        before = local_opened()
+        kill_long_upserters(u.data, f"{key}-killed", 4 << 20)
+        if local_socket:
+            assert local_opened() > before, "the killed callers came through the local socket"
+        else:
+            assert local_opened() == 0
+    finally:
+        u.stop()

@@ -499,8 +499,8 @@ pub async fn run_stat(args: StatArgs) -> anyhow::Result<()> {
     for (endpoint, stats) in &nodes {
         match stats {
             Ok(s) => println!(
-                "node {endpoint}: {} data-plane connection(s) open, {} opened since start, {} request(s) served ({} as same-host copies)",
-                s.connections_open, s.connections_opened, s.requests, s.same_host_requests
+                "node {endpoint}: {} data-plane connection(s) open, {} opened since start ({} on its local socket), {} request(s) served ({} as same-host copies)",
+                s.connections_open, s.connections_opened, s.local_connections_opened, s.requests, s.same_host_requests
             ),
             Err(e) => println!("node {endpoint}: no data-plane counters ({e})"),
         }

@@ -25,6 +25,10 @@ pub struct UpArgs {
     /// Keep the node's segments on 4 KiB pages (see `moonkv node --no-huge-pages`).
     #[arg(long)]
     no_huge_pages: bool,
+    /// Give the embedded node no local socket: same-host callers attach over TCP (see
+    /// `moonkv node --no-local-socket`).
+    #[arg(long)]
+    no_local_socket: bool,
     /// Data-plane listen address of the embedded node (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     data_bind: String,
@@ -70,6 +74,7 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     node_config.segment_count = args.segment_count;
     node_config.prefault = args.prefault;
     node_config.huge_pages = !args.no_huge_pages;
+    node_config.no_local_socket = args.no_local_socket;
     node_config.data_bind = args.data_bind.clone();
     node_config.host_id = host_name();
     node_config.disk = args.disk.to_config();

@@ -198,6 +198,7 @@ pub(crate) struct Counters {
     open: AtomicU64,
     requests: AtomicU64,
     same_host: AtomicU64,
+    local_opened: AtomicU64,
 }
 
 impl Counters {
@@ -207,6 +208,7 @@ impl Counters {
             connections_open: self.open.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             same_host_requests: self.same_host.load(Ordering::Relaxed),
+            local_connections_opened: self.local_opened.load(Ordering::Relaxed),
             master: None,
             put_local: false,
             get_local: false,
@@ -417,6 +419,9 @@ async fn accept_loop(
         let served = served.clone();
         served.counters.opened.fetch_add(1, Ordering::Relaxed);
         served.counters.open.fetch_add(1, Ordering::Relaxed);
+        if matches!(accepted, Accepted::Local(_)) {
+            served.counters.local_opened.fetch_add(1, Ordering::Relaxed);
+        }
         let open = OpenConnection(served.clone());
         connections.spawn(async move {
             let _open = open;
