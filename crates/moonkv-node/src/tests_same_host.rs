@@ -644,3 +644,48 @@ async fn a_pool_goes_through_the_local_socket_and_learns_a_restarted_nodes_new_o
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn the_local_socket_keeps_the_connection_cap_and_the_opening_deadline() {
+    let mut access = Access {
+        max_connections: Some(2),
+        ..Access::default()
+    };
+    access.deadlines.handshake = Duration::from_millis(300);
+    let f = fixture(access).await;
+    let name = local_socket_of(&f.addr()).await.unwrap();
+    let opened = std::time::Instant::now();
+    let mut held = vec![local_raw_stream(&name).await, local_raw_stream(&name).await];
+    // The node counts a connection once it accepted it; a third is closed at accept, which a
+    // read shows as the end of the stream.
+    let mut refused = false;
+    for _ in 0..50 {
+        let mut extra = local_raw_stream(&name).await;
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(100), extra.read(&mut byte)).await;
+        if matches!(read, Ok(Ok(0))) {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "a third connection was kept open");
+    // The two that never sent a byte are closed at the opening deadline.
+    for stream in &mut held {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(LIMIT, stream.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "closed within the test's limit");
+    }
+    let closed_after = opened.elapsed();
+    assert!(
+        closed_after >= Duration::from_millis(250) && closed_after < Duration::from_secs(5),
+        "closed at the 300 ms deadline: {closed_after:?}"
+    );
+    let text = f.server.metrics().encode();
+    assert!(text.contains("node_handshake_timeouts_total 2"), "{text}");
+    assert!(text.contains("node_refused_connections_total 1"), "{text}");
+    // Once they are gone the node takes local connections again.
+    let mut conn = DataConnection::connect_local(&f.addr(), &name, LIMIT, None)
+        .await
+        .unwrap();
+    assert!(conn.attach(LIMIT).await.unwrap());
+}

@@ -362,6 +362,26 @@ fn bind_local() -> io::Result<(String, UnixListener)> {
     ))
 }
 
+/// Waits until `stream` has a byte to read, or has ended (0), without reading it. A stream
+/// fresh from accept counts as readable until a read finds nothing, so readiness alone
+/// proves nothing: the peek does.
+async fn peek_local(stream: &UnixStream) -> io::Result<usize> {
+    use rustix::net::RecvFlags;
+    loop {
+        stream.readable().await?;
+        let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
+            let mut byte = [0u8; 1];
+            rustix::net::recv(stream, &mut byte[..], RecvFlags::PEEK | RecvFlags::DONTWAIT)
+                .map(|(n, _)| n)
+                .map_err(io::Error::from)
+        });
+        match peeked {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            done => return done,
+        }
+    }
+}
+
 /// A connection just accepted, on the TCP listener or the local socket.
 enum Accepted {
     Tcp(TcpStream),
@@ -440,12 +460,14 @@ async fn accept_loop(
 /// opening deadline as over TCP; no TLS).
 async fn open_and_serve_local(stream: UnixStream, served: Arc<Served>) -> io::Result<()> {
     let opening_until = tokio::time::Instant::now() + served.access.deadlines.handshake;
-    if tokio::time::timeout_at(opening_until, stream.readable())
-        .await
-        .is_err()
-    {
-        served.metrics.handshake_timed_out();
-        return Ok(());
+    match tokio::time::timeout_at(opening_until, peek_local(&stream)).await {
+        Ok(Ok(0)) => return Ok(()),
+        Err(_) => {
+            served.metrics.handshake_timed_out();
+            return Ok(());
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(e),
     }
     let ends = crate::same_host::Ends::Local {
         socket: std::os::fd::AsRawFd::as_raw_fd(&stream),
