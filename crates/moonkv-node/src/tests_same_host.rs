@@ -502,6 +502,19 @@ async fn the_local_socket_attaches_the_process_the_kernel_names_and_serves_same_
         assert_eq!(back, data);
         assert_eq!(f.server.stats().same_host_requests, 2);
 
+        // A local connection that is not attached (as where the kernel refuses the node this
+        // process's memory) carries the bytes over the socket itself, long payloads too.
+        let mut plain = DataConnection::connect_local(&f.addr(), &name, LIMIT, None)
+            .await
+            .unwrap();
+        let long: Vec<u8> = (0..900_000u32).map(|i| (i % 241) as u8).collect();
+        plain.write(id, base + 4096, &long, &[]).await.unwrap();
+        let mut back_long = vec![0u8; long.len()];
+        plain.read(id, base + 4096, &mut back_long, &[]).await.unwrap();
+        assert_eq!(back_long, long);
+        assert_eq!(f.server.stats().same_host_requests, 2, "not as same-host copies");
+        drop(plain);
+
         // The process id an ATTACH names is not what the node goes by over the local socket:
         // naming pid 1 still attaches this process, whose memory holds the probe...
         let mut raw = local_raw_stream(&name).await;
