@@ -281,7 +281,10 @@ impl ConnectionPool {
             .map_err(|_| {
                 crate::connection::transfer_fail(endpoint, "STATS: no answer in time")
             })??;
-        let Some(name) = stats.local_socket else {
+        let Some(name) = stats
+            .local_socket
+            .filter(|name| crate::stream::is_local_name(name))
+        else {
             *entry.local.lock() = LocalSocket::None;
             return Ok(tcp);
         };

@@ -269,6 +269,18 @@ pub async fn connect(
 /// How a node's local socket is named in its STATS answer: `@` and the abstract name.
 pub const LOCAL_PREFIX: char = '@';
 
+/// How every node's local socket name begins (after [`LOCAL_PREFIX`]); 32 hex digits follow.
+pub const LOCAL_NAME_START: &str = "moonkv-node-";
+
+/// Whether `name`, as a STATS answer gives it, names a node's local socket: `@`,
+/// [`LOCAL_NAME_START`] and 32 hex digits. Callers connect to no other name a node gives, so a
+/// node cannot point them at another program's socket.
+pub fn is_local_name(name: &str) -> bool {
+    name.strip_prefix(LOCAL_PREFIX)
+        .and_then(|n| n.strip_prefix(LOCAL_NAME_START))
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Opens a connection to a node's local socket `name` (as its STATS answer gives it: `@` and
 /// an abstract name). Refused (`ECONNREFUSED`) when no socket of that name listens, as after
 /// the node stopped.
@@ -321,5 +333,23 @@ mod tests {
             panic!("a plain connection");
         };
         assert_eq!(rustix::net::sockopt::tcp_user_timeout(&tcp).unwrap(), 0);
+    }
+
+    #[test]
+    fn only_a_node_local_socket_name_is_taken() {
+        assert!(is_local_name(
+            "@moonkv-node-0123456789abcdef0123456789ABCDEF"
+        ));
+        for bad in [
+            "moonkv-node-0123456789abcdef0123456789abcdef",
+            "@moonkv-node-0123456789abcdef0123456789abcde",
+            "@moonkv-node-0123456789abcdef0123456789abcdefa",
+            "@moonkv-node-0123456789abcdef0123456789abcdeg",
+            "@/tmp/.X11-unix/X0",
+            "@",
+            "",
+        ] {
+            assert!(!is_local_name(bad), "{bad:?}");
+        }
     }
 }

@@ -478,6 +478,7 @@ async fn the_local_socket_attaches_the_process_the_kernel_names_and_serves_same_
         let name = local_socket_of(&f.addr()).await.expect("a local socket");
         assert!(name.starts_with("@moonkv-node-"), "{name}");
         assert_eq!(name.len(), "@moonkv-node-".len() + 32, "{name}");
+        assert!(moonkv_dataplane::stream::is_local_name(&name), "{name}");
         let mut conn = DataConnection::connect_local(&f.addr(), &name, LIMIT, None)
             .await
             .unwrap();
@@ -510,9 +511,16 @@ async fn the_local_socket_attaches_the_process_the_kernel_names_and_serves_same_
         let long: Vec<u8> = (0..900_000u32).map(|i| (i % 241) as u8).collect();
         plain.write(id, base + 4096, &long, &[]).await.unwrap();
         let mut back_long = vec![0u8; long.len()];
-        plain.read(id, base + 4096, &mut back_long, &[]).await.unwrap();
+        plain
+            .read(id, base + 4096, &mut back_long, &[])
+            .await
+            .unwrap();
         assert_eq!(back_long, long);
-        assert_eq!(f.server.stats().same_host_requests, 2, "not as same-host copies");
+        assert_eq!(
+            f.server.stats().same_host_requests,
+            2,
+            "not as same-host copies"
+        );
         drop(plain);
 
         // The process id an ATTACH names is not what the node goes by over the local socket:
