@@ -63,8 +63,8 @@ impl DataConnection {
         secret: Option<&Secret>,
         tls: Option<&TlsConnector>,
     ) -> Result<DataConnection> {
-        let opened = async {
-            let mut stream = crate::stream::connect(
+        let connected = async {
+            crate::stream::connect(
                 endpoint,
                 tls,
                 "node",
@@ -74,16 +74,9 @@ impl DataConnection {
             .map_err(|e| match e {
                 ConnectFailure::Tcp(e) => transfer_io_fail(endpoint, "connect failed", e),
                 ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why.to_string()),
-            })?;
-            if let Some(secret) = secret {
-                authenticate(&mut stream, endpoint, secret).await?;
-            }
-            Ok::<_, Error>(stream)
+            })
         };
-        let stream = tokio::time::timeout(timeout, opened)
-            .await
-            .map_err(|_| transfer_fail(endpoint, "connect timed out"))??;
-        Ok(Self::over(stream, endpoint))
+        Self::open(connected, endpoint, timeout, secret, "connect timed out").await
     }
 
     /// Connects to the local socket `name` of the node whose data endpoint is `endpoint` (the
@@ -95,10 +88,26 @@ impl DataConnection {
         timeout: Duration,
         secret: Option<&Secret>,
     ) -> Result<DataConnection> {
-        let opened = async {
-            let mut stream = crate::stream::connect_local(name).await.map_err(|e| {
+        let connected = async {
+            crate::stream::connect_local(name).await.map_err(|e| {
                 transfer_io_fail(endpoint, &format!("connect to local socket {name}"), e)
-            })?;
+            })
+        };
+        let late = "connect to local socket timed out";
+        Self::open(connected, endpoint, timeout, secret, late).await
+    }
+
+    /// A connection over the stream `connected` gives, after the handshake when there is a
+    /// `secret`; both within `timeout` (else `late` says what timed out).
+    async fn open(
+        connected: impl std::future::Future<Output = Result<Stream>>,
+        endpoint: &str,
+        timeout: Duration,
+        secret: Option<&Secret>,
+        late: &str,
+    ) -> Result<DataConnection> {
+        let opened = async {
+            let mut stream = connected.await?;
             if let Some(secret) = secret {
                 authenticate(&mut stream, endpoint, secret).await?;
             }
@@ -106,12 +115,8 @@ impl DataConnection {
         };
         let stream = tokio::time::timeout(timeout, opened)
             .await
-            .map_err(|_| transfer_fail(endpoint, "connect to local socket timed out"))??;
-        Ok(Self::over(stream, endpoint))
-    }
-
-    fn over(stream: Stream, endpoint: &str) -> DataConnection {
-        DataConnection {
+            .map_err(|_| transfer_fail(endpoint, late))??;
+        Ok(DataConnection {
             whole_mark: None,
             stream,
             endpoint: endpoint.to_string(),
@@ -121,7 +126,7 @@ impl DataConnection {
             permit: None,
             _open: None,
             whole_left: 0,
-        }
+        })
     }
 
     /// Whether this connection is plain TCP to a loopback address.

@@ -505,28 +505,20 @@ fn peer_pid(socket: BorrowedFd<'_>) -> io::Result<Pid> {
 /// `ENOPROTOOPT`, as from an older kernel).
 fn peer_pidfd(socket: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     use std::os::fd::FromRawFd;
-    #[cfg(any(
+    // The option's number in the kernel's generic socket options, which these use.
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let generic = cfg!(any(
         target_arch = "x86_64",
         target_arch = "x86",
         target_arch = "aarch64",
         target_arch = "arm",
         target_arch = "riscv64",
         target_arch = "loongarch64"
-    ))]
-    const SO_PEERPIDFD: Option<libc::c_int> = Some(77);
-    #[cfg(not(any(
-        target_arch = "x86_64",
-        target_arch = "x86",
-        target_arch = "aarch64",
-        target_arch = "arm",
-        target_arch = "riscv64",
-        target_arch = "loongarch64"
-    )))]
-    const SO_PEERPIDFD: Option<libc::c_int> = None;
-    let Some(option) = SO_PEERPIDFD else {
+    ));
+    if !generic {
         return Err(io::Error::from_raw_os_error(libc::ENOPROTOOPT));
-    };
-    let fd: libc::c_int = socket_option(socket, option, -1)?;
+    }
+    let fd: libc::c_int = socket_option(socket, SO_PEERPIDFD, -1)?;
     if fd < 0 {
         return Err(io::Error::other("SO_PEERPIDFD gave no descriptor"));
     }

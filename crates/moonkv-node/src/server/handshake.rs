@@ -3,7 +3,7 @@
 //! lets the node copy same-host requests straight to and from the caller's memory.
 
 use super::{respond, Conn, Served, MAX_DRAIN_BYTES};
-use crate::same_host::{local_caller, AttachError, Ends};
+use crate::same_host::{local_caller, AttachError, Ends, Peer};
 use moonkv_dataplane::handshake::{self, Answer, Mode, HELLO_LEN, HELLO_MAGIC, PROOF_LEN};
 use moonkv_dataplane::header::{AttachRequest, DataStatus, RequestHeader};
 use moonkv_proto::auth::NONCE_LEN;
@@ -73,6 +73,17 @@ pub(super) async fn refuse_connection(
     ))
 }
 
+/// Runs the blocking `check` of a caller on a blocking thread; the caller it passes is watched
+/// on `socket`, its connection's.
+async fn off_thread(
+    socket: std::os::fd::RawFd,
+    check: impl FnOnce() -> Result<Peer, AttachError> + Send + 'static,
+) -> Result<Peer, AttachError> {
+    tokio::task::spawn_blocking(move || check().map(|peer| peer.watching(socket)))
+        .await
+        .unwrap_or_else(|e| Err(AttachError::Verification(e)))
+}
+
 /// Answers an ATTACH request: verifies that the process it names is the caller at the other
 /// end of this connection and that its memory can be reached (see [`crate::same_host`]).
 /// Returns the attached caller, or `None` (answered `LOCAL_REFUSED`) when same-host copies are
@@ -90,17 +101,13 @@ pub(super) async fn attach(
         (None, _) => Err(AttachError::Off),
         (Some(Ends::Local { socket }), Some(request)) => match local_caller(socket) {
             Err(why) => Err(why),
-            Ok(caller) => tokio::task::spawn_blocking(move || {
-                crate::same_host::verify_local(
-                    caller,
-                    request.probe_address,
-                    request.probe,
-                    other_users,
-                )
-                .map(|peer| peer.watching(socket))
-            })
-            .await
-            .unwrap_or_else(|e| Err(AttachError::Verification(e))),
+            Ok(caller) => {
+                off_thread(socket, move || {
+                    let (address, probe) = (request.probe_address, request.probe);
+                    crate::same_host::verify_local(caller, address, probe, other_users)
+                })
+                .await
+            }
         },
         (
             Some(Ends::Tcp {
@@ -109,19 +116,13 @@ pub(super) async fn attach(
                 socket,
             }),
             Some(request),
-        ) => tokio::task::spawn_blocking(move || {
-            crate::same_host::verify(
-                request.pid,
-                peer,
-                local,
-                request.probe_address,
-                request.probe,
-                other_users,
-            )
-            .map(|peer| peer.watching(socket))
-        })
-        .await
-        .unwrap_or_else(|e| Err(AttachError::Verification(e))),
+        ) => {
+            off_thread(socket, move || {
+                let (address, probe) = (request.probe_address, request.probe);
+                crate::same_host::verify(request.pid, peer, local, address, probe, other_users)
+            })
+            .await
+        }
     };
     match verified {
         Ok(peer) => {

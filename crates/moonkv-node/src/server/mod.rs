@@ -458,20 +458,31 @@ async fn accept_loop(
 /// opening deadline as over TCP; no TLS).
 async fn open_and_serve_local(stream: UnixStream, served: Arc<Served>) -> io::Result<()> {
     let opening_until = tokio::time::Instant::now() + served.access.deadlines.handshake;
-    match tokio::time::timeout_at(opening_until, peek_local(&stream)).await {
-        Ok(Ok(0)) => return Ok(()),
-        Err(_) => {
-            served.metrics.handshake_timed_out();
-            return Ok(());
-        }
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(e),
+    if !first_byte(peek_local(&stream), &served, opening_until).await? {
+        return Ok(());
     }
     let ends = crate::same_host::Ends::Local {
         socket: std::os::fd::AsRawFd::as_raw_fd(&stream),
     };
     let stream = Stream::Local(stream);
     Box::pin(serve_connection(stream, served, Some(ends), opening_until)).await
+}
+
+/// Whether a new connection's first byte came (`peeked`, without reading it) by
+/// `opening_until`; `false` when it ended first or the deadline passed (counted).
+async fn first_byte(
+    peeked: impl std::future::Future<Output = io::Result<usize>>,
+    served: &Served,
+    opening_until: tokio::time::Instant,
+) -> io::Result<bool> {
+    match tokio::time::timeout_at(opening_until, peeked).await {
+        Ok(Ok(n)) => Ok(n > 0),
+        Err(_) => {
+            served.metrics.handshake_timed_out();
+            Ok(false)
+        }
+        Ok(Err(e)) => Err(e),
+    }
 }
 
 /// How long a new connection may take to finish its TLS handshake.
@@ -488,14 +499,8 @@ async fn open_and_serve(stream: TcpStream, served: Arc<Served>) -> io::Result<()
     // The first byte, TLS, and the hello and proof must all be done by this instant.
     let opening_until = tokio::time::Instant::now() + served.access.deadlines.handshake;
     let mut first = [0u8; 1];
-    match tokio::time::timeout_at(opening_until, stream.peek(&mut first)).await {
-        Ok(Ok(0)) => return Ok(()),
-        Err(_) => {
-            served.metrics.handshake_timed_out();
-            return Ok(());
-        }
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(e),
+    if !first_byte(stream.peek(&mut first), &served, opening_until).await? {
+        return Ok(());
     }
     Box::pin(open_and_serve_sending(stream, served, opening_until)).await
 }
