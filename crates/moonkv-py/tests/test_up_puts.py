@@ -550,3 +550,43 @@ def test_same_host_callers_reach_the_node_through_its_local_socket(key, local_so
             assert local_opened() == 0
     finally:
         u.stop()
+
+
+def test_stores_made_and_dropped_in_a_loop_leave_no_local_connections_behind(key):
+    """Stores set up against a node on this machine, used through its local socket, then
+    closed or merely dropped, twenty times over: every connection they opened closes again,
+    and the node keeps serving."""
+    import gc
+
+    u = Up(flags=("--node-metrics-addr", "127.0.0.1:0"))
+    node = u.ready["node_metrics"]
+    try:
+        baseline = u.counter("node_data_connections_open", node)
+        for i in range(20):
+            s = moonkv.MooncakeDistributedStore()
+            assert s.setup_dummy(16 << 20, 1 << 20, u.data) == OK
+            buf = s.alloc_from_mem_pool(1 << 20)
+            data = pattern(f"{key}-{i}", 300_000)
+            ctypes.memmove(buf, data, len(data))
+            assert s.put_from(f"{key}-{i}", buf, len(data)) == OK
+            ctypes.memset(buf, 0, len(data))
+            assert s.get_into(f"{key}-{i}", buf, len(data)) == len(data)
+            assert ctypes.string_at(buf, len(data)) == data
+            if i % 2 == 0:
+                s.close()
+            del s
+            gc.collect()
+        assert u.counter("node_data_local_connections_opened_total", node) >= 20
+        deadline = time.monotonic() + 30
+        while u.counter("node_data_connections_open", node) > baseline:
+            assert time.monotonic() < deadline, (
+                f"{u.counter('node_data_connections_open', node)} connections still open, "
+                f"{baseline} before the stores"
+            )
+            time.sleep(0.05)
+        s = moonkv.MooncakeDistributedStore()
+        assert s.setup_dummy(16 << 20, 1 << 20, u.data) == OK
+        assert s.is_exist(f"{key}-19") == 1
+        s.close()
+    finally:
+        u.stop()
