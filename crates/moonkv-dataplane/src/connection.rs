@@ -144,15 +144,11 @@ impl DataConnection {
     /// this process's memory (`crate::same_host`). Only tried over the node's local socket or
     /// plain TCP to a loopback address; `Ok(false)` when not tried or when the node declines
     /// (an older node, one started with same-host copies off, or one that cannot reach this
-    /// process), and the connection then carries bytes over the socket as before. `Err` only when the connection
-    /// itself failed.
+    /// process), and the connection then carries bytes over the socket as before. `Err` only
+    /// when the connection itself failed.
     pub async fn attach(&mut self, timeout: Duration) -> Result<bool> {
         let socket = match &self.stream {
-            Stream::Plain(tcp)
-                if tcp
-                    .peer_addr()
-                    .is_ok_and(|peer| peer.ip().to_canonical().is_loopback()) =>
-            {
+            Stream::Plain(tcp) if self.on_loopback() => {
                 std::os::fd::AsFd::as_fd(tcp).try_clone_to_owned()
             }
             Stream::Local(unix) => std::os::fd::AsFd::as_fd(unix).try_clone_to_owned(),
