@@ -142,6 +142,7 @@ async fn echo(stream: tokio::net::TcpStream) -> anyhow::Result<()> {
                     challenge: None,
                     server_proof: None,
                     admin_addr: None,
+                    local_socket: None,
                 };
                 frame::encode_ok(&mut output, f.request_id, &ack)?;
             } else {

@@ -266,19 +266,17 @@ pub async fn connect(
     }
 }
 
-/// How a node's local socket is named in its STATS answer: `@` and the abstract name.
-pub const LOCAL_PREFIX: char = '@';
+/// How a local socket's name is written: `@`, then the abstract name.
+pub const LOCAL_PREFIX: char = moonkv_proto::local_socket::PREFIX;
 
 /// How every node's local socket name begins (after [`LOCAL_PREFIX`]); 32 hex digits follow.
-pub const LOCAL_NAME_START: &str = "moonkv-node-";
+pub const LOCAL_NAME_START: &str = moonkv_proto::local_socket::NODE;
 
 /// Whether `name`, as a STATS answer gives it, names a node's local socket: `@`,
 /// [`LOCAL_NAME_START`] and 32 hex digits. Callers connect to no other name a node gives, so a
 /// node cannot point them at another program's socket.
 pub fn is_local_name(name: &str) -> bool {
-    name.strip_prefix(LOCAL_PREFIX)
-        .and_then(|n| n.strip_prefix(LOCAL_NAME_START))
-        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    moonkv_proto::local_socket::is_name(name, LOCAL_NAME_START)
 }
 
 /// Opens a connection to a node's local socket `name` (as its STATS answer gives it: `@` and

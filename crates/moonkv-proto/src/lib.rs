@@ -22,6 +22,7 @@ pub mod grant;
 pub mod ha;
 pub mod ids;
 pub mod local;
+pub mod local_socket;
 pub mod msg;
 pub mod tls;
 pub mod types;

@@ -662,6 +662,11 @@ pub struct HelloAck {
     /// find `/metrics` and friends; absent from masters that do not announce it.
     #[serde(default)]
     pub admin_addr: Option<String>,
+    /// The master's local socket (`crate::local_socket`, written `@moonkv-master-…`): callers
+    /// on its machine may reconnect there and say hello again. Absent from masters that offer
+    /// none (TLS, `rpc_local_socket` off, older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_socket: Option<String>,
 }
 
 #[cfg(test)]

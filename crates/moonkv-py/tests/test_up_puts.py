@@ -590,3 +590,64 @@ def test_stores_made_and_dropped_in_a_loop_leave_no_local_connections_behind(key
         s.close()
     finally:
         u.stop()
+
+
+@pytest.mark.parametrize("same_host", ["1", "0"])
+def test_callers_on_the_masters_machine_call_it_through_its_local_socket(key, monkeypatch, same_host):
+    """A store given the master's address on this machine reconnects to the master's local
+    socket: `is_exist`, puts, gets and removes answer as over TCP, from four threads sharing the
+    store behind a barrier, and the master counts the connection. A store with same-host copies
+    off (`MOONKV_SAME_HOST=0`, standing for a caller on another host) keeps to TCP, as does
+    every store of a master started with `--no-local-socket`."""
+    monkeypatch.setenv("MOONKV_SAME_HOST", same_host)
+    for local_socket in (True, False):
+        u = Up(flags=() if local_socket else ("--no-local-socket",))
+        try:
+            # The embedded node's own master client counts too: measure from here.
+            before = u.counter("master_rpc_local_connections_opened_total")
+            s = moonkv.MooncakeDistributedStore()
+            assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", u.ready["rpc"]) == OK
+            try:
+                k = f"{key}-{int(local_socket)}"
+                assert s.is_exist(k) == 0
+                assert s.put(k, b"v" * 5000) == OK
+                assert s.is_exist(k) == 1
+                assert s.get(k) == b"v" * 5000
+                barrier = threading.Barrier(4)
+                errors: list = []
+
+                def worker(t: int) -> None:
+                    try:
+                        barrier.wait(timeout=30)
+                        for i in range(40):
+                            name = f"{k}-t{t}-{i}"
+                            if s.put(name, pattern(name, 3000)) != OK:
+                                errors.append(("put", name))
+                            if s.is_exist(name) != 1:
+                                errors.append(("exists", name))
+                            # Forced: the put's lease does not hold the remove back.
+                            if s.remove(name, True) != OK:
+                                errors.append(("remove", name))
+                            if s.is_exist(name) != 0:
+                                errors.append(("gone", name))
+                    except Exception as e:  # noqa: BLE001
+                        errors.append(e)
+
+                threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(timeout=120)
+                assert not errors, errors[:5]
+                # The get holds a read lease; a forced remove does not wait for it.
+                assert s.remove(k, True) == OK
+                assert s.is_exist(k) == 0
+            finally:
+                s.close()
+            opened = u.counter("master_rpc_local_connections_opened_total") - before
+            if local_socket and same_host == "1":
+                assert opened >= 1, "the store's master connection is the local socket"
+            else:
+                assert opened == 0, "the store kept to TCP"
+        finally:
+            u.stop()

@@ -63,6 +63,7 @@ async fn serve(stream: tokio::net::TcpStream, handler: Handler) {
                         challenge: None,
                         server_proof: None,
                         admin_addr: None,
+                        local_socket: None,
                     };
                     frame::encode_ok(&mut out, 0, &ack).unwrap();
                     writer.lock().await.write_all(&out).await.unwrap();

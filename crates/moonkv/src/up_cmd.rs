@@ -25,8 +25,9 @@ pub struct UpArgs {
     /// Keep the node's segments on 4 KiB pages (see `moonkv node --no-huge-pages`).
     #[arg(long)]
     no_huge_pages: bool,
-    /// Give the embedded node no local socket: same-host callers attach over TCP (see
-    /// `moonkv node --no-local-socket`).
+    /// Give the embedded node and the master no local socket: same-host callers attach and
+    /// call the master over TCP (see `moonkv node --no-local-socket` and the master's
+    /// `--rpc-local-socket`).
     #[arg(long)]
     no_local_socket: bool,
     /// Data-plane listen address of the embedded node (port 0 picks a free port).
@@ -47,6 +48,7 @@ impl UpArgs {
         base.kv_events.enabled = true;
         base.kv_events.bind_endpoint = "tcp://127.0.0.1:5557".into();
         base.kv_events.backend_id = "moonkv-local".into();
+        base.rpc_local_socket = !self.no_local_socket;
         self.master.to_config(base)
     }
 }

@@ -1,10 +1,11 @@
-//! One multiplexed TCP (optionally TLS) connection to the master: an outbox, a reader task and
-//! the map of requests waiting for their response.
+//! One multiplexed connection to the master (TCP, TLS, or the master's local socket): an
+//! outbox, a reader task and the map of requests waiting for their response.
 //!
 //! A caller's request frame goes onto the socket from the caller's own thread when nothing is
-//! queued before it and the socket takes it at once (plain TCP); otherwise it joins the outbox,
-//! which the writer task drains in order, coalescing what queued up into one write. The
-//! direct path saves a task wake-up (a hop to another thread) on every round trip.
+//! queued before it and the socket takes it at once (plain TCP or the local socket); otherwise
+//! it joins the outbox, which the writer task drains in order, coalescing what queued up into
+//! one write. The direct path saves a task wake-up (a hop to another thread) on every round
+//! trip.
 
 use super::handshake::{Handshake, Step};
 use super::MAX_RESPONSE_BYTES;
@@ -18,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{oneshot, Notify};
 
 /// A response as it came off the wire: status code and MessagePack body.
@@ -37,10 +37,15 @@ pub(crate) struct Connection {
     tasks: [tokio::task::AbortHandle; 2],
     /// Largest frame the server accepts.
     pub max_frame_bytes: u32,
+    /// The master's local socket, when it offered one over a plain TCP connection to a
+    /// loopback address (so from this machine): a connection there may replace this one.
+    pub local_offer: Option<String>,
+    /// Whether this connection is to the master's local socket.
+    pub is_local: bool,
 }
 
 impl Connection {
-    /// Connects, performs the hello exchange and starts the reader and writer tasks.
+    /// Connects to `addr`, performs the hello exchange and starts the reader and writer tasks.
     pub async fn open(
         addr: &str,
         client_name: &str,
@@ -64,17 +69,58 @@ impl Connection {
             ),
         )
         .await
-        .map_err(|_| {
-            Error::new(
-                ErrorCode::RPC_TIMEOUT,
-                format!("connecting to the master at {addr} timed out"),
-            )
-        })?
+        .map_err(|_| timed_out(addr))?
         .map_err(|e| match e {
             ConnectFailure::Tcp(e) => fail("connect", &e),
             // A TLS mismatch does not get better by retrying.
             ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why.to_string()),
         })?;
+        let from_here = match &stream {
+            Stream::Plain(tcp) => tcp.peer_addr().is_ok_and(|a| a.ip().is_loopback()),
+            _ => false,
+        };
+        let mut conn = Self::hello(stream, addr, client_name, connect_timeout, secret).await?;
+        if !from_here {
+            conn.local_offer = None;
+        }
+        Ok(conn)
+    }
+
+    /// Connects to the master's local socket `name` (as a hello answer gives it), then as
+    /// [`Connection::open`]: the same hello, the same proof when the master asks for one.
+    pub async fn open_local(
+        name: &str,
+        client_name: &str,
+        connect_timeout: Duration,
+        secret: Option<&moonkv_proto::auth::Secret>,
+    ) -> Result<Connection> {
+        let stream = tokio::time::timeout(
+            connect_timeout,
+            moonkv_dataplane::stream::connect_local(name),
+        )
+        .await
+        .map_err(|_| timed_out(name))?
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::RPC_FAIL,
+                format!("cannot reach the master at its local socket {name}: {e}"),
+            )
+        })?;
+        let mut conn = Self::hello(stream, name, client_name, connect_timeout, secret).await?;
+        conn.local_offer = None;
+        Ok(conn)
+    }
+
+    /// The hello exchange on a fresh `stream` to `addr`; starts the reader and writer tasks.
+    async fn hello(
+        stream: Stream,
+        addr: &str,
+        client_name: &str,
+        connect_timeout: Duration,
+        secret: Option<&moonkv_proto::auth::Secret>,
+    ) -> Result<Connection> {
+        let is_local = matches!(stream, Stream::Local(_));
+        let plain = matches!(stream, Stream::Plain(_));
         let (mut reader, mut writer) = split(stream);
 
         let mut buf = Vec::with_capacity(4096);
@@ -117,12 +163,19 @@ impl Connection {
             alive.clone(),
         ));
         let tasks = [writer_task.abort_handle(), reader_task.abort_handle()];
+        // Only a plain connection's offer is taken: with TLS the master offers none, and a
+        // caller that asked for TLS keeps it.
+        let local_offer = ack
+            .local_socket
+            .filter(|name| plain && moonkv_proto::local_socket::is_name(name, MASTER_SOCKET));
         Ok(Connection {
             outbox,
             pending,
             alive,
             tasks,
             max_frame_bytes: ack.max_frame_bytes,
+            local_offer,
+            is_local,
         })
     }
 
@@ -173,6 +226,16 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// How a master's local socket name begins.
+const MASTER_SOCKET: &str = moonkv_proto::local_socket::MASTER;
+
+fn timed_out(addr: &str) -> Error {
+    Error::new(
+        ErrorCode::RPC_TIMEOUT,
+        format!("connecting to the master at {addr} timed out"),
+    )
 }
 
 fn fail_all(pending: &Mutex<HashMap<u64, Waiter>>, why: &str) {
@@ -256,11 +319,34 @@ async fn read_more(reader: &mut Reader, buf: &mut Vec<u8>, addr: &str) -> Result
 /// Reading half of a master connection.
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
 
-/// Writing half of a master connection: plain TCP can also be written from any thread without
-/// waiting (`try_write`), TLS only through its stream.
+/// Writing half of a master connection: plain TCP and the local socket can also be written
+/// from any thread without waiting (`try_write`), TLS only through its stream.
 enum Writer {
-    Plain(Arc<OwnedWriteHalf>),
+    Plain(Direct),
     Other(Box<dyn AsyncWrite + Send + Unpin>),
+}
+
+/// A socket's writing half that any thread may write to without waiting.
+#[derive(Clone)]
+enum Direct {
+    Tcp(Arc<tokio::net::tcp::OwnedWriteHalf>),
+    Local(Arc<tokio::net::unix::OwnedWriteHalf>),
+}
+
+impl Direct {
+    fn try_write(&self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Direct::Tcp(half) => half.try_write(bytes),
+            Direct::Local(half) => half.try_write(bytes),
+        }
+    }
+
+    async fn writable(&self) -> std::io::Result<()> {
+        match self {
+            Direct::Tcp(half) => half.writable().await,
+            Direct::Local(half) => half.writable().await,
+        }
+    }
 }
 
 impl Writer {
@@ -282,7 +368,7 @@ impl Writer {
         }
     }
 
-    fn direct(&self) -> Option<Arc<OwnedWriteHalf>> {
+    fn direct(&self) -> Option<Direct> {
         match self {
             Writer::Plain(half) => Some(half.clone()),
             Writer::Other(_) => None,
@@ -290,12 +376,22 @@ impl Writer {
     }
 }
 
-/// Halves that tasks can own; plain TCP splits without a lock.
+/// Halves that tasks can own; plain TCP and Unix sockets split without a lock.
 fn split(stream: Stream) -> (Reader, Writer) {
     match stream {
         Stream::Plain(tcp) => {
             let (reader, writer) = tcp.into_split();
-            (Box::new(reader), Writer::Plain(Arc::new(writer)))
+            (
+                Box::new(reader),
+                Writer::Plain(Direct::Tcp(Arc::new(writer))),
+            )
+        }
+        Stream::Local(unix) => {
+            let (reader, writer) = unix.into_split();
+            (
+                Box::new(reader),
+                Writer::Plain(Direct::Local(Arc::new(writer))),
+            )
         }
         #[allow(unreachable_patterns)]
         tls => {
@@ -310,8 +406,9 @@ struct Outbox {
     state: Mutex<Queued>,
     /// Wakes the writer task when bytes are queued.
     wake: Notify,
-    /// The socket itself, for frames written from the caller's thread (plain TCP).
-    direct: Option<Arc<OwnedWriteHalf>>,
+    /// The socket itself, for frames written from the caller's thread (plain TCP, local
+    /// socket).
+    direct: Option<Direct>,
 }
 
 #[derive(Default)]

@@ -102,6 +102,7 @@ mod tests {
             challenge,
             server_proof,
             admin_addr: None,
+            local_socket: None,
         }
     }
 

@@ -65,6 +65,9 @@ pub struct MasterClientConfig {
     /// Connect with TLS, verifying the master against this CA (`MOONKV_TLS_CA_FILE` by
     /// default); `None` = plain TCP.
     pub tls: Option<moonkv_dataplane::stream::TlsClientConfig>,
+    /// Reconnect to the master's local socket when it offers one and this process is on its
+    /// machine (it was reached on a loopback address); on by default. Never with TLS.
+    pub local_socket: bool,
 }
 
 impl MasterClientConfig {
@@ -80,6 +83,7 @@ impl MasterClientConfig {
             ping_interval: Duration::from_secs(1),
             auth_secret: crate::util::secret_from_env(),
             tls: moonkv_dataplane::stream::TlsClientConfig::from_env(),
+            local_socket: true,
         }
     }
 }
@@ -99,6 +103,11 @@ struct Inner {
     /// `config.tls`, loaded (or why it could not be).
     tls: std::result::Result<Option<moonkv_dataplane::stream::TlsConnector>, String>,
     conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    /// The local socket the master at an address offered (address, name): reconnects go
+    /// there first.
+    local: Mutex<Option<(String, String)>>,
+    /// Whether the live connection is to the master's local socket.
+    over_local: std::sync::atomic::AtomicBool,
     next_request_id: AtomicU64,
     segments: Mutex<Vec<Segment>>,
     heartbeat: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -160,6 +169,8 @@ impl MasterClient {
                     .map_err(|e| e.to_string()),
                 config,
                 conn: tokio::sync::Mutex::new(None),
+                local: Mutex::new(None),
+                over_local: std::sync::atomic::AtomicBool::new(false),
                 next_request_id: AtomicU64::new(1),
                 segments: Mutex::new(Vec::new()),
                 heartbeat: Mutex::new(None),
@@ -187,6 +198,35 @@ impl MasterClient {
     /// The configuration in use.
     pub fn config(&self) -> &MasterClientConfig {
         &self.inner.config
+    }
+
+    /// Whether the live connection is to the master's local socket (false before the first).
+    pub fn over_local_socket(&self) -> bool {
+        self.inner
+            .over_local
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Opens a connection to the master's local socket `name`.
+    async fn open_local(&self, name: &str) -> Result<Connection> {
+        let config = &self.inner.config;
+        Connection::open_local(
+            name,
+            &config.client_name,
+            config.connect_timeout,
+            config.auth_secret.as_ref(),
+        )
+        .await
+    }
+
+    /// Makes `conn` the live connection.
+    fn install(&self, slot: &mut Option<Arc<Connection>>, conn: Connection) -> Arc<Connection> {
+        self.inner
+            .over_local
+            .store(conn.is_local, std::sync::atomic::Ordering::Relaxed);
+        let conn = Arc::new(conn);
+        *slot = Some(conn.clone());
+        conn
     }
 
     /// Returns the live connection, opening a new one (with backoff between attempts) if needed.
@@ -229,6 +269,22 @@ impl MasterClient {
                     }
                 },
             };
+            let use_local = config.local_socket && tls.is_none();
+            let known = match &*self.inner.local.lock() {
+                Some((at, name)) if use_local && *at == addr => Some(name.clone()),
+                _ => None,
+            };
+            if let Some(name) = known {
+                // The master offered its local socket before: straight there.
+                match self.open_local(&name).await {
+                    Ok(conn) => return Ok(self.install(&mut slot, conn)),
+                    Err(e) => {
+                        // A restarted master has another name: it is learnt again over TCP.
+                        tracing::debug!(socket = %name, error = %e, "the master's local socket is gone");
+                        *self.inner.local.lock() = None;
+                    }
+                }
+            }
             match Connection::open(
                 &addr,
                 &config.client_name,
@@ -239,9 +295,19 @@ impl MasterClient {
             .await
             {
                 Ok(conn) => {
-                    let conn = Arc::new(conn);
-                    *slot = Some(conn.clone());
-                    return Ok(conn);
+                    let offer = conn.local_offer.clone().filter(|_| use_local);
+                    if let Some(name) = offer {
+                        match self.open_local(&name).await {
+                            Ok(local) => {
+                                *self.inner.local.lock() = Some((addr.clone(), name));
+                                return Ok(self.install(&mut slot, local));
+                            }
+                            Err(e) => {
+                                tracing::debug!(socket = %name, error = %e, "the master's local socket refused; staying on TCP");
+                            }
+                        }
+                    }
+                    return Ok(self.install(&mut slot, conn));
                 }
                 Err(e) => {
                     tracing::debug!(%addr, attempt, error = %e, "master connect failed");

@@ -195,6 +195,8 @@ impl Store {
         master_config.connect_timeout = config.connect_timeout;
         master_config.auth_secret = config.auth_secret.clone();
         master_config.tls = config.tls.clone();
+        // A caller standing for one on another host (same-host copies off) keeps to TCP.
+        master_config.local_socket = config.same_host;
         let tls = moonkv_dataplane::stream::TlsConnector::load_if_set(config.tls.as_ref())
             .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, format!("TLS settings: {e}")))?;
         let master = MasterClient::lazy(master_config);

@@ -80,6 +80,11 @@ impl MasterHandle {
         self.rpc_addr
     }
 
+    /// The local socket RPC is also served on (`@moonkv-master-…`), when there is one.
+    pub fn local_socket(&self) -> Option<&str> {
+        self.rpc.local_socket.as_deref()
+    }
+
     /// Address the admin HTTP server listens on.
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_addr
@@ -211,6 +216,20 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle, StartError> {
             source,
         })?;
     let (stop, stop_rx) = watch::channel(false);
+    // Callers on this machine reach the master through a local socket, when the port is plain.
+    let local = if config.rpc_local_socket && tls.is_none() {
+        match moonkv_proto::local_socket::bind(moonkv_proto::local_socket::MASTER)
+            .and_then(|(name, l)| Ok((name, tokio::net::UnixListener::from_std(l)?)))
+        {
+            Ok(bound) => Some(bound),
+            Err(e) => {
+                tracing::warn!(error = %e, "no local socket for callers on this machine; they use the RPC port");
+                None
+            }
+        }
+    } else {
+        None
+    };
 
     let shared = Arc::new(rpc::RpcShared {
         gate: gate.clone(),
@@ -227,6 +246,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle, StartError> {
             metrics.connection_metrics(),
         ),
         admin_addr: Some(admin_addr.to_string()),
+        local_socket: local.as_ref().map(|(name, _)| name.clone()),
         secret: config.auth_secret.clone(),
         node_secret: config
             .auth_secret
@@ -237,6 +257,10 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle, StartError> {
         catalog,
     });
     let rpc_task = tokio::spawn(rpc::serve(rpc_listener, shared.clone(), stop_rx.clone()));
+    let local_task = local.map(|(name, listener)| {
+        tracing::info!(socket = %name, "RPC also served on a local socket");
+        tokio::spawn(rpc::serve_local(listener, shared.clone(), stop_rx.clone()))
+    });
 
     let state = admin::AdminState {
         gate: gate.clone(),
@@ -261,6 +285,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle, StartError> {
     let maintenance =
         spawn_maintenance(gate.clone(), maintenance_stop.clone()).map_err(StartError::Thread)?;
     let mut tasks = vec![rpc_task, admin_task];
+    tasks.extend(local_task);
     if let Some(settings) = ha_settings {
         let me = ha::Advertised {
             rpc_addr: rpc_addr.to_string(),

@@ -43,6 +43,7 @@ type Labels = Vec<(&'static str, &'static str)>;
 pub(crate) struct ConnectionMetrics {
     open: Family<Labels, Gauge>,
     closed: Family<Labels, Counter>,
+    local_opened: Counter,
 }
 
 impl ConnectionMetrics {
@@ -58,7 +59,17 @@ impl ConnectionMetrics {
             "RPC connections closed before their handshake finished, by reason: deadline (handshake_timeout passed), evicted (a newer connection needed the handshake place) or refused (every place held by connections too young to evict)",
             m.closed.clone(),
         );
+        registry.register(
+            "master_rpc_local_connections_opened",
+            "RPC connections accepted on the master's local socket (callers on this machine)",
+            m.local_opened.clone(),
+        );
         m
+    }
+
+    /// Counts a connection accepted on the local socket.
+    pub(crate) fn local_opened(&self) {
+        self.local_opened.inc();
     }
 
     fn open(&self, state: &'static str) -> Gauge {

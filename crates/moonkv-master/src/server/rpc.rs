@@ -33,6 +33,9 @@ pub(crate) struct RpcShared {
     pub connections: Arc<Connections>,
     /// Announced in every hello answer.
     pub admin_addr: Option<String>,
+    /// This master's local socket (`@moonkv-master-…`), announced in every hello answer:
+    /// callers on this machine may reconnect there.
+    pub local_socket: Option<String>,
     pub secret: Option<Secret>,
     /// Set (the grant secret): a connection proving this secret instead of the shared one is a
     /// node's, and only node connections may mount, unmount or serve segments.
@@ -383,6 +386,53 @@ pub(crate) async fn serve(
     }
 }
 
+/// Accepts connections on the master's local socket until `shutdown` flips. They are served
+/// as TCP ones are (handshake, deadline, caps); their handshake places are counted against
+/// the loopback address, which callers on this machine otherwise use.
+pub(crate) async fn serve_local(
+    listener: tokio::net::UnixListener,
+    shared: Arc<RpcShared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let source = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let Some(pending) = shared.connections.begin(source) else {
+                        tracing::debug!("local connection closed at accept: every handshake place is held by a connection too young to evict");
+                        drop(stream);
+                        continue;
+                    };
+                    shared.connections.metrics().local_opened();
+                    let deadline = tokio::time::Instant::now() + shared.connections.deadline();
+                    let shared = shared.clone();
+                    let shutdown = shutdown.clone();
+                    tokio::spawn(async move {
+                        let (reader, writer) = stream.into_split();
+                        let served = serve_halves(
+                            Box::new(reader),
+                            Box::new(writer),
+                            shared,
+                            shutdown,
+                            pending,
+                            deadline,
+                        );
+                        if let Err(e) = Box::pin(served).await {
+                            tracing::debug!(error = %e, "local connection closed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept on the local socket failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
 /// Why a connection is being closed by the server.
 #[derive(Debug, thiserror::Error)]
 enum CloseReason {
@@ -401,14 +451,13 @@ enum CloseReason {
 async fn serve_connection(
     stream: TcpStream,
     shared: Arc<RpcShared>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     pending: Pending,
     deadline: tokio::time::Instant,
 ) -> Result<(), CloseReason> {
     stream.set_nodelay(true)?;
     let evicted = pending.eviction();
-    let mut pending = Some(pending);
-    let (mut reader, mut writer) = tokio::select! {
+    let (reader, writer) = tokio::select! {
         opened = super::tls::accept(stream, shared.tls.as_ref()) => opened?,
         _ = tokio::time::sleep_until(deadline) => {
             shared.connections.metrics().closed("deadline");
@@ -416,6 +465,21 @@ async fn serve_connection(
         }
         _ = evicted.notified() => return Err(CloseReason::Evicted),
     };
+    serve_halves(reader, writer, shared, shutdown, pending, deadline).await
+}
+
+/// Serves a connection whose stream is open (TLS accepted, when the port has it): its
+/// handshake within `deadline`, then its requests until it closes or `shutdown` flips.
+async fn serve_halves(
+    mut reader: super::tls::Reader,
+    mut writer: super::tls::Writer,
+    shared: Arc<RpcShared>,
+    mut shutdown: watch::Receiver<bool>,
+    pending: Pending,
+    deadline: tokio::time::Instant,
+) -> Result<(), CloseReason> {
+    let evicted = pending.eviction();
+    let mut pending = Some(pending);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<ScanDone>();
     let scans = Arc::new(Semaphore::new(MAX_SCANS_IN_FLIGHT));
     // Both start empty, so an idle connection costs little (see `READ_ROOM`).
@@ -434,6 +498,10 @@ async fn serve_connection(
             read = read_more(&mut reader, &mut input, shared.io_timeout), if !paused => {
                 if read? == 0 {
                     return Ok(());
+                }
+                if let Some(pending) = &pending {
+                    // Marked at its first byte (a local connection is not peeked at accept).
+                    pending.spoke();
                 }
                 // The events of the frames answered here leave with their answers.
                 let verdict = serving.engine.clone().reporting_inline(|| process_input(
@@ -958,6 +1026,7 @@ fn greet(
         challenge: None,
         server_proof: None,
         admin_addr: shared.admin_addr.clone(),
+        local_socket: shared.local_socket.clone(),
     };
     let next = match (&shared.secret, state) {
         (None, _) => Handshake::Ready(Role::Any),

@@ -350,14 +350,8 @@ impl DataServer {
 /// reachable from this network namespace only and goes away with the node, under a name no
 /// other process can guess before the node holds it. Returns the name as STATS gives it.
 fn bind_local() -> io::Result<(String, UnixListener)> {
-    use moonkv_dataplane::stream::{LOCAL_NAME_START, LOCAL_PREFIX};
-    use std::os::linux::net::SocketAddrExt;
-    let name = format!("{LOCAL_NAME_START}{:032x}", rand::random::<u128>());
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-    let listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
-    listener.set_nonblocking(true)?;
-    let listener = UnixListener::from_std(listener)?;
-    Ok((format!("{LOCAL_PREFIX}{name}"), listener))
+    let (name, listener) = moonkv_proto::local_socket::bind(moonkv_proto::local_socket::NODE)?;
+    Ok((name, UnixListener::from_std(listener)?))
 }
 
 /// Waits until `stream` has a byte to read, or has ended (0), without reading it. A stream

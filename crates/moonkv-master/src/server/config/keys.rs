@@ -99,6 +99,9 @@ config_keys! {
     rpc_address: Ip => |c, v| c.rpc_addr.set_ip(v.0);
     /// RPC port (default 50051; 0 picks a free port)
     rpc_port: Int<0, 65535> => |c, v| c.rpc_addr.set_port(v.0 as u16);
+    /// also serve RPC on a local socket that callers on this machine reconnect to (default
+    /// true; never with TLS)
+    rpc_local_socket: Flag => |c, v| c.rpc_local_socket = v.0;
     /// address the admin HTTP server binds (default 127.0.0.1)
     metrics_host: Ip => |c, v| c.admin_addr.set_ip(v.0);
     /// admin HTTP port: /metrics, /health, ... (default 9003; 0 picks a free port)

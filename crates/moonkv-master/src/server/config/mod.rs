@@ -71,6 +71,9 @@ impl Default for KvEventsSettings {
 pub struct MasterConfig {
     /// RPC listen address.
     pub rpc_addr: SocketAddr,
+    /// `rpc_local_socket`: also serve RPC on an abstract Unix socket, named in every hello
+    /// answer, for callers on this machine (never with TLS).
+    pub rpc_local_socket: bool,
     /// Admin HTTP listen address.
     pub admin_addr: SocketAddr,
     /// Worker threads (0 = one per core).
@@ -128,6 +131,7 @@ impl Default for MasterConfig {
         let localhost = IpAddr::from([127, 0, 0, 1]);
         Self {
             rpc_addr: SocketAddr::new(localhost, 50051),
+            rpc_local_socket: true,
             admin_addr: SocketAddr::new(localhost, 9003),
             rpc_threads: 0,
             max_frame_bytes: moonkv_proto::frame::DEFAULT_MAX_FRAME_BYTES,
