@@ -553,15 +553,18 @@ def test_same_host_callers_reach_the_node_through_its_local_socket(key, local_so
 
 
 def test_stores_made_and_dropped_in_a_loop_leave_no_local_connections_behind(key):
-    """Stores set up against a node on this machine, used through its local socket, then
-    closed or merely dropped, twenty times over: every connection they opened closes again,
-    and the node keeps serving."""
+    """Stores set up against a node on this machine, used through its local socket (and the
+    master's), then closed or merely dropped, twenty times over: every connection they opened,
+    to the node and to the master, closes again, and both keep serving."""
     import gc
 
     u = Up(flags=("--node-metrics-addr", "127.0.0.1:0"))
     node = u.ready["node_metrics"]
+    established = 'master_rpc_connections{state="established"}'
     try:
         baseline = u.counter("node_data_connections_open", node)
+        master_baseline = u.counter(established)
+        master_local = u.counter("master_rpc_local_connections_opened_total")
         for i in range(20):
             s = moonkv.MooncakeDistributedStore()
             assert s.setup_dummy(16 << 20, 1 << 20, u.data) == OK
@@ -572,11 +575,20 @@ def test_stores_made_and_dropped_in_a_loop_leave_no_local_connections_behind(key
             ctypes.memset(buf, 0, len(data))
             assert s.get_into(f"{key}-{i}", buf, len(data)) == len(data)
             assert ctypes.string_at(buf, len(data)) == data
+            assert s.is_exist(f"{key}-{i}") == 1
             if i % 2 == 0:
                 s.close()
             del s
             gc.collect()
         assert u.counter("node_data_local_connections_opened_total", node) >= 20
+        assert u.counter("master_rpc_local_connections_opened_total") - master_local >= 20
+        deadline = time.monotonic() + 30
+        while u.counter(established) > master_baseline:
+            assert time.monotonic() < deadline, (
+                f"{u.counter(established)} master connections still open, "
+                f"{master_baseline} before the stores"
+            )
+            time.sleep(0.05)
         deadline = time.monotonic() + 30
         while u.counter("node_data_connections_open", node) > baseline:
             assert time.monotonic() < deadline, (
