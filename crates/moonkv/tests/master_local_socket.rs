@@ -103,13 +103,13 @@ fn callers_on_the_masters_machine_reconnect_to_its_local_socket_and_learn_a_rest
         let client = MasterClient::connect(client_config(&rpc, None))
             .await
             .expect("connect");
-        assert!(client.over_local_socket());
+        assert!(client.over_local_socket().await);
         assert!(!client.exist_key(exist("nothing")).await.expect("exist"));
         // One told to stay on TCP (a caller standing for one on another host) does.
         let mut tcp_only = client_config(&rpc, None);
         tcp_only.local_socket = false;
         let tcp = MasterClient::connect(tcp_only).await.expect("connect");
-        assert!(!tcp.over_local_socket());
+        assert!(!tcp.over_local_socket().await);
         assert!(!tcp.exist_key(exist("nothing")).await.expect("exist"));
         client.close().await;
         tcp.close().await;
@@ -126,7 +126,7 @@ fn callers_on_the_masters_machine_reconnect_to_its_local_socket_and_learn_a_rest
         let client = MasterClient::connect(client_config(&rpc, None))
             .await
             .expect("connect");
-        assert!(client.over_local_socket());
+        assert!(client.over_local_socket().await);
         client
     });
     master.kill();
@@ -158,7 +158,7 @@ fn callers_on_the_masters_machine_reconnect_to_its_local_socket_and_learn_a_rest
                 Err(e) => panic!("no reconnect to the restarted master: {e}"),
             }
         }
-        assert!(client.over_local_socket());
+        assert!(client.over_local_socket().await);
         client.close().await;
     });
     assert_eq!(
@@ -179,7 +179,7 @@ fn a_master_offers_no_local_socket_when_told_not_to() {
         let client = MasterClient::connect(client_config(&rpc, None))
             .await
             .expect("connect");
-        assert!(!client.over_local_socket());
+        assert!(!client.over_local_socket().await);
         assert!(!client.exist_key(exist("nothing")).await.expect("exist"));
         client.close().await;
     });
@@ -249,7 +249,7 @@ fn the_local_socket_asks_for_the_same_hello_secret_and_deadline_as_the_rpc_port(
         let client = MasterClient::connect(client_config(&rpc, Some(SECRET)))
             .await
             .expect("connect with the secret");
-        assert!(client.over_local_socket());
+        assert!(client.over_local_socket().await);
         assert!(!client.exist_key(exist("nothing")).await.expect("exist"));
         client.close().await;
         // A wrong one: refused, on either path.

@@ -75,15 +75,21 @@ impl Connection {
             // A TLS mismatch does not get better by retrying.
             ConnectFailure::Tls(why) => Error::new(ErrorCode::ILLEGAL_CLIENT, why.to_string()),
         })?;
+        // Only a plain connection from this machine takes an offer: with TLS the master offers
+        // none, and a caller that asked for TLS keeps it.
         let from_here = match &stream {
             Stream::Plain(tcp) => tcp.peer_addr().is_ok_and(|a| a.ip().is_loopback()),
             _ => false,
         };
-        let mut conn = Self::hello(stream, addr, client_name, connect_timeout, secret).await?;
-        if !from_here {
-            conn.local_offer = None;
-        }
-        Ok(conn)
+        Self::hello(
+            stream,
+            addr,
+            client_name,
+            connect_timeout,
+            secret,
+            from_here,
+        )
+        .await
     }
 
     /// Connects to the master's local socket `name` (as a hello answer gives it), then as
@@ -106,21 +112,20 @@ impl Connection {
                 format!("cannot reach the master at its local socket {name}: {e}"),
             )
         })?;
-        let mut conn = Self::hello(stream, name, client_name, connect_timeout, secret).await?;
-        conn.local_offer = None;
-        Ok(conn)
+        Self::hello(stream, name, client_name, connect_timeout, secret, false).await
     }
 
     /// The hello exchange on a fresh `stream` to `addr`; starts the reader and writer tasks.
+    /// Keeps the master's local socket offer when `take_offer`.
     async fn hello(
         stream: Stream,
         addr: &str,
         client_name: &str,
         connect_timeout: Duration,
         secret: Option<&moonkv_proto::auth::Secret>,
+        take_offer: bool,
     ) -> Result<Connection> {
         let is_local = matches!(stream, Stream::Local(_));
-        let plain = matches!(stream, Stream::Plain(_));
         let (mut reader, mut writer) = split(stream);
 
         let mut buf = Vec::with_capacity(4096);
@@ -163,11 +168,10 @@ impl Connection {
             alive.clone(),
         ));
         let tasks = [writer_task.abort_handle(), reader_task.abort_handle()];
-        // Only a plain connection's offer is taken: with TLS the master offers none, and a
-        // caller that asked for TLS keeps it.
-        let local_offer = ack
-            .local_socket
-            .filter(|name| plain && moonkv_proto::local_socket::is_name(name, MASTER_SOCKET));
+        let local_offer = ack.local_socket.filter(|name| {
+            take_offer
+                && moonkv_proto::local_socket::is_name(name, moonkv_proto::local_socket::MASTER)
+        });
         Ok(Connection {
             outbox,
             pending,
@@ -227,9 +231,6 @@ impl Drop for Connection {
         self.close();
     }
 }
-
-/// How a master's local socket name begins.
-const MASTER_SOCKET: &str = moonkv_proto::local_socket::MASTER;
 
 fn timed_out(addr: &str) -> Error {
     Error::new(

@@ -88,6 +88,13 @@ impl MasterClientConfig {
     }
 }
 
+/// Makes `conn` the live connection in `slot`.
+fn install(slot: &mut Option<Arc<Connection>>, conn: Connection) -> Arc<Connection> {
+    let conn = Arc::new(conn);
+    *slot = Some(conn.clone());
+    conn
+}
+
 /// Handle to the master; cheap to clone, all clones share one connection.
 #[derive(Clone)]
 pub struct MasterClient {
@@ -106,8 +113,6 @@ struct Inner {
     /// The local socket the master at an address offered (address, name): reconnects go
     /// there first.
     local: Mutex<Option<(String, String)>>,
-    /// Whether the live connection is to the master's local socket.
-    over_local: std::sync::atomic::AtomicBool,
     next_request_id: AtomicU64,
     segments: Mutex<Vec<Segment>>,
     heartbeat: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -170,7 +175,6 @@ impl MasterClient {
                 config,
                 conn: tokio::sync::Mutex::new(None),
                 local: Mutex::new(None),
-                over_local: std::sync::atomic::AtomicBool::new(false),
                 next_request_id: AtomicU64::new(1),
                 segments: Mutex::new(Vec::new()),
                 heartbeat: Mutex::new(None),
@@ -200,11 +204,11 @@ impl MasterClient {
         &self.inner.config
     }
 
-    /// Whether the live connection is to the master's local socket (false before the first).
-    pub fn over_local_socket(&self) -> bool {
-        self.inner
-            .over_local
-            .load(std::sync::atomic::Ordering::Relaxed)
+    /// Whether the live connection is to the master's local socket (false while there is
+    /// none).
+    pub async fn over_local_socket(&self) -> bool {
+        let slot = self.inner.conn.lock().await;
+        slot.as_ref().is_some_and(|c| c.is_alive() && c.is_local)
     }
 
     /// Opens a connection to the master's local socket `name`.
@@ -217,16 +221,6 @@ impl MasterClient {
             config.auth_secret.as_ref(),
         )
         .await
-    }
-
-    /// Makes `conn` the live connection.
-    fn install(&self, slot: &mut Option<Arc<Connection>>, conn: Connection) -> Arc<Connection> {
-        self.inner
-            .over_local
-            .store(conn.is_local, std::sync::atomic::Ordering::Relaxed);
-        let conn = Arc::new(conn);
-        *slot = Some(conn.clone());
-        conn
     }
 
     /// Returns the live connection, opening a new one (with backoff between attempts) if needed.
@@ -277,7 +271,7 @@ impl MasterClient {
             if let Some(name) = known {
                 // The master offered its local socket before: straight there.
                 match self.open_local(&name).await {
-                    Ok(conn) => return Ok(self.install(&mut slot, conn)),
+                    Ok(conn) => return Ok(install(&mut slot, conn)),
                     Err(e) => {
                         // A restarted master has another name: it is learnt again over TCP.
                         tracing::debug!(socket = %name, error = %e, "the master's local socket is gone");
@@ -300,14 +294,14 @@ impl MasterClient {
                         match self.open_local(&name).await {
                             Ok(local) => {
                                 *self.inner.local.lock() = Some((addr.clone(), name));
-                                return Ok(self.install(&mut slot, local));
+                                return Ok(install(&mut slot, local));
                             }
                             Err(e) => {
                                 tracing::debug!(socket = %name, error = %e, "the master's local socket refused; staying on TCP");
                             }
                         }
                     }
-                    return Ok(self.install(&mut slot, conn));
+                    return Ok(install(&mut slot, conn));
                 }
                 Err(e) => {
                     tracing::debug!(%addr, attempt, error = %e, "master connect failed");
