@@ -91,6 +91,12 @@ pub struct NodeConfig {
     /// The master as a call in this process (`moonkv up`): puts taken whole from same-host
     /// callers (PUT_LOCAL) start and end through it instead of through a socket.
     pub in_process_master: Option<Arc<dyn moonkv_proto::local::InProcessMaster>>,
+    /// Keep a catalog of the committed replicas in this node's segments, fed by the master, to
+    /// announce to a master that lost them (`docs/operations.md`, *Restart and re-adoption*).
+    /// On by default. Off only for a node whose master can neither lose its metadata while the
+    /// node lives nor expire it: the node `moonkv up` runs in its master's process, without HA.
+    /// Its master then sends it no catalog notices, which saves every put that bookkeeping.
+    pub keep_catalog: bool,
 }
 
 impl NodeConfig {
@@ -112,6 +118,7 @@ impl NodeConfig {
             prefault: false,
             huge_pages: true,
             in_process_master: None,
+            keep_catalog: true,
             local_segments: LocalSegments::new(),
             auth_secret: None,
             grant_secret: None,
@@ -314,23 +321,28 @@ impl Node {
             catalog_task: None,
         };
         // The catalog of committed replicas: fed by the master, announced after a remount on a
-        // master that does not know this node's replicas.
-        handle
-            .master
-            .set_remount_hook(Arc::new(crate::catalog::Announcer {
-                segments: catalog_table.clone(),
-                state: handle.catalog.clone(),
-            }));
+        // master that does not know this node's replicas. A node without one mounts without
+        // announcing that it keeps one, so its master sends it no notices.
+        if config.keep_catalog {
+            handle
+                .master
+                .set_remount_hook(Arc::new(crate::catalog::Announcer {
+                    segments: catalog_table.clone(),
+                    state: handle.catalog.clone(),
+                }));
+        }
         // The master by calls when it runs in this process, else through the node's client.
         let route = crate::server::MasterRoute {
             client: handle.master.clone(),
             in_process: config.in_process_master.clone(),
         };
-        handle.catalog_task = Some(tokio::spawn(crate::catalog::run_sync(
-            route.clone(),
-            catalog_table,
-            handle.catalog.clone(),
-        )));
+        if config.keep_catalog {
+            handle.catalog_task = Some(tokio::spawn(crate::catalog::run_sync(
+                route.clone(),
+                catalog_table,
+                handle.catalog.clone(),
+            )));
+        }
         for segment in handle.segments.clone() {
             if let Err(e) = handle.master.mount(segment.clone()).await {
                 handle.shutdown().await;

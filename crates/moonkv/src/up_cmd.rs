@@ -88,6 +88,11 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
     node_config.master_tls = master_tls;
     // The node reaches this master by calls, not through a socket, for the puts it takes whole.
     node_config.in_process_master = Some(master.in_process());
+    // It lives as long as this master does: never expired, it never has to regain its replicas,
+    // so it keeps no catalog of them (with HA it does, for whichever master leads next).
+    let client_id = moonkv_proto::ClientId::random();
+    node_config.client_id = Some(client_id);
+    node_config.keep_catalog = !master.embed_node(client_id);
     // The node runs on a runtime of its own, as it would in its own process: its copies then
     // never hold the master's answers back on a shared worker.
     let node_runtime = NodeRuntime::new()?;

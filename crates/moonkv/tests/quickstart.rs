@@ -68,3 +68,56 @@ fn up_then_put_get_ls_stat_rm() {
     let gone = moonkv(&master, &["get", "greeting"], None);
     assert!(String::from_utf8_lossy(&gone.stderr).contains("OBJECT_NOT_FOUND"));
 }
+
+/// The node `moonkv up` runs lives exactly as long as its master, which never expires it: a
+/// pause of the whole process past the client TTL (a stopped process, a suspended VM) costs it
+/// no object when the process resumes, though it keeps no catalog to regain them from.
+#[test]
+fn a_paused_up_keeps_its_objects_when_it_resumes() {
+    use std::time::Duration;
+    let up = MOONKV.start(&[
+        "up",
+        "--rpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--kv-events-bind-endpoint",
+        "tcp://127.0.0.1:0",
+        "--segment-size",
+        "64MiB",
+        "--client-live-ttl-sec",
+        "1",
+    ]);
+    let master = up.field("rpc");
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let put = moonkv(&master, &["put", "kept", "-"], Some(&payload));
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    // Frozen well past the TTL: on resume the master's sweep (every second) finds the node's
+    // heartbeat overdue, and would have unmounted its segment and dropped the object.
+    up.freeze();
+    std::thread::sleep(Duration::from_millis(2_500));
+    up.thaw();
+    // Three sweeps after the resume.
+    std::thread::sleep(Duration::from_millis(3_000));
+    let get = moonkv(&master, &["get", "kept"], None);
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert_eq!(get.stdout, payload);
+    let stat = moonkv(&master, &["stat", "--admin", &up.field("admin")], None);
+    let text = String::from_utf8_lossy(&stat.stdout);
+    assert!(stat.status.success() && text.contains("keys 1"), "{text}");
+    // And it still takes writes.
+    let put = moonkv(&master, &["put", "after", "-"], Some(b"x"));
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+}

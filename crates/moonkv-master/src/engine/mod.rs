@@ -118,6 +118,8 @@ pub struct Engine {
     usage: Arc<SpaceUsage>,
     /// Live clients → heartbeat deadline (ms).
     clients: Mutex<HashMap<ClientId, u64>>,
+    /// Clients whose life is this master's own, never expired ([`Engine::never_expire`]).
+    undying: Mutex<Vec<ClientId>>,
     parked: Mutex<Vec<ParkedBuffer>>,
     replica_ids: ReplicaIdGen,
     /// Set when an allocation failed; the next eviction round runs even below the watermark.
@@ -164,6 +166,7 @@ impl Engine {
             registry: RwLock::new(Registry::default()),
             usage: Arc::new(SpaceUsage::default()),
             clients: Mutex::new(HashMap::new()),
+            undying: Mutex::new(Vec::new()),
             parked: Mutex::new(Vec::new()),
             replica_ids: ReplicaIdGen::new_random(),
             need_eviction: AtomicBool::new(false),

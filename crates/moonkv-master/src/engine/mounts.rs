@@ -255,17 +255,29 @@ impl Engine {
             .ok_or_else(segment_not_found)
     }
 
-    /// Expires clients whose heartbeat deadline passed: their segments are unmounted and objects
+    /// Never expires `client`, whatever its heartbeats: a client that lives exactly as long as
+    /// this master does (the node `moonkv up` runs in the master's process). A pause of the whole
+    /// process (a stopped process, a suspended VM) then cannot cost that node its replicas when
+    /// the sweep runs before its next heartbeat, so such a node needs no catalog to regain them.
+    pub fn never_expire(&self, client: ClientId) {
+        let mut undying = self.undying.lock();
+        if !undying.contains(&client) {
+            undying.push(client);
+        }
+    }
+
+    /// Expires clients whose heartbeat deadline passed (but those of [`Engine::never_expire`]): their segments are unmounted and objects
     /// that only lived there disappear (with `removed` events); their disks are detached. Also
     /// ends detached disks whose grace period passed. Returns the number of clients expired.
     pub fn expire_clients(&self) -> usize {
         self.expire_detached_disks();
         let now = self.now();
         let expired: Vec<ClientId> = {
+            let undying = self.undying.lock().clone();
             let mut clients = self.clients.lock();
             let ids: Vec<ClientId> = clients
                 .iter()
-                .filter(|(_, d)| **d < now)
+                .filter(|(c, d)| **d < now && !undying.contains(c))
                 .map(|(c, _)| *c)
                 .collect();
             for id in &ids {

@@ -101,6 +101,19 @@ impl MasterHandle {
         self.gate.engine()
     }
 
+    /// Takes `client` as a node running in this master's process (`moonkv up`), which lives
+    /// exactly as long as the master does: it is never expired ([`Engine::never_expire`]), so it
+    /// never has to regain its replicas and needs no catalog of them. `true` when so; `false`
+    /// with HA, where another master may lead and the node must be able to announce its replicas
+    /// to it (it then keeps its catalog, and is expired like any client).
+    pub fn embed_node(&self, client: moonkv_proto::ClientId) -> bool {
+        if self.gate.is_ha() {
+            return false;
+        }
+        self.gate.engine().never_expire(client);
+        true
+    }
+
     /// Whether this master serves, its HA state and term ([`ha::Gate`]).
     pub fn gate(&self) -> &Arc<Gate> {
         &self.gate

@@ -175,6 +175,25 @@ fn case_08_silent_client_expires_and_its_objects_disappear() {
 }
 
 #[test]
+fn a_client_that_never_expires_keeps_its_objects_through_silence_while_others_expire() {
+    let h = Harness::new();
+    // The harness's client is the embedded node; a second, ordinary one mounts beside it.
+    h.engine.never_expire(h.client);
+    h.engine.never_expire(h.client);
+    h.put("k", 1024);
+    let other = ClientId::new(9, 9);
+    h.mount_for(other, "other", BASE + (1 << 40), MIB);
+    // Silent far past the heartbeat deadline: only the ordinary client goes.
+    h.advance(60_000);
+    assert_eq!(h.engine.expire_clients(), 1);
+    assert_eq!(h.ping(other), ClientStatus::NeedRemount);
+    assert!(h.get("k").is_ok());
+    assert_eq!(h.engine.expire_clients(), 0);
+    assert_eq!(h.ping(h.client), ClientStatus::Ok);
+    assert_eq!(h.engine.stats().active_clients, 1);
+}
+
+#[test]
 fn case_08_pinging_client_does_not_expire() {
     let h = Harness::new();
     h.put("k", 1024);
