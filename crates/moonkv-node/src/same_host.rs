@@ -65,7 +65,7 @@ const NO_WAIT: Timespec = Timespec {
     tv_nsec: 0,
 };
 
-/// The caller's pool ids as read once for one request (see [`Peer::read_from_seen`]).
+/// The caller's pool ids as read once for one request (see [`Peer::read_many_seen`]).
 #[derive(Default)]
 pub(crate) struct PoolIds(parking_lot::Mutex<Vec<(u64, [u8; crate::shared_pool::ID_LEN])>>);
 
@@ -129,16 +129,19 @@ impl Peer {
         self.copy(Local::Out(src), ranges, stream)
     }
 
-    /// [`Peer::write_to`] for one of many copies serving a single request (a GET_LOCAL's
-    /// keys): the caller's pool ids are read once for all of them (`seen`), not once each.
-    pub(crate) fn write_to_seen(
+    /// Copies each of `parts` (the node's bytes, and the caller's ranges whose lengths add up
+    /// to theirs) into the caller's memory, for one request of many keys (a GET_LOCAL's): the
+    /// caller's pool ids are read once for all of them (`seen`), the parts in its shared pools
+    /// are copied with `memcpy`, and all the others with as few system calls as the kernel's
+    /// iovec limit allows (one for up to [`IOV_MAX`] parts and ranges), not one per part.
+    pub(crate) fn write_many_seen<'a>(
         &self,
-        src: &[u8],
-        ranges: &[(u64, u64)],
+        parts: impl Iterator<Item = (&'a [u8], &'a [(u64, u64)])>,
         stream: bool,
         seen: &PoolIds,
     ) -> io::Result<()> {
-        self.copy_seen(Local::Out(src), ranges, stream, Some(seen))
+        let mut parts: Vec<Part<'a>> = parts.map(|(src, r)| (Local::Out(src), r)).collect();
+        self.copy_many(&mut parts, stream, Some(seen))
     }
 
     /// Fills `dst` from the caller's `ranges` (whose lengths add up to `dst.len()`).
@@ -151,28 +154,30 @@ impl Peer {
         self.copy(Local::In(dst), ranges, stream)
     }
 
-    /// [`Peer::read_from`] for one of many copies serving a single request (a PUT_LOCAL's
-    /// keys): the caller's pool ids are read once for all of them (`seen`), not once each.
-    pub(crate) fn read_from_seen(
+    /// [`Peer::write_many_seen`] the other way: fills each part's bytes from its caller ranges
+    /// (a PUT_LOCAL's keys).
+    pub(crate) fn read_many_seen<'a>(
         &self,
-        dst: &mut [u8],
-        ranges: &[(u64, u64)],
+        parts: impl Iterator<Item = (&'a mut [u8], &'a [(u64, u64)])>,
         stream: bool,
         seen: &PoolIds,
     ) -> io::Result<()> {
-        self.copy_seen(Local::In(dst), ranges, stream, Some(seen))
+        let mut parts: Vec<Part<'a>> = parts.map(|(dst, r)| (Local::In(dst), r)).collect();
+        self.copy_many(&mut parts, stream, Some(seen))
     }
 
     /// `stream`: the copy's stores, into `local` or into the caller's pool, are streaming
     /// stores (`crate::copy`).
     fn copy(&self, local: Local<'_>, ranges: &[(u64, u64)], stream: bool) -> io::Result<()> {
-        self.copy_seen(local, ranges, stream, None)
+        self.copy_many(&mut [(local, ranges)], stream, None)
     }
 
-    fn copy_seen(
+    /// Makes every copy of `parts`, all of them the same way (into the caller's memory or out
+    /// of it): those in the caller's shared pools with `memcpy`, the rest by
+    /// `process_vm_readv` / `process_vm_writev`, as few calls as the iovec limit allows.
+    fn copy_many(
         &self,
-        mut local: Local<'_>,
-        ranges: &[(u64, u64)],
+        parts: &mut [Part<'_>],
         stream: bool,
         seen: Option<&PoolIds>,
     ) -> io::Result<()> {
@@ -196,55 +201,94 @@ impl Peer {
                 Some(id)
             }
         };
-        if self.pools.copy(&mut local, ranges, current, stream) {
-            return Ok(());
+        let mut out = None;
+        let mut local: Vec<libc::iovec> = Vec::new();
+        let mut remote: Vec<libc::iovec> = Vec::new();
+        for (part, ranges) in parts.iter_mut() {
+            let ranges: &[(u64, u64)] = ranges;
+            if self.pools.copy(part, ranges, current, stream) {
+                continue;
+            }
+            let (is_out, base, len) = match part {
+                Local::Out(src) => (true, src.as_ptr().cast_mut(), src.len()),
+                Local::In(dst) => (false, dst.as_mut_ptr(), dst.len()),
+            };
+            if *out.get_or_insert(is_out) != is_out {
+                return Err(io::Error::other(
+                    "one copy of many went into and out of the caller's memory",
+                ));
+            }
+            local.push(libc::iovec {
+                iov_base: base.cast(),
+                iov_len: len,
+            });
+            remote.extend(ranges.iter().map(|&(address, len)| libc::iovec {
+                iov_base: address as usize as *mut libc::c_void,
+                iov_len: len as usize,
+            }));
         }
-        self.copy_syscall(local, ranges)
+        match out {
+            None => Ok(()),
+            Some(out) => self.copy_iovecs(out, local, remote),
+        }
     }
 
     /// [`Peer::copy`] by `process_vm_readv` / `process_vm_writev`.
     fn copy_syscall(&self, local: Local<'_>, ranges: &[(u64, u64)]) -> io::Result<()> {
-        let (out, local, len) = match local {
+        let (out, base, len) = match local {
             Local::Out(src) => (true, src.as_ptr().cast_mut(), src.len()),
             Local::In(dst) => (false, dst.as_mut_ptr(), dst.len()),
         };
-        let mut remote: Vec<libc::iovec> = ranges
+        let remote = ranges
             .iter()
             .map(|&(address, len)| libc::iovec {
                 iov_base: address as usize as *mut libc::c_void,
                 iov_len: len as usize,
             })
             .collect();
-        let mut done = 0usize;
-        let mut first = 0usize;
+        let local = vec![libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        }];
+        self.copy_iovecs(out, local, remote)
+    }
+
+    /// Copies between the node's `local` iovecs and the caller's `remote` ones (the same number
+    /// of bytes in all; into the caller's memory when `out`), [`IOV_MAX`] of each at most per
+    /// system call, until every byte moved. The local iovecs must name memory of this process
+    /// that stays valid, and writable unless `out`, for the call.
+    fn copy_iovecs(
+        &self,
+        out: bool,
+        mut local: Vec<libc::iovec>,
+        mut remote: Vec<libc::iovec>,
+    ) -> io::Result<()> {
+        let len: usize = local.iter().map(|v| v.iov_len).sum();
+        let (mut done, mut first_local, mut first_remote) = (0usize, 0usize, 0usize);
         while done < len {
-            let local_iov = libc::iovec {
-                // `done < len`: inside the local buffer.
-                iov_base: local.wrapping_add(done).cast(),
-                iov_len: len - done,
-            };
-            let rest = &remote[first..];
-            // SAFETY: the local iovec covers `[local + done, local + len)` of the slice `copy` was
-            // given for this call: only read (process_vm_writev) when it is the shared `Out`
-            // slice, written (process_vm_readv) only when it is the exclusive `In` one. The
-            // remote iovecs name the other process's memory, which the kernel checks itself.
+            let locals = &local[first_local..(first_local + IOV_MAX).min(local.len())];
+            let remotes = &remote[first_remote..(first_remote + IOV_MAX).min(remote.len())];
+            // SAFETY: the local iovecs name memory of this process the caller of `copy_iovecs`
+            // keeps valid for the call: only read (process_vm_writev) when `out`, written
+            // (process_vm_readv) only when the parts are exclusive `In` slices. The remote
+            // iovecs name the other process's memory, which the kernel checks itself.
             let n = unsafe {
                 if out {
                     libc::process_vm_writev(
                         self.pid.as_raw_nonzero().get(),
-                        &local_iov,
-                        1,
-                        rest.as_ptr(),
-                        rest.len() as libc::c_ulong,
+                        locals.as_ptr(),
+                        locals.len() as libc::c_ulong,
+                        remotes.as_ptr(),
+                        remotes.len() as libc::c_ulong,
                         0,
                     )
                 } else {
                     libc::process_vm_readv(
                         self.pid.as_raw_nonzero().get(),
-                        &local_iov,
-                        1,
-                        rest.as_ptr(),
-                        rest.len() as libc::c_ulong,
+                        locals.as_ptr(),
+                        locals.len() as libc::c_ulong,
+                        remotes.as_ptr(),
+                        remotes.len() as libc::c_ulong,
                         0,
                     )
                 }
@@ -258,20 +302,35 @@ impl Peer {
                     "the caller's memory took no bytes",
                 ));
             }
-            let mut n = n as usize;
+            let n = n as usize;
             done += n;
-            // Skip the remote ranges the copy filled, and shorten a partly filled one.
-            while n > 0 && first < remote.len() {
-                let take = n.min(remote[first].iov_len);
-                remote[first].iov_base = (remote[first].iov_base as usize + take) as *mut _;
-                remote[first].iov_len -= take;
-                n -= take;
-                if remote[first].iov_len == 0 {
-                    first += 1;
-                }
-            }
+            // Skip what the call filled on both sides, and shorten a partly filled iovec.
+            advance(&mut local, &mut first_local, n);
+            advance(&mut remote, &mut first_remote, n);
         }
         Ok(())
+    }
+}
+
+/// Most iovecs on either side of one `process_vm_readv` / `process_vm_writev` (Linux's
+/// `UIO_MAXIOV`).
+pub(crate) const IOV_MAX: usize = 1024;
+
+/// One part of a copy of many ([`Peer::copy_many`]): the node's bytes and the caller's ranges
+/// for them.
+type Part<'a> = (Local<'a>, &'a [(u64, u64)]);
+
+/// Moves `first` past the iovecs `n` copied bytes filled, and shortens a partly filled one.
+fn advance(iovecs: &mut [libc::iovec], first: &mut usize, mut n: usize) {
+    while *first < iovecs.len() && (n > 0 || iovecs[*first].iov_len == 0) {
+        let v = &mut iovecs[*first];
+        let take = n.min(v.iov_len);
+        v.iov_base = (v.iov_base as usize + take) as *mut libc::c_void;
+        v.iov_len -= take;
+        n -= take;
+        if v.iov_len == 0 {
+            *first += 1;
+        }
     }
 }
 
@@ -672,5 +731,89 @@ mod tests {
             .write_to(&source[..8], &[(8, 8)], true)
             .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EFAULT));
+    }
+
+    #[test]
+    fn copies_of_many_parts_fill_every_part_from_its_ranges_past_the_iovec_limit() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        let probe: Box<[u8; 16]> = Box::new([9; 16]);
+        let attached = verify(
+            std::process::id(),
+            peer,
+            server.local_addr().unwrap(),
+            probe.as_ptr() as u64,
+            *probe,
+            false,
+        )
+        .unwrap();
+        // 1,500 parts of 1–7 bytes, each from two caller ranges of its own (3,000 ranges:
+        // more than one system call's iovecs on either side), some of them empty.
+        let n = 1_500;
+        let lens: Vec<usize> = (0..n).map(|i| 1 + i % 7).collect();
+        let caller: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                (0..lens[i] as u8)
+                    .map(|b| b.wrapping_mul(31) ^ i as u8)
+                    .collect()
+            })
+            .collect();
+        let ranges: Vec<[(u64, u64); 2]> = caller
+            .iter()
+            .map(|c| {
+                let split = c.len() / 2;
+                [
+                    (c.as_ptr() as u64, split as u64),
+                    (c.as_ptr() as u64 + split as u64, (c.len() - split) as u64),
+                ]
+            })
+            .collect();
+        let mut node: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+        let seen = PoolIds::default();
+        let parts = node
+            .iter_mut()
+            .zip(&ranges)
+            .map(|(dst, r)| (&mut dst[..], &r[..]));
+        attached.read_many_seen(parts, false, &seen).unwrap();
+        assert_eq!(node, caller);
+        // And back out, into cleared caller memory.
+        let mut out: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+        let out_ranges: Vec<[(u64, u64); 1]> = out
+            .iter_mut()
+            .map(|o| [(o.as_mut_ptr() as u64, o.len() as u64)])
+            .collect();
+        let parts = node
+            .iter()
+            .zip(&out_ranges)
+            .map(|(src, r)| (&src[..], &r[..]));
+        attached.write_many_seen(parts, false, &seen).unwrap();
+        assert_eq!(out, caller);
+        // One unmapped range fails the whole copy.
+        let mut dst = [0u8; 8];
+        let bad = [(8u64, 8u64)];
+        let err = attached
+            .read_many_seen(std::iter::once((&mut dst[..], &bad[..])), false, &seen)
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EFAULT));
+    }
+
+    #[test]
+    fn advancing_past_copied_bytes_skips_filled_and_empty_iovecs_and_shortens_a_partial_one() {
+        let mut buf = [0u8; 64];
+        let base = buf.as_mut_ptr() as usize;
+        let iov = |at: usize, len: usize| libc::iovec {
+            iov_base: (base + at) as *mut libc::c_void,
+            iov_len: len,
+        };
+        let mut v = vec![iov(0, 4), iov(4, 0), iov(4, 10), iov(14, 6)];
+        let mut first = 0;
+        advance(&mut v, &mut first, 7);
+        assert_eq!(first, 2);
+        assert_eq!((v[2].iov_base as usize - base, v[2].iov_len), (7, 7));
+        advance(&mut v, &mut first, 7);
+        assert_eq!(first, 3);
+        advance(&mut v, &mut first, 6);
+        assert_eq!(first, 4);
     }
 }

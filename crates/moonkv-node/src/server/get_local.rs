@@ -13,7 +13,7 @@
 //! the caller's deadline, nothing once the caller is gone or gave up.
 
 use super::whole::{
-    answer_items, caller_waits, in_lock_order, per_key, revalidate, settle, Copies, Segments,
+    answer_items, caller_waits, in_lock_order, per_key, revalidate, settle, Copies, Item, Segments,
     Target, MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
@@ -209,8 +209,9 @@ async fn copy_keys(
     // (`crate::copy::cache_stream_min`): its lines would not stay in the cache anyway.
     let bytes: usize = views.iter().map(|(_, v)| v.len()).sum();
     let stream = bytes >= crate::copy::cache_stream_min();
-    let copied = copies.run(peer, |src: &[u8], ranges| {
-        peer.write_to_seen(src, ranges, stream, &pool_ids)
+    let copied = copies.run(peer, |run: &mut [Item<&[u8]>]| {
+        let parts = run.iter().map(|(_, src, r)| (*src, &r[..]));
+        peer.write_many_seen(parts, stream, &pool_ids)
     });
     drop(views);
     settle(&targets, copied, results, stopped_waiting, || {

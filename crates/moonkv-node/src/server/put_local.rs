@@ -13,7 +13,8 @@
 //! never ended.
 
 use super::whole::{
-    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Segments, Target, MAX_KEYS,
+    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Item, Segments, Target,
+    MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
@@ -387,8 +388,9 @@ async fn copy_keys(
     }
     // The caller's pool ids, read once for all the keys of this request.
     let pool_ids = crate::same_host::PoolIds::default();
-    let copied = copies.run(peer, |dst: Piece<'_>, ranges| {
-        peer.read_from_seen(dst.0, ranges, stream, &pool_ids)
+    let copied = copies.run(peer, |run: &mut [Item<Piece<'_>>]| {
+        let parts = run.iter_mut().map(|(_, dst, r)| (&mut *dst.0, &r[..]));
+        peer.read_many_seen(parts, stream, &pool_ids)
     });
     drop(views);
     settle(&targets, copied, results, stopped_waiting, || {

@@ -4,6 +4,7 @@
 
 use super::same_host::{RangeIndex, LOCAL_STEP};
 use super::Conn;
+use crate::same_host::IOV_MAX;
 use crate::segment::SegmentMemory;
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader, ResponseHeader};
 use moonkv_proto::{Error, ErrorCode, ItemResult};
@@ -169,7 +170,35 @@ pub(super) fn settle<T>(
 const WHOLE_MAX: usize = 256 << 10;
 
 /// One copy of [`Copies`]: the key, the node's bytes (or a piece of them), the caller's ranges.
-type Item<P> = (usize, P, super::same_host::Ranges);
+pub(super) type Item<P> = (usize, P, super::same_host::Ranges);
+
+/// `items` in runs of neighbours of at least `target` bytes each (the last one may be shorter),
+/// none of more than [`IOV_MAX`] items or caller ranges: each run is copied by one system call
+/// when the caller's memory is not a shared pool, so a batch of small keys costs as few calls
+/// as one object of its size.
+fn runs<P: AsRef<[u8]>>(items: Vec<Item<P>>, target: usize) -> Vec<Vec<Item<P>>> {
+    let mut runs = Vec::new();
+    let mut run: Vec<Item<P>> = Vec::new();
+    let (mut bytes, mut ranges) = (0usize, 0usize);
+    for item in items {
+        let (len, n) = (item.1.as_ref().len(), item.2.len());
+        if !run.is_empty() && (run.len() == IOV_MAX || ranges + n > IOV_MAX) {
+            runs.push(std::mem::take(&mut run));
+            (bytes, ranges) = (0, 0);
+        }
+        bytes += len;
+        ranges += n;
+        run.push(item);
+        if bytes >= target {
+            runs.push(std::mem::take(&mut run));
+            (bytes, ranges) = (0, 0);
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    runs
+}
 
 /// Items are shared with the copy helper only when they average at least this many bytes.
 const SHARED_ITEM_MIN: u64 = 32 << 10;
@@ -225,12 +254,14 @@ impl<'p, P: Send + AsRef<[u8]>> Copies<'p, P> {
         self.bytes += len as u64;
     }
 
-    /// Makes the copies (`step(item, caller ranges)` each). Returns which keys were copied
-    /// whole, and whether the caller stopped waiting before all were made.
+    /// Makes the copies, in runs of neighbouring items ([`runs`]): `step(run)` copies each
+    /// item of a run (its bytes to or from its caller ranges). A run that fails leaves its keys
+    /// not copied. Returns which keys were copied whole, and whether the caller stopped waiting
+    /// before all were made.
     pub(super) fn run(
         self,
         peer: &crate::same_host::Peer,
-        step: impl Fn(P, &[(u64, u64)]) -> io::Result<()> + Sync,
+        step: impl Fn(&mut [Item<P>]) -> io::Result<()> + Sync,
     ) -> (Vec<bool>, bool) {
         let deadline_ns = self.plan.deadline_ns;
         let made: Vec<AtomicUsize> = self.wanted.iter().map(|_| AtomicUsize::new(0)).collect();
@@ -239,17 +270,27 @@ impl<'p, P: Send + AsRef<[u8]>> Copies<'p, P> {
         // Items of a few KiB are over before a hand-over pays: one thread copies them.
         let share = self.bytes >= crate::copy_helper::SPLIT_MIN as u64
             && self.bytes >= SHARED_ITEM_MIN * self.items.len() as u64;
-        let copied = crate::copy_helper::split(self.items, share, |(key, part, ranges)| {
-            let len = part.as_ref().len();
+        // Shared, runs as long as a piece of one object of the request's size, so both threads
+        // get about as many; otherwise one thread copies runs of up to a step.
+        let target = if share {
+            crate::copy_helper::piece_len(self.bytes as usize)
+        } else {
+            LOCAL_STEP
+        };
+        let runs = runs(self.items, target);
+        let copied = crate::copy_helper::split(runs, share, |mut run: Vec<Item<P>>| {
+            let len: usize = run.iter().map(|(_, part, _)| part.as_ref().len()).sum();
             if since_look.fetch_add(len, Ordering::Relaxed) >= LOCAL_STEP {
                 if !peer.waiting(deadline_ns) {
                     return Err(io::Error::other("the caller stopped waiting"));
                 }
                 since_look.store(len, Ordering::Relaxed);
             }
-            match step(part, &ranges) {
+            match step(&mut run) {
                 Ok(()) => {
-                    made[key].fetch_add(1, Ordering::Relaxed);
+                    for (key, _, _) in &run {
+                        made[*key].fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 Err(e) => tracing::debug!(error = %e, "same-host copy failed"),
             }
@@ -261,5 +302,60 @@ impl<'p, P: Send + AsRef<[u8]>> Copies<'p, P> {
             .map(|(made, wanted)| *wanted > 0 && made.load(Ordering::Relaxed) == *wanted)
             .collect();
         (whole, copied.is_err())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(key: usize, len: usize, ranges: usize) -> Item<Vec<u8>> {
+        (
+            key,
+            vec![0; len],
+            (0..ranges).map(|r| (r as u64, 1)).collect(),
+        )
+    }
+
+    fn shape(runs: &[Vec<Item<Vec<u8>>>]) -> Vec<Vec<usize>> {
+        runs.iter()
+            .map(|run| run.iter().map(|(key, _, _)| *key).collect())
+            .collect()
+    }
+
+    #[test]
+    fn runs_gather_neighbours_up_to_the_target_and_the_iovec_limit_in_order() {
+        // 32 keys of 128 KiB with a 256 KiB target: pairs, as one object's 16 pieces.
+        let items = (0..32).map(|k| item(k, 128 << 10, 1)).collect();
+        let pairs = runs(items, 256 << 10);
+        assert_eq!(pairs.len(), 16);
+        assert!(shape(&pairs)
+            .iter()
+            .enumerate()
+            .all(|(i, run)| *run == [2 * i, 2 * i + 1]));
+        // 128 keys of 4 KiB under one step: one run.
+        let items = (0..128).map(|k| item(k, 4096, 1)).collect();
+        assert_eq!(
+            shape(&runs(items, LOCAL_STEP)),
+            [(0..128).collect::<Vec<_>>()]
+        );
+        // A run closes at the item that reaches the target; a short tail is kept.
+        let items = vec![
+            item(0, 10, 1),
+            item(1, 100, 1),
+            item(2, 10, 1),
+            item(3, 10, 1),
+        ];
+        assert_eq!(shape(&runs(items, 50)), [vec![0, 1], vec![2, 3]]);
+        // Never more than IOV_MAX items, nor more than IOV_MAX caller ranges, in one run.
+        let items = (0..2_500).map(|k| item(k, 1, 1)).collect();
+        let lens: Vec<usize> = runs(items, usize::MAX).iter().map(Vec::len).collect();
+        assert_eq!(lens, [IOV_MAX, IOV_MAX, 2_500 - 2 * IOV_MAX]);
+        let items = (0..10).map(|k| item(k, 1, 300)).collect();
+        let lens: Vec<usize> = runs(items, usize::MAX).iter().map(Vec::len).collect();
+        assert_eq!(lens, [3, 3, 3, 1]);
+        // One item with more ranges than the limit still makes a run (the copy splits it).
+        let items = vec![item(0, 1, 2_000), item(1, 1, 1)];
+        assert_eq!(shape(&runs(items, usize::MAX)), [vec![0], vec![1]]);
     }
 }
