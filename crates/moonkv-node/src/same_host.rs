@@ -702,21 +702,22 @@ mod tests {
         drop(server);
     }
 
-    #[test]
-    fn copies_follow_the_caller_ranges() {
+    /// This process attached as a caller over a loopback connection (kept open by the
+    /// returned pair).
+    fn attached_to_self() -> (Peer, (std::net::TcpStream, std::net::TcpStream)) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, peer) = listener.accept().unwrap();
         let probe: Box<[u8; 16]> = Box::new([7; 16]);
-        let attached = verify(
-            std::process::id(),
-            peer,
-            server.local_addr().unwrap(),
-            probe.as_ptr() as u64,
-            *probe,
-            false,
-        )
-        .unwrap();
+        let at = probe.as_ptr() as u64;
+        let local = server.local_addr().unwrap();
+        let attached = verify(std::process::id(), peer, local, at, *probe, false).unwrap();
+        (attached, (client, server))
+    }
+
+    #[test]
+    fn copies_follow_the_caller_ranges() {
+        let (attached, _connection) = attached_to_self();
         let source: Vec<u8> = (0..100u8).collect();
         let (mut a, mut b) = (vec![0u8; 30], vec![0u8; 70]);
         let ranges = [(a.as_mut_ptr() as u64, 30), (b.as_mut_ptr() as u64, 70)];
@@ -735,19 +736,7 @@ mod tests {
 
     #[test]
     fn copies_of_many_parts_fill_every_part_from_its_ranges_past_the_iovec_limit() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        let probe: Box<[u8; 16]> = Box::new([9; 16]);
-        let attached = verify(
-            std::process::id(),
-            peer,
-            server.local_addr().unwrap(),
-            probe.as_ptr() as u64,
-            *probe,
-            false,
-        )
-        .unwrap();
+        let (attached, _connection) = attached_to_self();
         // 1,500 parts of 1–7 bytes, each from two caller ranges of its own (3,000 ranges:
         // more than one system call's iovecs on either side), some of them empty.
         let n = 1_500;

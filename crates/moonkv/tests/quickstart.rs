@@ -9,9 +9,9 @@ fn moonkv(master: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
     output_of(MOONKV.client(master, args), stdin.unwrap_or_default())
 }
 
-#[test]
-fn up_then_put_get_ls_stat_rm() {
-    let up = MOONKV.start(&[
+/// `moonkv up` on ephemeral ports with a 64 MiB segment, and `extra` flags.
+fn up(extra: &[&str]) -> moonkv_testkit::Proc {
+    let mut args = vec![
         "up",
         "--rpc-port",
         "0",
@@ -21,7 +21,14 @@ fn up_then_put_get_ls_stat_rm() {
         "tcp://127.0.0.1:0",
         "--segment-size",
         "64MiB",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    MOONKV.start(&args)
+}
+
+#[test]
+fn up_then_put_get_ls_stat_rm() {
+    let up = up(&[]);
     let master = up.field("rpc");
     assert!(
         up.field("kv_events").starts_with("tcp://127.0.0.1:"),
@@ -75,19 +82,7 @@ fn up_then_put_get_ls_stat_rm() {
 #[test]
 fn a_paused_up_keeps_its_objects_when_it_resumes() {
     use std::time::Duration;
-    let up = MOONKV.start(&[
-        "up",
-        "--rpc-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--kv-events-bind-endpoint",
-        "tcp://127.0.0.1:0",
-        "--segment-size",
-        "64MiB",
-        "--client-live-ttl-sec",
-        "1",
-    ]);
+    let up = up(&["--client-live-ttl-sec", "1"]);
     let master = up.field("rpc");
     let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 251) as u8).collect();
     let put = moonkv(&master, &["put", "kept", "-"], Some(&payload));
