@@ -320,6 +320,11 @@ impl Node {
             catalog: Arc::default(),
             catalog_task: None,
         };
+        // The master by calls when it runs in this process, else through the node's client.
+        let route = crate::server::MasterRoute {
+            client: handle.master.clone(),
+            in_process: config.in_process_master.clone(),
+        };
         // The catalog of committed replicas: fed by the master, announced after a remount on a
         // master that does not know this node's replicas. A node without one mounts without
         // announcing that it keeps one, so its master sends it no notices.
@@ -330,13 +335,6 @@ impl Node {
                     segments: catalog_table.clone(),
                     state: handle.catalog.clone(),
                 }));
-        }
-        // The master by calls when it runs in this process, else through the node's client.
-        let route = crate::server::MasterRoute {
-            client: handle.master.clone(),
-            in_process: config.in_process_master.clone(),
-        };
-        if config.keep_catalog {
             handle.catalog_task = Some(tokio::spawn(crate::catalog::run_sync(
                 route.clone(),
                 catalog_table,

@@ -140,8 +140,8 @@ impl Peer {
         stream: bool,
         seen: &PoolIds,
     ) -> io::Result<()> {
-        let mut parts: Vec<Part<'a>> = parts.map(|(src, r)| (Local::Out(src), r)).collect();
-        self.copy_many(&mut parts, stream, Some(seen))
+        let parts = parts.map(|(src, r)| (Local::Out(src), r));
+        self.copy_many(parts, stream, Some(seen))
     }
 
     /// Fills `dst` from the caller's `ranges` (whose lengths add up to `dst.len()`).
@@ -162,22 +162,22 @@ impl Peer {
         stream: bool,
         seen: &PoolIds,
     ) -> io::Result<()> {
-        let mut parts: Vec<Part<'a>> = parts.map(|(dst, r)| (Local::In(dst), r)).collect();
-        self.copy_many(&mut parts, stream, Some(seen))
+        let parts = parts.map(|(dst, r)| (Local::In(dst), r));
+        self.copy_many(parts, stream, Some(seen))
     }
 
     /// `stream`: the copy's stores, into `local` or into the caller's pool, are streaming
     /// stores (`crate::copy`).
     fn copy(&self, local: Local<'_>, ranges: &[(u64, u64)], stream: bool) -> io::Result<()> {
-        self.copy_many(&mut [(local, ranges)], stream, None)
+        self.copy_many(std::iter::once((local, ranges)), stream, None)
     }
 
     /// Makes every copy of `parts`, all of them the same way (into the caller's memory or out
     /// of it): those in the caller's shared pools with `memcpy`, the rest by
     /// `process_vm_readv` / `process_vm_writev`, as few calls as the iovec limit allows.
-    fn copy_many(
+    fn copy_many<'a>(
         &self,
-        parts: &mut [Part<'_>],
+        parts: impl Iterator<Item = Part<'a>>,
         stream: bool,
         seen: Option<&PoolIds>,
     ) -> io::Result<()> {
@@ -201,75 +201,37 @@ impl Peer {
                 Some(id)
             }
         };
-        let mut out = None;
-        let mut local: Vec<libc::iovec> = Vec::new();
-        let mut remote: Vec<libc::iovec> = Vec::new();
-        for (part, ranges) in parts.iter_mut() {
-            let ranges: &[(u64, u64)] = ranges;
-            if self.pools.copy(part, ranges, current, stream) {
-                continue;
+        let mut by_call = Iovecs::default();
+        for (mut part, ranges) in parts {
+            if !self.pools.copy(&mut part, ranges, current, stream) {
+                by_call.push(part, ranges);
             }
-            let (is_out, base, len) = match part {
-                Local::Out(src) => (true, src.as_ptr().cast_mut(), src.len()),
-                Local::In(dst) => (false, dst.as_mut_ptr(), dst.len()),
-            };
-            if *out.get_or_insert(is_out) != is_out {
-                return Err(io::Error::other(
-                    "one copy of many went into and out of the caller's memory",
-                ));
-            }
-            local.push(libc::iovec {
-                iov_base: base.cast(),
-                iov_len: len,
-            });
-            remote.extend(ranges.iter().map(|&(address, len)| libc::iovec {
-                iov_base: address as usize as *mut libc::c_void,
-                iov_len: len as usize,
-            }));
         }
-        match out {
-            None => Ok(()),
-            Some(out) => self.copy_iovecs(out, local, remote),
-        }
+        self.copy_iovecs(by_call)
     }
 
     /// [`Peer::copy`] by `process_vm_readv` / `process_vm_writev`.
     fn copy_syscall(&self, local: Local<'_>, ranges: &[(u64, u64)]) -> io::Result<()> {
-        let (out, base, len) = match local {
-            Local::Out(src) => (true, src.as_ptr().cast_mut(), src.len()),
-            Local::In(dst) => (false, dst.as_mut_ptr(), dst.len()),
-        };
-        let remote = ranges
-            .iter()
-            .map(|&(address, len)| libc::iovec {
-                iov_base: address as usize as *mut libc::c_void,
-                iov_len: len as usize,
-            })
-            .collect();
-        let local = vec![libc::iovec {
-            iov_base: base.cast(),
-            iov_len: len,
-        }];
-        self.copy_iovecs(out, local, remote)
+        let mut by_call = Iovecs::default();
+        by_call.push(local, ranges);
+        self.copy_iovecs(by_call)
     }
 
-    /// Copies between the node's `local` iovecs and the caller's `remote` ones (the same number
-    /// of bytes in all; into the caller's memory when `out`), [`IOV_MAX`] of each at most per
-    /// system call, until every byte moved. The local iovecs must name memory of this process
-    /// that stays valid, and writable unless `out`, for the call.
-    fn copy_iovecs(
-        &self,
-        out: bool,
-        mut local: Vec<libc::iovec>,
-        mut remote: Vec<libc::iovec>,
-    ) -> io::Result<()> {
+    /// Makes the copies `by_call` names (the same number of bytes on both sides), [`IOV_MAX`]
+    /// iovecs of each side at most per system call, until every byte moved.
+    fn copy_iovecs(&self, by_call: Iovecs) -> io::Result<()> {
+        let Iovecs {
+            out,
+            mut local,
+            mut remote,
+        } = by_call;
         let len: usize = local.iter().map(|v| v.iov_len).sum();
         let (mut done, mut first_local, mut first_remote) = (0usize, 0usize, 0usize);
         while done < len {
             let locals = &local[first_local..(first_local + IOV_MAX).min(local.len())];
             let remotes = &remote[first_remote..(first_remote + IOV_MAX).min(remote.len())];
-            // SAFETY: the local iovecs name memory of this process the caller of `copy_iovecs`
-            // keeps valid for the call: only read (process_vm_writev) when `out`, written
+            // SAFETY: the local iovecs point into the slices the parts lent ([`Iovecs`]), which
+            // outlive this call: only read (process_vm_writev) when `out`, written
             // (process_vm_readv) only when the parts are exclusive `In` slices. The remote
             // iovecs name the other process's memory, which the kernel checks itself.
             let n = unsafe {
@@ -319,6 +281,42 @@ pub(crate) const IOV_MAX: usize = 1024;
 /// One part of a copy of many ([`Peer::copy_many`]): the node's bytes and the caller's ranges
 /// for them.
 type Part<'a> = (Local<'a>, &'a [(u64, u64)]);
+
+/// Copies to make by system call ([`Peer::copy_iovecs`]): the node's side, the caller's, and
+/// which way (`out`: into the caller's memory). The node's iovecs point into the slices the
+/// parts lent, which outlive the copy: only read when `out`, written only when the parts are
+/// exclusive `In` slices.
+#[derive(Default)]
+struct Iovecs {
+    out: bool,
+    local: Vec<libc::iovec>,
+    remote: Vec<libc::iovec>,
+}
+
+impl Iovecs {
+    /// Adds `part`, copied from or to the caller's `ranges` (every part of one copy goes the
+    /// same way).
+    fn push(&mut self, part: Local<'_>, ranges: &[(u64, u64)]) {
+        let (out, base, len) = match part {
+            Local::Out(src) => (true, src.as_ptr().cast_mut(), src.len()),
+            Local::In(dst) => (false, dst.as_mut_ptr(), dst.len()),
+        };
+        debug_assert!(
+            self.local.is_empty() || self.out == out,
+            "a copy goes one way"
+        );
+        self.out = out;
+        self.local.push(libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        });
+        self.remote
+            .extend(ranges.iter().map(|&(address, len)| libc::iovec {
+                iov_base: address as usize as *mut libc::c_void,
+                iov_len: len as usize,
+            }));
+    }
+}
 
 /// Moves `first` past the iovecs `n` copied bytes filled, and shortens a partly filled one.
 fn advance(iovecs: &mut [libc::iovec], first: &mut usize, mut n: usize) {

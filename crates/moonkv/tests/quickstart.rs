@@ -9,6 +9,15 @@ fn moonkv(master: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
     output_of(MOONKV.client(master, args), stdin.unwrap_or_default())
 }
 
+/// Asserts that a client command succeeded, showing what it printed to stderr if not.
+fn succeeded(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `moonkv up` on ephemeral ports with a 64 MiB segment, and `extra` flags.
 fn up(extra: &[&str]) -> moonkv_testkit::Proc {
     let mut args = vec![
@@ -37,11 +46,7 @@ fn up_then_put_get_ls_stat_rm() {
     let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
 
     let put = moonkv(&master, &["put", "greeting", "-"], Some(&payload));
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
+    succeeded(&put);
     let get = moonkv(&master, &["get", "greeting"], None);
     assert!(get.status.success());
     assert_eq!(get.stdout, payload, "byte-exact round trip through the CLI");
@@ -67,11 +72,7 @@ fn up_then_put_get_ls_stat_rm() {
     let rm = moonkv(&master, &["rm", "greeting"], None);
     assert!(String::from_utf8_lossy(&rm.stderr).contains("OBJECT_HAS_LEASE"));
     let rm = moonkv(&master, &["rm", "--force", "greeting"], None);
-    assert!(
-        rm.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rm.stderr)
-    );
+    succeeded(&rm);
     let gone = moonkv(&master, &["get", "greeting"], None);
     assert!(String::from_utf8_lossy(&gone.stderr).contains("OBJECT_NOT_FOUND"));
 }
@@ -86,11 +87,7 @@ fn a_paused_up_keeps_its_objects_when_it_resumes() {
     let master = up.field("rpc");
     let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 251) as u8).collect();
     let put = moonkv(&master, &["put", "kept", "-"], Some(&payload));
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
+    succeeded(&put);
     // Frozen well past the TTL: on resume the master's sweep (every second) finds the node's
     // heartbeat overdue, and would have unmounted its segment and dropped the object.
     up.freeze();
@@ -99,20 +96,12 @@ fn a_paused_up_keeps_its_objects_when_it_resumes() {
     // Three sweeps after the resume.
     std::thread::sleep(Duration::from_millis(3_000));
     let get = moonkv(&master, &["get", "kept"], None);
-    assert!(
-        get.status.success(),
-        "{}",
-        String::from_utf8_lossy(&get.stderr)
-    );
+    succeeded(&get);
     assert_eq!(get.stdout, payload);
     let stat = moonkv(&master, &["stat", "--admin", &up.field("admin")], None);
     let text = String::from_utf8_lossy(&stat.stdout);
     assert!(stat.status.success() && text.contains("keys 1"), "{text}");
     // And it still takes writes.
     let put = moonkv(&master, &["put", "after", "-"], Some(b"x"));
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
+    succeeded(&put);
 }

@@ -266,14 +266,15 @@ impl Engine {
         }
     }
 
-    /// Expires clients whose heartbeat deadline passed (but those of [`Engine::never_expire`]): their segments are unmounted and objects
-    /// that only lived there disappear (with `removed` events); their disks are detached. Also
-    /// ends detached disks whose grace period passed. Returns the number of clients expired.
+    /// Expires clients whose heartbeat deadline passed (but those of [`Engine::never_expire`]):
+    /// their segments are unmounted and objects that only lived there disappear (with `removed`
+    /// events); their disks are detached. Also ends detached disks whose grace period passed.
+    /// Returns the number of clients expired.
     pub fn expire_clients(&self) -> usize {
         self.expire_detached_disks();
         let now = self.now();
         let expired: Vec<ClientId> = {
-            let undying = self.undying.lock().clone();
+            let undying = self.undying.lock();
             let mut clients = self.clients.lock();
             let ids: Vec<ClientId> = clients
                 .iter()
