@@ -15,6 +15,10 @@
                                              standalone mode: replaces KEY-0 .. KEY-(N-1), SIZE
                                              bytes each, in one batch_upsert_from forever,
                                              announcing "go RC..." after the first batch
+    worker.py own-batch-upserts <master> <key> <n> <size>
+                                             set up with the master and no segment, its buffer
+                                             its own memory: replaces KEY-0 .. KEY-(N-1) as
+                                             batch-upserts does, announcing "go RC..."
     worker.py long-gets <node data address> <key> <size>
                                              standalone mode: reads KEY (SIZE bytes) into its
                                              pool, 3 bytes past a cache line, forever,
@@ -125,6 +129,27 @@ def batch_upserts(data: str, key: str, n: int, size: int) -> None:
         store.batch_upsert_from(keys, ptrs, [size] * n)
 
 
+def own_batch_upserts(master: str, key: str, n: int, size: int) -> None:
+    import ctypes
+    import mmap
+
+    store = moonkv.MooncakeDistributedStore()
+    if store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master) != 0:
+        print("setup failed", flush=True)
+        sys.exit(1)
+    keys = [f"{key}-{i}" for i in range(n)]
+    memory = mmap.mmap(-1, n * size)
+    memory[:] = b"".join(pattern(f"{k}-new", size) for k in keys)
+    buf = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    if store.register_buffer(buf, n * size) != 0:
+        print("register_buffer failed", flush=True)
+        sys.exit(1)
+    ptrs = [buf + i * size for i in range(n)]
+    print("go " + " ".join(map(str, store.batch_upsert_from(keys, ptrs, [size] * n))), flush=True)
+    while True:
+        store.batch_upsert_from(keys, ptrs, [size] * n)
+
+
 def long_gets(data: str, key: str, size: int) -> None:
     store = standalone_store(data, size)
     buf = store.alloc_from_mem_pool(size + 64) + 3
@@ -139,6 +164,8 @@ if __name__ == "__main__":
         long_upserts(master, sys.argv[3], int(sys.argv[4]))
     elif mode == "batch-upserts":
         batch_upserts(master, sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif mode == "own-batch-upserts":
+        own_batch_upserts(master, sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif mode == "long-gets":
         long_gets(master, sys.argv[3], int(sys.argv[4]))
     elif mode == "exit-mid-put":
