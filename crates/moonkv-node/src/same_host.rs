@@ -81,35 +81,44 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    /// The same caller, watched on its connection's socket (see [`Peer::gave_up`]).
+    /// The same caller, watched on its connection's socket (see [`Peer::waiting`]).
     pub(crate) fn watching(mut self, socket: RawFd) -> Peer {
         self.socket = socket;
         self
     }
 
-    /// Whether the caller shut down its sending side: it abandoned its calls and waits, before
-    /// it frees or reuses the memory they named, for this node to stop (`POLLRDHUP`).
-    pub(crate) fn gave_up(&self) -> bool {
+    /// Whether the caller still waits for a request whose deadline is `deadline_ns`: the
+    /// deadline has not passed, its process runs, and it has not given up the connection it
+    /// is watched on. A caller gives up by shutting down its sending side: it abandoned its
+    /// calls and waits, before it frees or reuses the memory they named, for this node to stop
+    /// (`POLLRDHUP`).
+    ///
+    /// Both questions take one `poll` of the caller's pidfd and its connection together: this
+    /// check runs before and after every same-host copy, where a system call is a few percent
+    /// of a small request.
+    pub(crate) fn waiting(&self, deadline_ns: u64) -> bool {
+        if moonkv_dataplane::same_host::monotonic_now_ns() >= deadline_ns {
+            return false;
+        }
         // Not watching a connection (poll would ignore a negative descriptor).
         if self.socket < 0 {
-            return false;
+            return self.alive();
         }
         // SAFETY: a non-negative `socket` is the descriptor of the connection this caller
         // attached, which stays open while the connection is served, longer than `self`.
         let socket = unsafe { BorrowedFd::borrow_raw(self.socket) };
-        let mut fds = [PollFd::from_borrowed_fd(socket, PollFlags::RDHUP)];
-        matches!(poll(&mut fds, Some(&NO_WAIT)), Ok(n) if n > 0)
-            && fds[0]
-                .revents()
-                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
-    }
-
-    /// Whether the caller still waits for a request whose deadline is `deadline_ns`: the
-    /// deadline has not passed, it runs, and it has not given up the connection.
-    pub(crate) fn waiting(&self, deadline_ns: u64) -> bool {
-        moonkv_dataplane::same_host::monotonic_now_ns() < deadline_ns
-            && self.alive()
-            && !self.gave_up()
+        let mut fds = [
+            PollFd::new(&self.pidfd, PollFlags::IN),
+            PollFd::from_borrowed_fd(socket, PollFlags::RDHUP),
+        ];
+        if poll(&mut fds, Some(&NO_WAIT)).is_err() {
+            return false;
+        }
+        let exited = !fds[0].revents().is_empty();
+        let gave_up = fds[1]
+            .revents()
+            .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR);
+        !exited && !gave_up
     }
 
     /// Whether the caller process still runs (its pidfd is not yet readable).
@@ -678,6 +687,33 @@ mod tests {
     }
 
     #[test]
+    fn a_caller_whose_process_exited_is_not_waiting_whether_or_not_its_connection_is_watched() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        let peer = |socket: RawFd| Peer {
+            pid,
+            pidfd: pidfd_open(pid, PidfdFlags::empty()).unwrap(),
+            socket,
+            pools: SharedPools::default(),
+        };
+        let (watched, unwatched) = (peer(server.as_raw_fd()), peer(-1));
+        let far = moonkv_dataplane::same_host::monotonic_now_ns() + 60_000_000_000;
+        assert!(watched.waiting(far) && unwatched.waiting(far));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!watched.alive() && !unwatched.alive());
+        assert!(!watched.waiting(far), "exited, its connection still open");
+        assert!(!unwatched.waiting(far), "exited, no connection watched");
+    }
+
+    #[test]
     fn a_caller_that_shuts_its_sending_side_has_given_up() {
         use std::os::fd::AsRawFd;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -687,15 +723,21 @@ mod tests {
         let me = std::process::id();
         let at = probe.as_ptr() as u64;
         let unwatched = verify(me, peer, server.local_addr().unwrap(), at, *probe, false).unwrap();
-        assert!(!unwatched.gave_up(), "no connection watched");
+        let far = moonkv_dataplane::same_host::monotonic_now_ns() + 60_000_000_000;
+        assert!(unwatched.waiting(far), "no connection watched");
         let attached = unwatched.watching(server.as_raw_fd());
-        assert!(!attached.gave_up());
+        assert!(attached.waiting(far));
+        assert!(!attached.waiting(moonkv_dataplane::same_host::monotonic_now_ns()));
         client.shutdown(std::net::Shutdown::Write).unwrap();
         let since = std::time::Instant::now();
-        while !attached.gave_up() {
+        while attached.waiting(far) {
             assert!(since.elapsed() < std::time::Duration::from_secs(5));
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        assert!(
+            attached.alive(),
+            "the process still runs: its connection alone ended the wait"
+        );
         drop(attached);
         drop(server);
     }
