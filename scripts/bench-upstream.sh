@@ -66,6 +66,8 @@
 set -euo pipefail
 SELF=$(readlink -f "$0")
 ROOT=$(cd "$(dirname "$SELF")/.." && pwd)
+# shellcheck source=scripts/machine.sh
+. "$ROOT/scripts/machine.sh"
 cd "$ROOT"
 
 OUT=$(mkdir -p "${1:-target/bench-upstream}" && cd "${1:-target/bench-upstream}" && pwd)
@@ -136,7 +138,7 @@ trap stop_all EXIT
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "uptime before: $(uptime)"
     echo "nproc: $(nproc)"
-    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+    echo "cpu: $(machine_cpu)"
     echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
     echo "kernel: $(uname -r)"
     echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)')"

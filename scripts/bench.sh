@@ -77,7 +77,9 @@ run() {
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git diff --quiet HEAD 2>/dev/null; then commit="$commit + local changes"; fi
-cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1)
+# shellcheck source=scripts/machine.sh
+. scripts/machine.sh
+cpu=$(machine_cpu)
 ram=$(free -g 2>/dev/null | awk '/^Mem:/ {print $2}')
 
 {
