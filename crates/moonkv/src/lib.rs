@@ -66,6 +66,27 @@ pub fn print_ready(fields: &[(&str, String)]) {
     println!("{}", serde_json::Value::Object(map));
 }
 
+/// A note for the operator when this machine is a virtual machine whose idle CPUs halt without
+/// polling first (`cpuidle-haltpoll` with `guest_halt_poll_ns` 0): every small call then waits
+/// for hypervisor wake-ups (`docs/operations.md`, *Small calls on virtual machines*).
+pub fn idle_poll_note() -> Option<String> {
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    halt_poll_note(
+        read("/sys/devices/system/cpu/cpuidle/current_driver").as_deref(),
+        read("/sys/module/haltpoll/parameters/guest_halt_poll_ns").as_deref(),
+    )
+}
+
+/// [`idle_poll_note`] from the two sysfs files' contents.
+fn halt_poll_note(driver: Option<&str>, poll_ns: Option<&str>) -> Option<String> {
+    let off = driver?.trim() == "haltpoll" && poll_ns?.trim().parse::<u64>().ok()? == 0;
+    off.then(|| {
+        "idle vCPUs halt without polling (haltpoll guest_halt_poll_ns is 0): small calls wait \
+         for hypervisor wake-ups; see docs/operations.md, \"Small calls on virtual machines\""
+            .to_string()
+    })
+}
+
 /// Resolves on SIGINT or SIGTERM.
 pub async fn wait_for_signal() {
     shutdown_signal().await
@@ -171,5 +192,23 @@ where
             eprintln!("error: {e:#}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::halt_poll_note;
+
+    #[test]
+    fn a_note_only_for_a_haltpoll_driver_that_never_polls() {
+        let note = halt_poll_note(Some("haltpoll\n"), Some("0\n")).expect("polling off");
+        assert!(note.contains("guest_halt_poll_ns is 0"), "{note}");
+        assert!(note.contains("docs/operations.md"), "{note}");
+        // Polling on, another idle driver, files missing or unreadable: nothing to say.
+        assert_eq!(halt_poll_note(Some("haltpoll\n"), Some("200000\n")), None);
+        assert_eq!(halt_poll_note(Some("acpi_idle\n"), Some("0\n")), None);
+        assert_eq!(halt_poll_note(Some("haltpoll"), None), None);
+        assert_eq!(halt_poll_note(None, Some("0")), None);
+        assert_eq!(halt_poll_note(Some("haltpoll"), Some("garbage")), None);
     }
 }

@@ -100,6 +100,9 @@ pub async fn run(config: MasterConfig) -> anyhow::Result<()> {
         .await
         .context("master failed to start")?;
     let stop = crate::shutdown_signal();
+    if let Some(note) = crate::idle_poll_note() {
+        tracing::info!("{note}");
+    }
     crate::print_ready(&[
         ("rpc", handle.rpc_addr().to_string()),
         ("admin", handle.admin_addr().to_string()),

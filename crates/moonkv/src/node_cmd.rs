@@ -243,6 +243,9 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     if let Some((addr, _)) = &metrics {
         ready.push(("metrics", addr.clone()));
     }
+    if let Some(note) = crate::idle_poll_note() {
+        tracing::info!("{note}");
+    }
     crate::print_ready(&ready);
     stop.await;
     tracing::info!("shutting down: unmounting segments");

@@ -135,8 +135,11 @@ pub async fn run(args: UpArgs, config: MasterConfig) -> anyhow::Result<()> {
         ),
         _ => String::new(),
     };
+    let note = crate::idle_poll_note()
+        .map(|note| format!("\n  note          {note}"))
+        .unwrap_or_default();
     eprintln!(
-        "moonkv is up\n  master RPC    {rpc}   (clients: --master {rpc} or MOONKV_MASTER)\n  admin HTTP    http://{admin}   (/metrics /health /get_segments_detail /kv_events/status)\n  event stream  {events}   (moonkv events tail --endpoint {events})\n  memory        {capacity} on {data}{disk}\nStop with Ctrl-C.",
+        "moonkv is up\n  master RPC    {rpc}   (clients: --master {rpc} or MOONKV_MASTER)\n  admin HTTP    http://{admin}   (/metrics /health /get_segments_detail /kv_events/status)\n  event stream  {events}   (moonkv events tail --endpoint {events})\n  memory        {capacity} on {data}{disk}{note}\nStop with Ctrl-C.",
         rpc = master.rpc_addr(),
         admin = master.admin_addr(),
         capacity = format_size(capacity),
