@@ -79,6 +79,12 @@ pub(crate) struct Helper {
     busy: AtomicBool,
     /// Until when (ns after `epoch`) the helper spins instead of sleeping.
     warm_until: AtomicU64,
+    /// The CPU the helper last spun on (`usize::MAX`: not known yet).
+    cpu: AtomicUsize,
+    /// The helper thread's id (0 until it runs).
+    tid: std::sync::atomic::AtomicI32,
+    /// The CPUs the helper thread was allowed on when it started.
+    allowed: OnceLock<rustix::thread::CpuSet>,
     /// The helper sleeps (under this lock) until notified.
     parked: Mutex<bool>,
     wake: Condvar,
@@ -96,24 +102,32 @@ fn helper() -> Option<&'static Helper> {
             if cpus < 2 || off {
                 return None;
             }
-            let helper = Arc::new(Helper {
-                posted: AtomicU64::new(0),
-                slot: Mutex::new(None),
-                in_job: AtomicBool::new(false),
-                busy: AtomicBool::new(false),
-                warm_until: AtomicU64::new(0),
-                parked: Mutex::new(false),
-                wake: Condvar::new(),
-                epoch: Instant::now(),
-            });
-            let runs = helper.clone();
-            std::thread::Builder::new()
-                .name("moonkv-copy".into())
-                .spawn(move || runs.run())
-                .ok()
-                .map(|_| helper)
+            spawn()
         })
         .as_deref()
+}
+
+/// A helper on a thread of its own; `None` when no thread could be started.
+fn spawn() -> Option<Arc<Helper>> {
+    let helper = Arc::new(Helper {
+        posted: AtomicU64::new(0),
+        slot: Mutex::new(None),
+        in_job: AtomicBool::new(false),
+        busy: AtomicBool::new(false),
+        warm_until: AtomicU64::new(0),
+        cpu: AtomicUsize::new(usize::MAX),
+        tid: std::sync::atomic::AtomicI32::new(0),
+        allowed: OnceLock::new(),
+        parked: Mutex::new(false),
+        wake: Condvar::new(),
+        epoch: Instant::now(),
+    });
+    let runs = helper.clone();
+    std::thread::Builder::new()
+        .name("moonkv-copy".into())
+        .spawn(move || runs.run())
+        .ok()
+        .map(|_| helper)
 }
 
 /// A request that copied at least [`SPLIT_MIN`] bytes was answered: the helper stays awake
@@ -173,6 +187,7 @@ pub(crate) fn split<T: Send>(
         .filter(|h| share && n >= 2 && others == 0 && !h.busy.swap(true, Ordering::Acquire));
     match helper {
         Some(helper) => {
+            helper.move_off_this_cpu();
             let posted = Posted::post(helper, &work);
             work();
             drop(posted);
@@ -183,6 +198,13 @@ pub(crate) fn split<T: Send>(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// The CPU this thread runs on (`usize::MAX` when unknown).
+fn current_cpu() -> usize {
+    // SAFETY: `sched_getcpu` takes no arguments and only reads the calling thread's state.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).unwrap_or(usize::MAX)
 }
 
 /// Counts a copy in [`COPYING`] while it lives.
@@ -235,6 +257,33 @@ impl Helper {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// Moves the helper off the calling thread's CPU when it last spun there. Waiting to run
+    /// behind the caller, it would take no piece of the copy while the other CPU sits idle: the
+    /// scheduler does not pull a thread that just ran over to an idle CPU (on the 2-vCPU VM of
+    /// `docs/benchmarks.md`, 1–10% of 4 MiB copies ran on one thread this way, at twice the
+    /// time). The helper may then run on every CPU but this one, until a copy finds it on its
+    /// CPU again. Costs one system call, only then; a refusal (a cpuset, say) changes nothing.
+    fn move_off_this_cpu(&self) {
+        let here = current_cpu();
+        let tid = self.tid.load(Ordering::Relaxed);
+        if here == usize::MAX || tid == 0 || self.cpu.load(Ordering::Relaxed) != here {
+            return;
+        }
+        let Some(mut allowed) = self.allowed.get().cloned() else {
+            return;
+        };
+        allowed.unset(here);
+        if allowed.count() == 0 {
+            return;
+        }
+        let Some(tid) = rustix::process::Pid::from_raw(tid) else {
+            return;
+        };
+        if rustix::thread::sched_setaffinity(Some(tid), &allowed).is_ok() {
+            self.cpu.store(usize::MAX, Ordering::Relaxed);
+        }
+    }
+
     /// Keeps the helper spinning for `window` from now, waking it if it sleeps.
     fn keep_warm(&self, window: Duration) {
         let until = self.now_ns() + window.as_nanos() as u64;
@@ -248,6 +297,13 @@ impl Helper {
     /// The helper thread: waits for a posted job (spinning while warm, asleep otherwise), runs
     /// its share of it, and goes back to waiting.
     fn run(&self) {
+        if let Ok(allowed) = rustix::thread::sched_getaffinity(None) {
+            let _ = self.allowed.set(allowed);
+        }
+        self.tid.store(
+            rustix::thread::gettid().as_raw_nonzero().get(),
+            Ordering::Relaxed,
+        );
         let mut seen = 0u64;
         loop {
             // Wait for a job posted after the last one seen.
@@ -272,6 +328,7 @@ impl Helper {
                 // Above all the caller a same-host answer just woke, which its scheduler often
                 // queues on this CPU, behind the helper.
                 std::thread::yield_now();
+                self.cpu.store(current_cpu(), Ordering::Relaxed);
             }
             let job = {
                 let slot = self.slot.lock();
@@ -298,6 +355,66 @@ impl Helper {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_helper_found_spinning_on_the_posting_cpu_is_moved_off_it() {
+        use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+        // A helper of its own, which no other test wakes.
+        let Some(helper) = spawn() else {
+            return;
+        };
+        let all = sched_getaffinity(None).unwrap();
+        let Some(here) = (0..CpuSet::MAX_CPU).find(|&c| all.is_set(c)) else {
+            return;
+        };
+        if all.count() < 2 {
+            return;
+        }
+        // This thread stays on one CPU, so the helper can be said to spin there.
+        let mut one = CpuSet::new();
+        one.set(here);
+        sched_setaffinity(None, &one).unwrap();
+        helper.keep_warm(Duration::from_millis(50));
+        let since = Instant::now();
+        let tid = loop {
+            let tid = helper.tid.load(Ordering::Relaxed);
+            if tid != 0 {
+                break rustix::process::Pid::from_raw(tid).unwrap();
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(5),
+                "the helper never ran"
+            );
+            std::thread::yield_now();
+        };
+        // Asleep, it no longer records where it spins.
+        helper.warm_until.store(0, Ordering::Relaxed);
+        while !*helper.parked.lock() {
+            assert!(
+                since.elapsed() < Duration::from_secs(5),
+                "the helper never slept"
+            );
+            std::thread::yield_now();
+        }
+        helper.cpu.store(here, Ordering::Relaxed);
+        helper.move_off_this_cpu();
+        let moved = sched_getaffinity(Some(tid)).unwrap();
+        assert!(
+            !moved.is_set(here),
+            "still allowed on the posting CPU {here}"
+        );
+        assert_eq!(
+            moved.count(),
+            all.count() - 1,
+            "every other CPU stays allowed"
+        );
+        // Found elsewhere, it is left where it is.
+        helper.cpu.store(usize::MAX, Ordering::Relaxed);
+        sched_setaffinity(Some(tid), &all).unwrap();
+        helper.move_off_this_cpu();
+        assert_eq!(sched_getaffinity(Some(tid)).unwrap().count(), all.count());
+        sched_setaffinity(None, &all).unwrap();
+    }
 
     #[test]
     fn pieces_are_whole_64k_units_between_64k_and_2m() {
