@@ -23,7 +23,8 @@
 //! closure on its own stack, with its lifetime erased, and returns (or unwinds) only after it
 //! took the reference back out of the slot and saw the helper leave the closure (`in_job`
 //! false). The helper reads the slot and sets `in_job` under the slot's lock, so it cannot start
-//! the closure after the slot was emptied.
+//! the closure after the slot was emptied. `current_cpu` calls libc's `sched_getcpu`, which
+//! takes no arguments.
 
 #![allow(unsafe_code)]
 
@@ -200,7 +201,8 @@ pub(crate) fn split<T: Send>(
     }
 }
 
-/// The CPU this thread runs on (`usize::MAX` when unknown).
+/// The CPU this thread runs on (`usize::MAX` when unknown). glibc's `sched_getcpu` reads it
+/// without a system call (vDSO or `rdpid`), where rustix's makes one.
 fn current_cpu() -> usize {
     // SAFETY: `sched_getcpu` takes no arguments and only reads the calling thread's state.
     let cpu = unsafe { libc::sched_getcpu() };
