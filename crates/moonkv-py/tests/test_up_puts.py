@@ -217,11 +217,14 @@ def test_a_caller_killed_mid_put_leaves_whole_values_or_none(up, key):
     kill_long_upserters(up.data, key)
 
 
-def kill_batch_upserter(data: str, key: str, n: int, size: int, delay: float) -> None:
+def kill_batch_upserter(
+    target: str, key: str, n: int, size: int, delay: float, mode: str = "batch-upserts"
+) -> None:
     """A child process upserting keys `{key}-0` .. `{key}-{n-1}` of `size` bytes in one batch,
-    again and again, against the node at `data`: SIGKILLed `delay` seconds after its first
-    batch succeeded."""
-    child = python_child("worker.py", "batch-upserts", data, key, str(n), str(size))
+    again and again (`worker.py MODE`: standalone against the node at `target`, or with
+    `own-batch-upserts` from its own memory through the master at `target`): SIGKILLed `delay`
+    seconds after its first batch succeeded."""
+    child = python_child("worker.py", mode, target, key, str(n), str(size))
     try:
         assert child.stdout.readline().split() == ["go"] + ["0"] * n
         time.sleep(delay)
@@ -289,15 +292,7 @@ def test_a_caller_copying_from_its_own_memory_killed_mid_batch_leaves_keys_whole
         memory[:] = old
         assert s.batch_put_from(keys, ptrs, [size] * n) == [OK] * n
         for delay in (0.0, 0.002, 0.01, 0.03):
-            child = python_child(
-                "worker.py", "own-batch-upserts", up.ready["rpc"], key, str(n), str(size)
-            )
-            try:
-                assert child.stdout.readline().split() == ["go"] + ["0"] * n
-                time.sleep(delay)
-            finally:
-                child.kill()
-                child.wait(timeout=10)
+            kill_batch_upserter(up.ready["rpc"], key, n, size, delay, mode="own-batch-upserts")
             memory[:] = bytes(n * size)
             got = s.batch_get_into(keys, ptrs, [size] * n)
             for i, k in enumerate(keys):
