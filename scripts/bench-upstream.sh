@@ -37,6 +37,10 @@
 # one call (its bytes one way over loopback TCP, a 16-byte answer back, 1 and 4 connections);
 # the socket column shows each cell as a fraction of the floor for the bytes and keys of its
 # calls (a 128 × 4 KiB batch: 512 KiB per call; an existence check: a bare round trip).
+# Every round also starts and ends with `moonkv bench memcpy --fresh 256MiB --threads 2`: two
+# threads writing 4 MiB copies with streaming stores into memory no cache holds, as a fresh 4 MiB
+# put does. On the development VM that rate halves for seconds at a time, which moves the fresh
+# puts with it; the results list it per round.
 #   WARM=1          before the first round, write and remove about CALLS x 4 MiB + 256 MiB of
 #                   fresh keys (untimed, 64 MiB objects) on each cluster, so that no round pays
 #                   for first writes into its segment's pages (slow on a VM whose host backs
@@ -246,6 +250,12 @@ if [[ ${WARM:-1} != 0 ]]; then
     done
 fi
 
+# The rate of fresh writes now (see the header); `$1` names the probe in raw/.
+fresh_probe() {
+    "$MOONKV_BIN" bench memcpy --sizes 4MiB --fresh 256MiB --threads 2 --repeat 3 --duration 200ms \
+        --json >"$OUT/raw/fresh.$1.json" 2>/dev/null || log "  fresh-write probe failed"
+}
+
 T0=$(date +%s)
 for ((r = 1; r <= RUNS; r++)); do
     order=("${SYSTEMS[@]}")
@@ -253,10 +263,12 @@ for ((r = 1; r <= RUNS; r++)); do
         order=()
         for ((i = ${#SYSTEMS[@]} - 1; i >= 0; i--)); do order+=("${SYSTEMS[i]}"); done
     fi
+    fresh_probe "$r.start"
     for cell in "${CELLS[@]}"; do
         read -r -a a <<<"$(cell_args "$cell")"
         for sys in "${order[@]}"; do run "$sys" "$r" "$cell" "${a[@]}"; done
     done
+    fresh_probe "$r.end"
     # the machine's copy rate in this round: the ceiling of the same-host cells
     log "round $r  memcpy probe"
     "$MOONKV_BIN" bench memcpy --sizes 1MiB,4MiB,16MiB,64MiB --json >"$OUT/raw/memcpy.$r.json" 2>/dev/null ||
@@ -499,6 +511,18 @@ for cell in order:
             if f:
                 print(f"{s} {k[1]} {size_label(k[2])}: {errors(recs)} errors, first `{f}`\n")
 
+# the fresh-write probe at the start and end of every round: round -> [start, end] GB/s
+fresh = {}
+for path in sorted(glob.glob(os.path.join(out, "raw", "fresh.*.json"))):
+    round_, when = os.path.basename(path).split(".")[1:3]
+    for line in open(path):
+        if line.startswith("{"):
+            fresh.setdefault(int(round_), {})[when] = json.loads(line)["gb_per_s"]
+if fresh:
+    print("\nfresh-write probe (`moonkv bench memcpy --sizes 4MiB --fresh 256MiB --threads 2`: two threads, "
+          "streaming stores into memory no cache holds), GB/s at the start and end of each round: "
+          + ", ".join(f"round {r} {v.get('start', float('nan')):.1f} / {v.get('end', float('nan')):.1f}"
+                      for r, v in sorted(fresh.items())) + ".")
 if MEMCPY:
     print("\nmemcpy probe (`moonkv bench memcpy`, one thread), median of the rounds: "
           + ", ".join(f"{size_label(k)} {v:.2f} GB/s" for k, v in sorted(MEMCPY.items())) + ".")

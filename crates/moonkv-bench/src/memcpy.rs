@@ -3,6 +3,13 @@
 //! same buffer each time, as a benchmark that moves one object repeatedly does); the median of
 //! `--repeat` timed runs is reported. `bench-upstream.sh` runs it in every round, so the
 //! same-host figures can be read as a fraction of it.
+//!
+//! With `--fresh SPAN`, each copy goes instead to the next slot of a destination of `SPAN`
+//! bytes, larger than the caches, with the node's streaming stores: the rate of writing into
+//! memory no cache holds, as a put into freshly allocated space does, on `--threads` threads
+//! (each copying its share of every slot). On the development VM this rate halves and recovers
+//! for seconds at a time while nothing on the machine changes, which moves every large fresh
+//! put with it; `bench-upstream.sh` records it in every round for that reason.
 
 use moonkv_proto::units::format_size;
 use std::time::{Duration, Instant};
@@ -20,18 +27,61 @@ pub struct MemcpyBenchArgs {
     /// Runs per size; the median is reported.
     #[arg(long, default_value_t = 5)]
     repeat: usize,
-    /// One JSON object per size (`{"op":"memcpy","size":…,"gb_per_s":…}`) instead of a table.
+    /// Copy into the next slot of a destination of this many bytes each time (at least twice
+    /// the largest size), with streaming stores, instead of into the same buffer.
+    #[arg(long, value_parser = moonkv_proto::units::size_flag)]
+    fresh: Option<u64>,
+    /// Threads copying at once, each its share of every copy.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// One JSON object per size (`{"op":"memcpy","size":…,"gb_per_s":…}`; `"op":"fresh_write"`
+    /// with `--fresh`) instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// How the probe copies.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    /// Bytes of the destination each copy's slot is taken from (`None`: the same buffer).
+    fresh: Option<usize>,
+    threads: usize,
 }
 
 /// Measures and prints one line per size.
 pub fn run(args: MemcpyBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.repeat > 0, "--repeat must be positive");
+    anyhow::ensure!(
+        (1..=256).contains(&args.threads),
+        "--threads must be between 1 and 256"
+    );
+    let fresh = args
+        .fresh
+        .map(|span| {
+            usize::try_from(span)
+                .ok()
+                .filter(|&span| {
+                    args.sizes
+                        .iter()
+                        .all(|&size| span as u64 >= size.saturating_mul(2))
+                })
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--fresh: {span} bytes is not at least twice every size")
+                })
+        })
+        .transpose()?;
+    let probe = Probe {
+        fresh,
+        threads: args.threads,
+    };
+    let (op, what) = match fresh {
+        Some(_) => ("fresh_write", "fresh-write GB/s, streaming stores"),
+        None => ("memcpy", "memcpy GB/s"),
+    };
     if !args.json {
         println!(
-            "| size | memcpy GB/s, one thread | min–max of {} runs |",
-            args.repeat
+            "| size | {what}, {} thread(s) | min–max of {} runs |",
+            args.threads, args.repeat
         );
         println!("|--:|--:|--:|");
     }
@@ -40,11 +90,16 @@ pub fn run(args: MemcpyBenchArgs) -> anyhow::Result<()> {
             .ok()
             .filter(|&s| s > 0)
             .ok_or_else(|| anyhow::anyhow!("--sizes: {size} is not a usable buffer size"))?;
-        let mut rates = measure(size, args.duration, args.repeat);
+        anyhow::ensure!(
+            size >= probe.threads,
+            "--sizes: {size} bytes cannot be shared by {} threads",
+            probe.threads
+        );
+        let mut rates = measure(size, args.duration, args.repeat, probe);
         rates.sort_by(f64::total_cmp);
         let median = rates[rates.len() / 2];
         if args.json {
-            println!(r#"{{"op":"memcpy","size":{size},"gb_per_s":{median:.4}}}"#);
+            println!(r#"{{"op":"{op}","size":{size},"gb_per_s":{median:.4}}}"#);
         } else {
             println!(
                 "| {} | {median:.2} | {:.2}–{:.2} |",
@@ -57,29 +112,130 @@ pub fn run(args: MemcpyBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// GB/s of `repeat` runs of copying `size` bytes for `duration` each.
-fn measure(size: usize, duration: Duration, repeat: usize) -> Vec<f64> {
+/// GB/s of `repeat` runs of copying `size` bytes for `duration` each, as `probe` says.
+fn measure(size: usize, duration: Duration, repeat: usize, probe: Probe) -> Vec<f64> {
     let src = vec![0x5au8; size];
-    let mut dst = vec![0xa5u8; size];
+    let mut dst = vec![0xa5u8; probe.fresh.unwrap_or(size)];
+    // Each thread's share of every copy: its byte range in the object.
+    let share = size.div_ceil(probe.threads);
     (0..repeat)
         .map(|_| {
-            let (started, mut copies) = (Instant::now(), 0u64);
-            while copies == 0 || started.elapsed() < duration {
-                dst.copy_from_slice(std::hint::black_box(&src));
-                std::hint::black_box(&mut dst);
-                copies += 1;
-            }
-            (copies as f64 * size as f64) / started.elapsed().as_secs_f64() / 1e9
+            let started = Instant::now();
+            let copied: u64 = if probe.threads == 1 {
+                copy_for(&src, &mut dst, 0..size, probe.fresh, duration, started)
+            } else {
+                // Every thread gets its share of every slot of the destination.
+                let slots = dst.len() / size;
+                let mut parts: Vec<Vec<&mut [u8]>> =
+                    (0..probe.threads).map(|_| Vec::new()).collect();
+                for slot in dst.chunks_mut(size).take(slots) {
+                    for (t, piece) in slot.chunks_mut(share).enumerate() {
+                        parts[t].push(piece);
+                    }
+                }
+                std::thread::scope(|scope| {
+                    let runs: Vec<_> = parts
+                        .into_iter()
+                        .enumerate()
+                        .map(|(t, mut pieces)| {
+                            let from = (t * share).min(size);
+                            let src = &src[from..(from + share).min(size)];
+                            let stream = probe.fresh.is_some();
+                            scope.spawn(move || {
+                                copy_pieces(src, &mut pieces, stream, duration, started)
+                            })
+                        })
+                        .collect();
+                    runs.into_iter().map(|r| r.join().unwrap_or(0)).sum()
+                })
+            };
+            copied as f64 / started.elapsed().as_secs_f64() / 1e9
         })
         .collect()
+}
+
+/// One thread's copies of `src[range]` for `duration` from `started`: into the same place of
+/// `dst` each time, or (`fresh`) into the next `src.len()`-byte slot of `dst` with streaming
+/// stores. Returns the bytes copied.
+fn copy_for(
+    src: &[u8],
+    dst: &mut [u8],
+    range: std::ops::Range<usize>,
+    fresh: Option<usize>,
+    duration: Duration,
+    started: Instant,
+) -> u64 {
+    let size = src.len();
+    let (mut copies, mut slot) = (0u64, 0usize);
+    while copies == 0 || started.elapsed() < duration {
+        match fresh {
+            None => dst[range.clone()].copy_from_slice(std::hint::black_box(&src[range.clone()])),
+            Some(_) => {
+                let at = slot * size;
+                moonkv_node::copy_streaming(
+                    &mut dst[at + range.start..at + range.end],
+                    std::hint::black_box(&src[range.clone()]),
+                );
+                slot = (slot + 1) % (dst.len() / size);
+            }
+        }
+        std::hint::black_box(&mut *dst);
+        copies += 1;
+    }
+    copies * range.len() as u64
+}
+
+/// One thread's copies of `src` into each of `pieces` in turn (`stream`: with streaming
+/// stores), for `duration` from `started`. Returns the bytes copied.
+fn copy_pieces(
+    src: &[u8],
+    pieces: &mut [&mut [u8]],
+    stream: bool,
+    duration: Duration,
+    started: Instant,
+) -> u64 {
+    let mut copied = 0u64;
+    let mut next = 0usize;
+    while copied == 0 || started.elapsed() < duration {
+        let piece = &mut pieces[next];
+        if stream {
+            moonkv_node::copy_streaming(piece, std::hint::black_box(src));
+        } else {
+            piece.copy_from_slice(std::hint::black_box(src));
+        }
+        std::hint::black_box(&mut *piece);
+        copied += src.len() as u64;
+        next = (next + 1) % pieces.len();
+    }
+    copied
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn each_run_copies_and_reports_a_positive_rate() {
-        let rates = super::measure(64 << 10, std::time::Duration::from_millis(5), 3);
+        let probe = super::Probe {
+            fresh: None,
+            threads: 1,
+        };
+        let rates = super::measure(64 << 10, std::time::Duration::from_millis(5), 3, probe);
         assert_eq!(rates.len(), 3);
         assert!(rates.iter().all(|r| r.is_finite() && *r > 0.0), "{rates:?}");
+    }
+
+    #[test]
+    fn fresh_writes_on_one_or_more_threads_report_a_positive_rate() {
+        for threads in [1, 2, 3] {
+            let probe = super::Probe {
+                fresh: Some(1 << 20),
+                threads,
+            };
+            let rates = super::measure(64 << 10, std::time::Duration::from_millis(5), 2, probe);
+            assert_eq!(rates.len(), 2);
+            assert!(
+                rates.iter().all(|r| r.is_finite() && *r > 0.0),
+                "{threads}: {rates:?}"
+            );
+        }
     }
 }

@@ -112,6 +112,12 @@ pub(crate) fn into_store(dst: &mut [u8], src: &[u8]) {
     copy_slices(dst, src, src.len() >= STREAM_MIN);
 }
 
+/// Copies `src` into store memory `dst` that is rarely cached (space just allocated):
+/// streaming stores whatever the length.
+pub(crate) fn into_fresh(dst: &mut [u8], src: &[u8]) {
+    copy_slices(dst, src, true);
+}
+
 /// Copies store memory `src` into `dst` (a get): ordinary stores.
 pub(crate) fn out_of_store(dst: &mut [u8], src: &[u8]) {
     copy_slices(dst, src, false);
