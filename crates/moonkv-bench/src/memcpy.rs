@@ -134,9 +134,12 @@ fn measure(size: usize, duration: Duration, repeat: usize, probe: Probe) -> Vec<
                     }
                 }
                 std::thread::scope(|scope| {
+                    // A size that does not divide into `threads` shares leaves the last
+                    // threads without one: they copy nothing.
                     let runs: Vec<_> = parts
                         .into_iter()
                         .enumerate()
+                        .filter(|(_, pieces)| !pieces.is_empty())
                         .map(|(t, mut pieces)| {
                             let from = (t * share).min(size);
                             let src = &src[from..(from + share).min(size)];
@@ -146,7 +149,9 @@ fn measure(size: usize, duration: Duration, repeat: usize, probe: Probe) -> Vec<
                             })
                         })
                         .collect();
-                    runs.into_iter().map(|r| r.join().unwrap_or(0)).sum()
+                    runs.into_iter()
+                        .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                        .sum()
                 })
             };
             copied as f64 / started.elapsed().as_secs_f64() / 1e9
@@ -237,5 +242,12 @@ mod tests {
                 "{threads}: {rates:?}"
             );
         }
+        // Five bytes in shares of two for four threads: three shares, the fourth thread idle.
+        let probe = super::Probe {
+            fresh: Some(16),
+            threads: 4,
+        };
+        let rates = super::measure(5, std::time::Duration::from_millis(2), 1, probe);
+        assert!(rates[0].is_finite() && rates[0] > 0.0, "{rates:?}");
     }
 }
