@@ -112,82 +112,41 @@ pub fn run(args: MemcpyBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// GB/s of `repeat` runs of copying `size` bytes for `duration` each, as `probe` says.
+/// GB/s of `repeat` runs of copying `size` bytes for `duration` each, as `probe` says: each
+/// thread copies its share of the object into its share of every slot of the destination in
+/// turn (one slot, the same place each time, without `--fresh`).
 fn measure(size: usize, duration: Duration, repeat: usize, probe: Probe) -> Vec<f64> {
     let src = vec![0x5au8; size];
     let mut dst = vec![0xa5u8; probe.fresh.unwrap_or(size)];
-    // Each thread's share of every copy: its byte range in the object.
     let share = size.div_ceil(probe.threads);
+    let stream = probe.fresh.is_some();
     (0..repeat)
         .map(|_| {
-            let started = Instant::now();
-            let copied: u64 = if probe.threads == 1 {
-                copy_for(&src, &mut dst, 0..size, probe.fresh, duration, started)
-            } else {
-                // Every thread gets its share of every slot of the destination.
-                let slots = dst.len() / size;
-                let mut parts: Vec<Vec<&mut [u8]>> =
-                    (0..probe.threads).map(|_| Vec::new()).collect();
-                for slot in dst.chunks_mut(size).take(slots) {
-                    for (t, piece) in slot.chunks_mut(share).enumerate() {
-                        parts[t].push(piece);
-                    }
+            let mut parts: Vec<Vec<&mut [u8]>> = (0..probe.threads).map(|_| Vec::new()).collect();
+            for slot in dst.chunks_exact_mut(size) {
+                for (t, piece) in slot.chunks_mut(share).enumerate() {
+                    parts[t].push(piece);
                 }
-                std::thread::scope(|scope| {
-                    // A size that does not divide into `threads` shares leaves the last
-                    // threads without one: they copy nothing.
-                    let runs: Vec<_> = parts
-                        .into_iter()
-                        .enumerate()
-                        .filter(|(_, pieces)| !pieces.is_empty())
-                        .map(|(t, mut pieces)| {
-                            let from = (t * share).min(size);
-                            let src = &src[from..(from + share).min(size)];
-                            let stream = probe.fresh.is_some();
-                            scope.spawn(move || {
-                                copy_pieces(src, &mut pieces, stream, duration, started)
-                            })
-                        })
-                        .collect();
-                    runs.into_iter()
-                        .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                        .sum()
-                })
-            };
+            }
+            let started = Instant::now();
+            let copied: u64 = std::thread::scope(|scope| {
+                // A size that does not divide into `threads` shares leaves the last threads
+                // without one: they copy nothing.
+                let runs: Vec<_> = parts
+                    .into_iter()
+                    .zip(src.chunks(share))
+                    .map(|(mut pieces, src)| {
+                        scope
+                            .spawn(move || copy_pieces(src, &mut pieces, stream, duration, started))
+                    })
+                    .collect();
+                runs.into_iter()
+                    .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .sum()
+            });
             copied as f64 / started.elapsed().as_secs_f64() / 1e9
         })
         .collect()
-}
-
-/// One thread's copies of `src[range]` for `duration` from `started`: into the same place of
-/// `dst` each time, or (`fresh`) into the next `src.len()`-byte slot of `dst` with streaming
-/// stores. Returns the bytes copied.
-fn copy_for(
-    src: &[u8],
-    dst: &mut [u8],
-    range: std::ops::Range<usize>,
-    fresh: Option<usize>,
-    duration: Duration,
-    started: Instant,
-) -> u64 {
-    let size = src.len();
-    let (mut copies, mut slot) = (0u64, 0usize);
-    while copies == 0 || started.elapsed() < duration {
-        match fresh {
-            None => dst[range.clone()].copy_from_slice(std::hint::black_box(&src[range.clone()])),
-            Some(_) => {
-                let at = slot * size;
-                moonkv_node::copy_streaming(
-                    &mut dst[at + range.start..at + range.end],
-                    std::hint::black_box(&src[range.clone()]),
-                );
-                slot = (slot + 1) % (dst.len() / size);
-            }
-        }
-        std::hint::black_box(&mut *dst);
-        copies += 1;
-    }
-    copies * range.len() as u64
 }
 
 /// One thread's copies of `src` into each of `pieces` in turn (`stream`: with streaming

@@ -112,9 +112,10 @@ pub(crate) fn into_store(dst: &mut [u8], src: &[u8]) {
     copy_slices(dst, src, src.len() >= STREAM_MIN);
 }
 
-/// Copies `src` into store memory `dst` that is rarely cached (space just allocated):
-/// streaming stores whatever the length.
-pub(crate) fn into_fresh(dst: &mut [u8], src: &[u8]) {
+/// Copies `src` into `dst` (equal lengths) the way the node copies a put into space it has
+/// just allocated: streaming stores where the CPU has AVX2. Public for benchmarks that probe
+/// the machine's rate of such writes (`moonkv bench memcpy --fresh`).
+pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     copy_slices(dst, src, true);
 }
 

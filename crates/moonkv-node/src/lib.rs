@@ -65,12 +65,7 @@ mod timed;
 
 pub use timed::Deadlines;
 
-/// Copies `src` into `dst` (equal lengths) the way the node copies a put into space it has
-/// just allocated: streaming stores where the CPU has AVX2. For benchmarks that probe the
-/// machine's rate of such writes (`moonkv bench memcpy --fresh`).
-pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
-    copy::into_fresh(dst, src);
-}
+pub use copy::copy_streaming;
 
 pub use node::{DiskConfig, Node, NodeConfig, NodeHandle};
 
