@@ -65,7 +65,7 @@ pub fn fake_segments(nonce: u64, settings: &LoadSettings) -> Vec<Segment> {
     (0..settings.segments)
         .map(|i| Segment {
             id: SegmentId::new(nonce, i),
-            name: format!("bench-{nonce:016x}-{i:04}"),
+            name: format!("bench-{nonce:016x}-{i:04}").into(),
             base: (i + 1) << 44,
             size: settings.segment_size,
             endpoint: "127.0.0.1:1".into(),

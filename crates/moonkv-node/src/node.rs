@@ -271,10 +271,10 @@ impl Node {
             .enumerate()
             .map(|(i, (name, memory))| Segment {
                 id: memory.id(),
-                name: name.unwrap_or_else(|| format!("{endpoint}/{i}")),
+                name: name.unwrap_or_else(|| format!("{endpoint}/{i}")).into(),
                 base: memory.base(),
                 size: memory.size(),
-                endpoint: endpoint.clone(),
+                endpoint: endpoint.as_str().into(),
                 protocol: "tcp".into(),
                 host_id: config.host_id.clone(),
             })

@@ -24,7 +24,7 @@ fn descriptor(i: u64) -> ReplicaDescriptor {
         status: ReplicaStatus::Complete,
         size: 4096,
         segment_id: SegmentId::new(7, i % 128),
-        segment_name: format!("bench-segment-{:03}", i % 128),
+        segment_name: format!("bench-segment-{:03}", i % 128).into(),
         endpoint: "127.0.0.1:50052".into(),
         address: 0x7f00_0000_0000 + i * 4096,
         grant: None,

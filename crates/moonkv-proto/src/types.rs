@@ -6,6 +6,7 @@
 use crate::error::{Error, ErrorCode};
 use crate::ids::{ReplicaId, SegmentId};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// A number on the wire that names no variant of the enum it should be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -187,14 +188,15 @@ impl From<SoftPinAction> for u8 {
 pub struct Segment {
     /// Unique id chosen by the node.
     pub id: SegmentId,
-    /// Name; replicas of one object land on distinct names.
-    pub name: String,
+    /// Name; replicas of one object land on distinct names. Shared: every replica descriptor
+    /// on the segment carries it.
+    pub name: Arc<str>,
     /// Base address of the region (non-zero); replica addresses are absolute.
     pub base: u64,
     /// Size in bytes (non-zero).
     pub size: u64,
-    /// Data-plane endpoint `host:port` that serves this segment.
-    pub endpoint: String,
+    /// Data-plane endpoint `host:port` that serves this segment. Shared like the name.
+    pub endpoint: Arc<str>,
     /// Transport name, `tcp`.
     pub protocol: String,
     /// Host identity of the node (informational).
@@ -214,10 +216,11 @@ pub struct ReplicaDescriptor {
     pub size: u64,
     /// Segment (memory) or disk owner (disk) holding the bytes.
     pub segment_id: SegmentId,
-    /// Segment name (memory) or disk name (disk).
-    pub segment_name: String,
-    /// Data-plane endpoint that serves the bytes.
-    pub endpoint: String,
+    /// Segment name (memory) or disk name (disk); shared with the segment's record, so a
+    /// descriptor costs no allocation for it.
+    pub segment_name: Arc<str>,
+    /// Data-plane endpoint that serves the bytes; shared like the name.
+    pub endpoint: Arc<str>,
     /// Absolute address inside the segment (memory) or file id (disk).
     pub address: u64,
     /// Capability grant for this replica ([`crate::grant`]), present when the master runs with

@@ -110,7 +110,7 @@ impl PyReplicaDescriptor {
                 PyBufferDescriptor {
                     size: self.inner.size,
                     buffer_address: self.inner.address,
-                    transport_endpoint: self.inner.endpoint.clone(),
+                    transport_endpoint: self.inner.endpoint.to_string(),
                 },
             )?,
         })

@@ -54,7 +54,7 @@ pub fn put_meta(c: &Connection, me: ClientId, tenant: &str, key: &str, size: u64
 pub fn fake_segment(n: u64) -> Segment {
     Segment {
         id: SegmentId::new(9, n),
-        name: format!("seg-{n}"),
+        name: format!("seg-{n}").into(),
         base: 0x1000_0000,
         size: 64 << 20,
         endpoint: "127.0.0.1:1".into(),

@@ -362,7 +362,7 @@ pub async fn run_ls(args: LsArgs) -> anyhow::Result<()> {
             .replicas
             .iter()
             .map(|r| match r.kind {
-                ReplicaKind::Memory => r.segment_name.clone(),
+                ReplicaKind::Memory => r.segment_name.to_string(),
                 ReplicaKind::LocalDisk => format!("{} (disk)", r.segment_name),
             })
             .collect();

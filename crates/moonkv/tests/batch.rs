@@ -79,7 +79,9 @@ async fn cut_into_holes(s: &Store, admin: &str, segment: &str) {
     assert_eq!(used(admin, segment), (2 * HOLES * HOLE) as u64);
     let mut placed = s.list("^fill-").await.unwrap();
     assert_eq!(placed.len(), keys.len());
-    assert!(placed.iter().all(|o| o.replicas[0].segment_name == segment));
+    assert!(placed
+        .iter()
+        .all(|o| *o.replicas[0].segment_name == *segment));
     placed.sort_by_key(|o| o.replicas[0].address);
     let every_other: Vec<&str> = placed.iter().step_by(2).map(|o| o.key.as_str()).collect();
     let removed = s.batch_remove(&every_other, true).await;
@@ -149,13 +151,13 @@ async fn a_node_killed_mid_batch_moves_its_keys_and_tears_no_object() {
     for object in s.list("^key-").await.unwrap() {
         let i: usize = object.key["key-".len()..].parse().unwrap();
         assert_eq!(object.size, values[i].len() as u64);
-        let segment = &object.replicas[0].segment_name;
+        let segment: &str = &object.replicas[0].segment_name;
         assert!(
             on_k(i) || segment != "seg-k",
             "{} is on {segment}",
             object.key
         );
-        on_segment.entry(segment.clone()).or_default().push(i);
+        on_segment.entry(segment.to_string()).or_default().push(i);
     }
     let committed_on_k = on_segment.remove("seg-k").unwrap_or_default();
     let on_a = on_segment.remove("seg-a").unwrap_or_default();
@@ -431,7 +433,7 @@ async fn the_pool_cap_holds_under_64_concurrent_batches() {
     assert_eq!(listed.len(), (tasks * per_task) as usize);
     let mut used_segments: Vec<&str> = listed
         .iter()
-        .map(|o| o.replicas[0].segment_name.as_str())
+        .map(|o| &*o.replicas[0].segment_name)
         .collect();
     used_segments.sort_unstable();
     used_segments.dedup();

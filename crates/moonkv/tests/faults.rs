@@ -55,7 +55,7 @@ async fn store(master: &Proc, adjust: impl FnOnce(&mut StoreConfig)) -> Store {
 /// The segment name a key's first replica lives in.
 async fn segment_of(store: &Store, key: &str) -> String {
     let list = store.replicas(key).await.expect("replica list");
-    list.replicas[0].segment_name.clone()
+    list.replicas[0].segment_name.to_string()
 }
 
 /// Used bytes of one segment as the master reports them.
@@ -207,7 +207,7 @@ async fn node_killed_mid_get_fails_over_or_errors_and_never_returns_wrong_bytes(
     });
     let list = s.replicas("two").await.unwrap();
     assert_eq!(list.replicas.len(), 1);
-    assert_eq!(list.replicas[0].segment_name, "seg-y");
+    assert_eq!(&*list.replicas[0].segment_name, "seg-y");
     assert_eq!(s.get("two").await.unwrap(), two);
 
     // One replica left, and its node dies mid-read: a clean error, no partial bytes.
@@ -605,7 +605,7 @@ async fn in_flight_writes_die_with_their_expired_client_or_node() {
         config: on("seg-dies"),
     };
     let got: Vec<ReplicaDescriptor> = writer.request(&Request::PutStart(start)).unwrap();
-    assert_eq!(got[0].segment_name, "seg-dies");
+    assert_eq!(&*got[0].segment_name, "seg-dies");
     assert_eq!(
         raw_get(&writer, "node-in-flight").unwrap_err(),
         ErrorCode::REPLICA_IS_NOT_READY

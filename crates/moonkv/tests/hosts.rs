@@ -489,7 +489,7 @@ fn puts_and_gets_across_a_slow_and_a_lossy_link_read_back_exactly() {
         let listed = store.list("^r0-0$").await.unwrap();
         assert_eq!(
             listed[0].replicas[0].endpoint,
-            format!("{}:{port}", hosts.own_address())
+            format!("{}:{port}", hosts.own_address()).into()
         );
     });
 }

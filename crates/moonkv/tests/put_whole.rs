@@ -207,7 +207,7 @@ async fn a_store_whose_node_is_gone_writes_the_usual_way_again() {
         match store.put(&format!("b{attempt}"), b"y", &cfg).await {
             Ok(()) => {
                 let on = store.replicas(&format!("b{attempt}")).await.unwrap();
-                assert!(on.replicas.iter().all(|r| r.endpoint == b_endpoint));
+                assert!(on.replicas.iter().all(|r| *r.endpoint == *b_endpoint));
                 written = true;
                 break;
             }
@@ -577,7 +577,7 @@ async fn keys_on_another_node_are_read_with_the_list_the_node_sent() {
     let m = master().await;
     let (a, b) = (node(&m, true).await, node(&m, false).await);
     let on = |n: &NodeHandle| ReplicateConfig {
-        preferred_segments: vec![n.segments()[0].name.clone()],
+        preferred_segments: vec![n.segments()[0].name.to_string()],
         ..ReplicateConfig::default()
     };
     let store = store(&m, false).await;
@@ -588,7 +588,7 @@ async fn keys_on_another_node_are_read_with_the_list_the_node_sent() {
     for (i, v) in values.iter().enumerate() {
         store.put(&format!("b{i}"), v, &on(&b)).await.unwrap();
         let r = store.replicas(&format!("b{i}")).await.unwrap();
-        assert_eq!(r.replicas[0].endpoint, b.endpoint());
+        assert_eq!(&*r.replicas[0].endpoint, b.endpoint());
     }
     let lists = counter(&m, LISTS).await;
     for (i, v) in values.iter().enumerate() {

@@ -168,7 +168,7 @@ fn tenants_cannot_reach_each_others_ranges_on_the_data_plane() {
         assert_eq!(alice.get("a").await.unwrap(), a_value);
         let a = replica(&alice, "a").await;
         let b = replica(&bob, "b").await;
-        assert_eq!(a.endpoint, endpoint);
+        assert_eq!(*a.endpoint, *endpoint);
 
         // An authenticated caller (it knows the cluster secret) still needs a grant that
         // covers the range it asks for.

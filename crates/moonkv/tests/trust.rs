@@ -774,7 +774,7 @@ fn a_put_that_fails_on_a_stalled_range_leaves_its_key_free_at_once() {
             .remove(0);
         // A reader that asks for the whole object and never reads the answer: the node blocks
         // on its full socket while it holds the range.
-        let mut stalled = std::net::TcpStream::connect(&old.endpoint).unwrap();
+        let mut stalled = std::net::TcpStream::connect(&*old.endpoint).unwrap();
         stalled
             .write_all(
                 &RequestHeader::new(DataOp::Read, 1, old.segment_id, old.address, old.size)

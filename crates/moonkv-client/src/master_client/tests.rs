@@ -160,7 +160,7 @@ async fn need_remount_triggers_a_remount_of_every_mounted_segment() {
     for i in 0..2 {
         let segment = Segment {
             id: SegmentId::new(1, i),
-            name: format!("s{i}"),
+            name: format!("s{i}").into(),
             base: 4096,
             size: 4096,
             endpoint: "127.0.0.1:1".into(),

@@ -91,18 +91,18 @@ impl Store {
         let pool = self.transfer.pool();
         let mut down = Vec::new();
         for replica in replicas.iter().filter(|r| !self.transfer.is_local(r)) {
-            let endpoint = &replica.endpoint;
+            let endpoint: &str = &replica.endpoint;
             let gone = match probed.get(endpoint) {
                 Some(gone) => *gone,
                 None => {
                     let gone = pool.unreachable(endpoint)
                         || (error.code == ErrorCode::TRANSFER_FAIL && !pool.probe(endpoint).await);
-                    probed.insert(endpoint.clone(), gone);
+                    probed.insert(endpoint.to_string(), gone);
                     gone
                 }
             };
-            if gone && !down.contains(endpoint) {
-                down.push(endpoint.clone());
+            if gone && !down.iter().any(|d| d == endpoint) {
+                down.push(endpoint.to_string());
             }
         }
         down.sort();

@@ -87,7 +87,7 @@ impl WholeRoute {
         let mut node: Option<&str> = None;
         for replicas in placed {
             for r in replicas {
-                if r.kind != ReplicaKind::Memory || node.is_some_and(|n| n != r.endpoint) {
+                if r.kind != ReplicaKind::Memory || node.is_some_and(|n| n != &*r.endpoint) {
                     return;
                 }
                 node = Some(&r.endpoint);
@@ -349,7 +349,7 @@ mod tests {
             size: 1,
             segment_id: SegmentId::new(0, 0),
             segment_name: "s".into(),
-            endpoint: endpoint.to_string(),
+            endpoint: endpoint.into(),
             address: 0,
             grant: None,
         }

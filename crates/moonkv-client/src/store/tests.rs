@@ -26,7 +26,7 @@ async fn serving(content: &[u8]) -> (DataServer, ReplicaDescriptor) {
     (
         server,
         ReplicaDescriptor {
-            endpoint,
+            endpoint: endpoint.into(),
             ..descriptor
         },
     )

@@ -8,6 +8,7 @@ pub(crate) mod write;
 
 use rmp::encode::ByteBuf;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 use crate::error::EventsError;
 
@@ -76,8 +77,9 @@ impl EventKind {
 pub struct KvEvent {
     /// Stored, removed or cleared.
     pub kind: EventKind,
-    /// The object's tenant, written verbatim.
-    pub tenant_id: String,
+    /// The object's tenant, written verbatim (borrowed when it is a static name, as the
+    /// `default` tenant is: no copy per event).
+    pub tenant_id: Cow<'static, str>,
     /// The raw Store key; `None` for cleared. A per-object event without one is not sent.
     pub object_key: Option<String>,
     /// The object's group; `None` (or empty) is sent as nil.
@@ -89,7 +91,7 @@ pub struct KvEvent {
 impl KvEvent {
     /// A `stored` event for one medium of one object.
     pub fn stored(
-        tenant_id: impl Into<String>,
+        tenant_id: impl Into<Cow<'static, str>>,
         object_key: impl Into<String>,
         medium: Medium,
     ) -> Self {
@@ -103,7 +105,7 @@ impl KvEvent {
 
     /// A `removed` event for one medium of one object.
     pub fn removed(
-        tenant_id: impl Into<String>,
+        tenant_id: impl Into<Cow<'static, str>>,
         object_key: impl Into<String>,
         medium: Medium,
     ) -> Self {
@@ -116,7 +118,7 @@ impl KvEvent {
     }
 
     /// A `cleared` event: every object of the tenant is gone.
-    pub fn cleared(tenant_id: impl Into<String>) -> Self {
+    pub fn cleared(tenant_id: impl Into<Cow<'static, str>>) -> Self {
         KvEvent {
             kind: EventKind::Cleared,
             tenant_id: tenant_id.into(),
@@ -132,7 +134,12 @@ impl KvEvent {
         self
     }
 
-    fn per_object(kind: EventKind, tenant_id: String, object_key: String, medium: Medium) -> Self {
+    fn per_object(
+        kind: EventKind,
+        tenant_id: Cow<'static, str>,
+        object_key: String,
+        medium: Medium,
+    ) -> Self {
         KvEvent {
             kind,
             tenant_id,

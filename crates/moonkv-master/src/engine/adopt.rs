@@ -151,8 +151,8 @@ impl Engine {
             }
             let id = r.id;
             if let Placement::Memory(buf) = &mut r.placement {
-                buf.segment
-                    .notify_owner(CatalogNotice::Commit(CatalogEntry {
+                buf.segment.notify_owner(|| {
+                    CatalogNotice::Commit(CatalogEntry {
                         segment_id: buf.segment.info.id,
                         address: buf.address,
                         len: buf.len(),
@@ -163,7 +163,8 @@ impl Engine {
                         key: key.to_string(),
                         size,
                         checksum,
-                    }));
+                    })
+                });
                 buf.set_cataloged();
             }
         }

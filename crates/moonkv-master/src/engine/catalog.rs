@@ -256,13 +256,17 @@ impl CatalogBook {
 
     /// Queues a notice for `node`; nothing when it keeps no catalog (it never opened a
     /// mailbox), so owners that never poll cost no memory per object.
-    pub(crate) fn push(&self, node: ClientId, notice: CatalogNotice) {
-        let is_drop = matches!(notice, CatalogNotice::Drop { .. });
-        let (seq, urgent) = {
+    /// The notice is made by `notice`, called only when there is a mailbox to queue it in: a
+    /// commit's notice copies its tenant and key, which an owner without a catalog (the node of
+    /// `moonkv up`) would pay for every key it is sent.
+    pub(crate) fn push(&self, node: ClientId, notice: impl FnOnce() -> CatalogNotice) {
+        let (is_drop, seq, urgent) = {
             let mut boxes = self.mailboxes.lock();
             let Some(mb) = boxes.get_mut(&node) else {
                 return;
             };
+            let notice = notice();
+            let is_drop = matches!(notice, CatalogNotice::Drop { .. });
             if mb.notices.len() >= MAX_PENDING_NOTICES {
                 // The node is not keeping up (or not connected): rather than grow without
                 // bound, its catalog starts over.
@@ -275,7 +279,7 @@ impl CatalogBook {
             if is_drop {
                 mb.last_drop = seq;
             }
-            (seq, mb.is_urgent())
+            (is_drop, seq, mb.is_urgent())
         };
         if is_drop {
             DROPS.with(|d| {

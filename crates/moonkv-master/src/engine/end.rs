@@ -61,7 +61,7 @@ impl Engine {
             checksum: req.checksum,
         };
         let mut shard = self.lock_shard(self.shard_index(tenant, &req.key));
-        self.end_locked(&mut shard, tenant, &args)
+        self.end_locked(&mut shard, tenant, &args, self.now())
     }
 
     /// UpsertEnd: same as PutEnd.
@@ -92,6 +92,8 @@ impl Engine {
     /// BatchPutEnd: PutEnd per item.
     pub fn batch_put_end(&self, req: &BatchEndRequest) -> Result<Vec<ItemResult<()>>> {
         let items = &req.items;
+        // One reading of the clock for the whole batch.
+        let now = self.now();
         Ok(self.batch_items(
             &req.tenant,
             items.len(),
@@ -106,7 +108,7 @@ impl Engine {
                     ids: &item.replica_ids,
                     checksum: item.checksum,
                 };
-                self.end_locked(shard, tenant, &args)
+                self.end_locked(shard, tenant, &args, now)
             },
         ))
     }
@@ -143,8 +145,13 @@ impl Engine {
         self.batch_put_revoke(req)
     }
 
-    fn end_locked(&self, shard: &mut Shard, tenant: &str, args: &EndArgs<'_>) -> Result<()> {
-        let now = self.now();
+    fn end_locked(
+        &self,
+        shard: &mut Shard,
+        tenant: &str,
+        args: &EndArgs<'_>,
+        now: u64,
+    ) -> Result<()> {
         let mut started = false;
         let result = self.with_object(shard, tenant, args.key, |tenant_id, obj| {
             if obj.writer != args.client {

@@ -84,7 +84,7 @@ impl Engine {
         let registry = self.registry.read();
         let mut marked = 0;
         for slot in registry.by_id.values() {
-            if req.endpoints.contains(&slot.info.endpoint) && slot.mark_suspect() {
+            if req.endpoints.iter().any(|e| **e == *slot.info.endpoint) && slot.mark_suspect() {
                 marked += 1;
                 tracing::warn!(segment = %slot.info.name, endpoint = %slot.info.endpoint, reporter = %req.client_id, "a client cannot reach this segment's node; no new replicas go there until it answers");
             }

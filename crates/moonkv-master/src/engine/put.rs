@@ -5,6 +5,7 @@ use super::alloc::aligned_len;
 use super::config::AllocationStrategy;
 use super::grants::Use;
 use super::object::{ObjectMeta, PinIntent, Placement, Replica};
+use super::replica_list::ReplicaList;
 use super::segments::{MemBuffer, NameGroup};
 use super::shard::{After, Shard};
 use super::sink::{emit_diff, MediaSet};
@@ -99,7 +100,7 @@ impl Engine {
             precharge,
         };
         let mut shard = self.lock_shard(self.shard_index(tenant, &req.key));
-        self.start_locked(&mut shard, &spec, upsert)
+        self.start_locked(&mut shard, &spec, upsert, self.now())
     }
 
     fn start_batch(
@@ -124,6 +125,8 @@ impl Engine {
             .map(|_| ItemResult(Err(Error::from(ErrorCode::INTERNAL_ERROR))))
             .collect();
         let per_key_bytes = req.config.replica_num as u64;
+        // One reading of the clock for the whole batch (milliseconds; a batch takes microseconds).
+        let now = self.now();
         let charges: Vec<Option<u64>> = (0..n)
             .map(|i| {
                 let admitted = check_object(&req.keys[i], req.sizes[i])
@@ -152,7 +155,7 @@ impl Engine {
                     pin,
                     precharge: charges[i].unwrap_or(0),
                 };
-                results[i] = ItemResult(self.start_locked(shard, &spec, upsert));
+                results[i] = ItemResult(self.start_locked(shard, &spec, upsert, now));
             },
         );
         results
@@ -164,8 +167,8 @@ impl Engine {
         shard: &mut Shard,
         spec: &WriteSpec<'_>,
         upsert: bool,
+        now: u64,
     ) -> Result<Vec<ReplicaDescriptor>> {
-        let now = self.now();
         let mark = super::catalog::drops_mark();
         let result = if upsert {
             self.upsert_locked(shard, spec, now)
@@ -360,7 +363,7 @@ impl Engine {
             let disk = self.place_disk(spec.size, &replicas)?;
             replicas.push(disk);
         }
-        let mut obj = ObjectMeta::new(spec.size, spec.client, now, replicas.into(), true);
+        let mut obj = ObjectMeta::new(spec.size, spec.client, now, replicas, true);
         obj.charged_bytes = spec.precharge;
         obj.hard_pinned = hard_pinned;
         obj.set_soft_pin_deadline_ms(soft_pin_deadline_ms);
@@ -379,14 +382,15 @@ impl Engine {
     /// Picks up to `replica_num` segments with distinct names: preferred names first, then by
     /// strategy, on distinct hosts (`host_id`) while hosts with room remain, then on any host.
     /// Fewer than asked is a partial success; none is `NO_AVAILABLE_HANDLE`.
-    fn place(&self, size: u64, replica_num: u32, preferred: &[String]) -> Result<Vec<Replica>> {
+    fn place(&self, size: u64, replica_num: u32, preferred: &[String]) -> Result<ReplicaList> {
         let no_handle = || Error::new(ErrorCode::NO_AVAILABLE_HANDLE, super::pressure::NO_MEMORY);
         let len = aligned_len(size).ok_or_else(no_handle)?;
         let registry = self.registry.read();
         let groups = &registry.groups;
         let names = groups.len();
         let want = (replica_num as usize).min(names);
-        let mut out: Vec<Replica> = Vec::with_capacity(want);
+        // One replica (the usual case) stays inline: no allocation for the list.
+        let mut out = ReplicaList::default();
         let mut rng = rand::rng();
         for name in preferred {
             if out.len() >= want {
@@ -472,13 +476,13 @@ impl Engine {
         &self,
         group: &NameGroup,
         len: u64,
-        out: &mut Vec<Replica>,
+        out: &mut ReplicaList,
         rng: &mut impl Rng,
         spread: bool,
     ) {
         let taken = out.iter().any(|r| match &r.placement {
             Placement::Memory(buf) => {
-                buf.segment.info.name == group.name
+                *buf.segment.info.name == *group.name
                     || (spread
                         && group
                             .slots

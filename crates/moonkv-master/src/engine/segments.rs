@@ -136,7 +136,7 @@ impl SegmentSlot {
 
     /// Queues a notice for this segment's owner (none once the segment is dead: its owner
     /// unmounted it or was expired).
-    pub(crate) fn notify_owner(&self, notice: CatalogNotice) {
+    pub(crate) fn notify_owner(&self, notice: impl FnOnce() -> CatalogNotice) {
         if self.is_alive() {
             self.catalog.push(self.owner, notice);
         }
@@ -243,7 +243,7 @@ impl MemBuffer {
     pub(crate) fn uncatalog(&mut self) {
         if self.len_and_flag & CATALOGED != 0 {
             self.len_and_flag &= !CATALOGED;
-            self.segment.notify_owner(CatalogNotice::Drop {
+            self.segment.notify_owner(|| CatalogNotice::Drop {
                 segment_id: self.segment.info.id,
                 address: self.address,
                 len: self.len(),
@@ -309,7 +309,7 @@ impl Registry {
         for slot in self.by_id.values() {
             if slot.is_alive() && slot.status() == SegmentStatus::Ok {
                 by_name
-                    .entry(slot.info.name.as_str())
+                    .entry(&*slot.info.name)
                     .or_default()
                     .push(slot.clone());
             }
@@ -337,7 +337,7 @@ impl Registry {
     pub(crate) fn insert(&mut self, slot: Arc<SegmentSlot>) {
         let id = slot.info.id;
         self.by_client.entry(slot.owner).or_default().push(id);
-        self.last_by_name.insert(slot.info.name.clone(), id);
+        self.last_by_name.insert(slot.info.name.to_string(), id);
         self.by_id.insert(id, slot);
         self.rebuild_groups();
     }
@@ -351,15 +351,15 @@ impl Registry {
                 self.by_client.remove(&slot.owner);
             }
         }
-        if self.last_by_name.get(&slot.info.name) == Some(&id) {
+        if self.last_by_name.get(&*slot.info.name) == Some(&id) {
             let replacement = self
                 .by_id
                 .values()
                 .find(|s| s.info.name == slot.info.name)
                 .map(|s| s.info.id);
             match replacement {
-                Some(other) => self.last_by_name.insert(slot.info.name.clone(), other),
-                None => self.last_by_name.remove(&slot.info.name),
+                Some(other) => self.last_by_name.insert(slot.info.name.to_string(), other),
+                None => self.last_by_name.remove(&*slot.info.name),
             };
         }
         self.graceful.remove(&id);

@@ -5,6 +5,7 @@ use crate::engine::{AvailabilitySink, Medium};
 use moonkv_events::{EventConfig, KvEvent, Publisher, PublisherStatus};
 use moonkv_proto::TenantId;
 use parking_lot::RwLock;
+use std::borrow::Cow;
 
 /// Owns the publisher (if events are on) and turns engine callbacks into events.
 ///
@@ -113,10 +114,16 @@ impl EventHook {
         stored: bool,
     ) -> KvEvent {
         let m = medium;
-        let ev = if stored {
-            KvEvent::stored(tenant.as_str(), key, m)
+        // The default tenant's name is static: its events borrow it instead of copying it.
+        let tenant: Cow<'static, str> = if tenant.as_str() == TenantId::DEFAULT {
+            Cow::Borrowed(TenantId::DEFAULT)
         } else {
-            KvEvent::removed(tenant.as_str(), key, m)
+            Cow::Owned(tenant.as_str().to_owned())
+        };
+        let ev = if stored {
+            KvEvent::stored(tenant, key, m)
+        } else {
+            KvEvent::removed(tenant, key, m)
         };
         match group_id {
             Some(g) if !g.is_empty() => ev.with_group(g),
@@ -135,7 +142,7 @@ impl AvailabilitySink for EventHook {
     }
 
     fn cleared(&self, tenant: &TenantId) {
-        self.with(|p| p.publish(KvEvent::cleared(tenant.as_str())));
+        self.with(|p| p.publish(KvEvent::cleared(tenant.as_str().to_owned())));
     }
 
     fn last_event_id(&self) -> u64 {

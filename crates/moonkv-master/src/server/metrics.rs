@@ -376,7 +376,7 @@ impl Collector for EngineCollector {
             MetricType::Gauge,
         )?;
         for seg in &segments {
-            let labels = [("segment", seg.segment.name.as_str())];
+            let labels = [("segment", &*seg.segment.name)];
             ConstGauge::new(seg.used_bytes as i64).encode(used.encode_family(&labels)?)?;
         }
         let mut cap = e.encode_descriptor(
@@ -386,7 +386,7 @@ impl Collector for EngineCollector {
             MetricType::Gauge,
         )?;
         for seg in &segments {
-            let labels = [("segment", seg.segment.name.as_str())];
+            let labels = [("segment", &*seg.segment.name)];
             ConstGauge::new(seg.capacity_bytes as i64).encode(cap.encode_family(&labels)?)?;
         }
         let disks = engine.disk_segments();

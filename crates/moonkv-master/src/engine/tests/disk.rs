@@ -131,7 +131,7 @@ fn write_through_commits_cpu_and_disk_and_removal_reclaims_the_file() {
     assert_eq!(kinds, vec![ReplicaKind::Memory, ReplicaKind::LocalDisk]);
     let file = &descs[1];
     assert_eq!(file.segment_id, d.id);
-    assert_eq!(file.endpoint, d.endpoint);
+    assert_eq!(&*file.endpoint, d.endpoint);
     assert_eq!(file.address, file.id.0, "the file id is the replica id");
     assert!(h.sink.take().is_empty());
     h.put_end("k", &descs).unwrap();
@@ -386,7 +386,7 @@ fn client_expiry_detaches_disk_replicas_and_a_restart_revives_them() {
     let list = h.get("k").unwrap();
     assert_eq!(list.replicas.len(), 1);
     assert_eq!(
-        (list.replicas[0].id, list.replicas[0].endpoint.as_str()),
+        (list.replicas[0].id, &*list.replicas[0].endpoint),
         (file_id, "new-endpoint")
     );
     assert_eq!(h.engine.disk_segments().len(), 1);

@@ -164,7 +164,7 @@ fn placed(descriptors: &[ReplicaDescriptor]) -> Reply {
         .iter()
         .map(|d| {
             let complete = d.status == ReplicaStatus::Complete;
-            (d.segment_name.clone(), d.size, complete)
+            (d.segment_name.to_string(), d.size, complete)
         })
         .collect();
     copies.sort();
@@ -175,7 +175,7 @@ fn replicas(response: &GetReplicaListResponse) -> Reply {
     let mut copies: Vec<_> = response
         .replicas
         .iter()
-        .map(|d| (d.id, d.segment_name.clone(), d.size))
+        .map(|d| (d.id, d.segment_name.to_string(), d.size))
         .collect();
     copies.sort();
     Reply::Replicas {
@@ -464,7 +464,7 @@ impl World {
         }
         let issued: Vec<_> = descriptors
             .iter()
-            .map(|d| (d.segment_name.clone(), d.id))
+            .map(|d| (d.segment_name.to_string(), d.id))
             .collect();
         self.model.name_copies(&key(k), &issued);
         Ok(Some(ids(&descriptors)))

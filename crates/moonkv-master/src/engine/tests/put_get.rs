@@ -84,7 +84,7 @@ fn case_14_put_start_returns_processing_replicas() {
     );
     assert_ne!(d.id, ReplicaId(0));
     assert!(d.address >= BASE && d.address + 1000 <= BASE + 16 * MIB);
-    assert_eq!(d.endpoint, "seg-0");
+    assert_eq!(&*d.endpoint, "seg-0");
     assert_eq!(code(h.get("k")), ErrorCode::REPLICA_IS_NOT_READY);
     assert!(!h.exists("k"));
 }
@@ -245,7 +245,7 @@ fn case_23_two_replicas_on_one_segment_gives_one() {
         )
         .unwrap();
     assert_eq!(descs.len(), 1);
-    assert_eq!(descs[0].segment_name, "seg-0");
+    assert_eq!(&*descs[0].segment_name, "seg-0");
 }
 
 #[test]
@@ -269,7 +269,7 @@ fn case_24_replicas_land_on_distinct_segment_names() {
                 },
             )
             .unwrap();
-        let mut names: Vec<&str> = descs.iter().map(|d| d.segment_name.as_str()).collect();
+        let mut names: Vec<&str> = descs.iter().map(|d| &*d.segment_name).collect();
         names.sort();
         names.dedup();
         assert_eq!(names.len(), 10, "{strategy:?}");
@@ -307,7 +307,7 @@ fn case_25_preferred_segment_first_when_it_has_room() {
             ..Default::default()
         };
         let descs = h.put_start_with(&format!("k{i}"), 64, cfg).unwrap();
-        assert_eq!(descs[0].segment_name, "seg-3");
+        assert_eq!(&*descs[0].segment_name, "seg-3");
     }
     // Fill seg-3; the preferred name is then skipped, not a failure.
     let cfg = ReplicateConfig {
@@ -316,7 +316,7 @@ fn case_25_preferred_segment_first_when_it_has_room() {
     };
     h.put_start_with("big", MIB - 64 * 10, cfg.clone()).unwrap();
     let descs = h.put_start_with("next", 64, cfg).unwrap();
-    assert_ne!(descs[0].segment_name, "seg-3");
+    assert_ne!(&*descs[0].segment_name, "seg-3");
 }
 
 #[test]

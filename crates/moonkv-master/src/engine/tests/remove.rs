@@ -109,7 +109,7 @@ fn case_36_objects_on_an_unmounted_segment_are_gone() {
     assert!(!h.engine.all_keys("").contains(&"k".to_string()));
     assert_eq!(code(h.remove("k", false)), ErrorCode::OBJECT_NOT_FOUND);
     let descs = h.put("k", 64);
-    assert_eq!(descs[0].segment_name, "seg-1");
+    assert_eq!(&*descs[0].segment_name, "seg-1");
 }
 
 #[test]

@@ -143,7 +143,7 @@ fn case_06_gracefully_unmounting_segment_gets_no_new_allocations() {
     );
     h.mount("b", 2 * BASE, 16 * MIB);
     let descs = h.put_start("k1", 1024).unwrap();
-    assert_eq!(descs[0].segment_name, "b");
+    assert_eq!(&*descs[0].segment_name, "b");
 }
 
 #[test]
@@ -367,7 +367,7 @@ fn ping(h: &Harness, client: ClientId) {
 fn placed_on(h: &Harness, key: &str) -> String {
     let replicas = h.put_start(key, 4096).unwrap();
     assert_eq!(replicas.len(), 1);
-    replicas[0].segment_name.clone()
+    replicas[0].segment_name.to_string()
 }
 
 #[test]
@@ -383,7 +383,7 @@ fn a_segment_reported_unreachable_takes_no_new_replicas_until_its_owner_heartbea
         .engine
         .segments()
         .into_iter()
-        .map(|s| (s.segment.name, s.suspect))
+        .map(|s| (s.segment.name.to_string(), s.suspect))
         .collect();
     assert_eq!(
         suspects,
