@@ -158,7 +158,7 @@ impl Requests {
             if used == items.len() {
                 items.push(EndItem {
                     key: String::new(),
-                    replica_ids: Vec::new(),
+                    replica_ids: Default::default(),
                     checksum: None,
                 });
             }

@@ -489,11 +489,15 @@ pub struct BatchPutStartRequest {
 pub struct EndItem {
     /// Object key.
     pub key: String,
-    /// Ids from the Start.
-    pub replica_ids: Vec<ReplicaId>,
+    /// Ids from the Start (one inline: most objects have one replica, and a batch of them
+    /// then allocates nothing per key for its ids).
+    pub replica_ids: ReplicaIds,
     /// Optional checksum.
     pub checksum: Option<u64>,
 }
+
+/// The replica ids of one key of a batch End or Revoke: encoded as a list, like a `Vec`.
+pub type ReplicaIds = smallvec::SmallVec<[ReplicaId; 1]>;
 
 /// BatchPutEnd / BatchUpsertEnd.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -731,5 +735,54 @@ mod tests {
         let bytes = rmp_serde::to_vec(&items).unwrap();
         let back: Vec<ItemResult<bool>> = rmp_serde::from_slice(&bytes).unwrap();
         assert_eq!(back, items);
+    }
+
+    /// An End item's ids are held inline, but travel as the plain list they always were: a
+    /// peer built before that change reads them, and its items read back here.
+    #[test]
+    fn end_item_ids_travel_as_a_plain_list() {
+        for ids in [vec![7u64], vec![7, 9, 11], vec![]] {
+            let item = EndItem {
+                key: "k".into(),
+                replica_ids: ids.iter().map(|&id| ReplicaId(id)).collect(),
+                checksum: Some(3),
+            };
+            let bytes = rmp_serde::to_vec(&item).unwrap();
+            let as_vec = rmp_serde::to_vec(&("k", ids.clone(), Some(3u64))).unwrap();
+            assert_eq!(bytes, as_vec, "ids {ids:?}");
+            let back: EndItem = rmp_serde::from_slice(&as_vec).unwrap();
+            assert_eq!(back, item);
+        }
+    }
+
+    /// Replica descriptors share their segment's strings, and still travel as strings.
+    #[test]
+    fn replica_descriptor_names_travel_as_strings() {
+        let d = ReplicaDescriptor {
+            id: ReplicaId(5),
+            kind: ReplicaKind::Memory,
+            status: ReplicaStatus::Complete,
+            size: 10,
+            segment_id: SegmentId::new(1, 2),
+            segment_name: "seg".into(),
+            endpoint: "127.0.0.1:9".into(),
+            address: 64,
+            grant: None,
+        };
+        let bytes = rmp_serde::to_vec(&d).unwrap();
+        let plain = rmp_serde::to_vec(&(
+            5u64,
+            ReplicaKind::Memory,
+            ReplicaStatus::Complete,
+            10u64,
+            SegmentId::new(1, 2),
+            "seg".to_string(),
+            "127.0.0.1:9".to_string(),
+            64u64,
+        ))
+        .unwrap();
+        assert_eq!(bytes, plain);
+        let back: ReplicaDescriptor = rmp_serde::from_slice(&plain).unwrap();
+        assert_eq!(back, d);
     }
 }

@@ -629,7 +629,7 @@ async fn the_master_in_process_answers_values_and_gives_requests_back() {
             .zip(&ids)
             .map(|(key, ids)| EndItem {
                 key: key.clone(),
-                replica_ids: ids.clone(),
+                replica_ids: ids.clone().into(),
                 checksum: None,
             })
             .collect(),

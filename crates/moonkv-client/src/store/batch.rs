@@ -10,7 +10,7 @@ use super::{
 use crate::util::check_key;
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
-use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
+use moonkv_proto::{Error, ErrorCode, Result};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -303,7 +303,7 @@ impl Store {
             .iter()
             .map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone))
             .collect();
-        let ids = |i: usize| -> Vec<ReplicaId> {
+        let ids = |i: usize| -> ReplicaIds {
             started[i]
                 .as_ref()
                 .map(|r| r.iter().map(|d| d.id).collect())
@@ -340,7 +340,7 @@ impl Store {
                         i,
                         RevokeItem {
                             key: keys[i].to_string(),
-                            replica_ids: ids(i),
+                            replica_ids: ids(i).into_vec(),
                             unsettled: false,
                         },
                     ));
@@ -365,7 +365,7 @@ impl Store {
                         *slot,
                         RevokeItem {
                             key: keys[*slot].to_string(),
-                            replica_ids: ids(*slot),
+                            replica_ids: ids(*slot).into_vec(),
                             unsettled: false,
                         },
                     ));

@@ -135,6 +135,10 @@ pub fn fence_scope<R>(f: impl FnOnce() -> R) -> (R, CatalogFence) {
 pub(crate) struct CatalogBook {
     epoch: u64,
     mailboxes: Mutex<HashMap<ClientId, Mailbox>>,
+    /// Whether any mailbox was ever opened, at a mount or a poll (none is ever closed): while
+    /// none was, notices go nowhere and [`CatalogBook::push`] takes no lock (a master whose
+    /// only node is the one of `moonkv up`, which keeps no catalog).
+    any_open: std::sync::atomic::AtomicBool,
     /// Drops an UpsertStart caused (the value it replaced), by the replica ids of the write
     /// that replaces it, with when they were noted: that write's End waits for them
     /// ([`CatalogBook::hold_replaced`]).
@@ -172,6 +176,7 @@ impl CatalogBook {
         Self {
             epoch,
             mailboxes: Mutex::new(HashMap::new()),
+            any_open: std::sync::atomic::AtomicBool::new(false),
             replaced: Mutex::new(HashMap::new()),
             replaced_len: std::sync::atomic::AtomicUsize::new(0),
             waker: RwLock::new(None),
@@ -230,7 +235,11 @@ impl CatalogBook {
     /// Opens `node`'s mailbox (if it has none): from now on notices for it are queued. Called
     /// for owners that keep a catalog, at their mount and poll.
     pub(crate) fn open(&self, node: ClientId) {
-        self.mailboxes.lock().entry(node).or_default();
+        let mut boxes = self.mailboxes.lock();
+        boxes.entry(node).or_default();
+        // Set under the lock: a push that sees it unset ran before this mailbox existed.
+        self.any_open
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Nodes whose heartbeat expired: their replicas were dropped here without notices, and
@@ -260,6 +269,9 @@ impl CatalogBook {
     /// commit's notice copies its tenant and key, which an owner without a catalog (the node of
     /// `moonkv up`) would pay for every key it is sent.
     pub(crate) fn push(&self, node: ClientId, notice: impl FnOnce() -> CatalogNotice) {
+        if !self.any_open.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let (is_drop, seq, urgent) = {
             let mut boxes = self.mailboxes.lock();
             let Some(mb) = boxes.get_mut(&node) else {
@@ -303,7 +315,7 @@ impl CatalogBook {
         now_ms: u64,
     ) -> SyncCatalogResponse {
         let mut boxes = self.mailboxes.lock();
-        let mb = Self::acknowledge_in(&mut boxes, self.epoch, node, epoch, acked, now_ms);
+        let mb = self.acknowledge_in(&mut boxes, node, epoch, acked, now_ms);
         let count = mb.notices.len().min(MAX_NOTICES_PER_SYNC);
         SyncCatalogResponse {
             epoch: self.epoch,
@@ -324,7 +336,7 @@ impl CatalogBook {
         now_ms: u64,
     ) -> PendingNotices {
         let mut boxes = self.mailboxes.lock();
-        let mb = Self::acknowledge_in(&mut boxes, self.epoch, node, epoch, acked, now_ms);
+        let mb = self.acknowledge_in(&mut boxes, node, epoch, acked, now_ms);
         if mb.is_urgent() {
             PendingNotices::Urgent
         } else if mb.notices.is_empty() {
@@ -334,15 +346,20 @@ impl CatalogBook {
         }
     }
 
-    fn acknowledge_in(
-        boxes: &mut HashMap<ClientId, Mailbox>,
-        own_epoch: u64,
+    /// `node`'s mailbox, opened if it had none (its poll says it keeps a catalog), with what
+    /// it acknowledged removed.
+    fn acknowledge_in<'b>(
+        &self,
+        boxes: &'b mut HashMap<ClientId, Mailbox>,
         node: ClientId,
         epoch: u64,
         acked: u64,
         now_ms: u64,
-    ) -> &mut Mailbox {
+    ) -> &'b mut Mailbox {
+        let own_epoch = self.epoch;
         let mb = boxes.entry(node).or_default();
+        self.any_open
+            .store(true, std::sync::atomic::Ordering::Release);
         mb.last_poll_ms = now_ms;
         if epoch == own_epoch && acked > mb.acked {
             let done = (acked.min(mb.tail()) - mb.acked) as usize;

@@ -19,10 +19,11 @@ use super::whole::{
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
 use moonkv_proto::msg::{
-    BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, Request, RevokeItem,
+    BatchEndRequest, BatchPutStartRequest, BatchRevokeRequest, EndItem, ReplicaIds, Request,
+    RevokeItem,
 };
 use moonkv_proto::{
-    ClientId, Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaType,
+    ClientId, Error, ErrorCode, ItemResult, ReplicaDescriptor, ReplicaKind, ReplicaType,
 };
 use std::io;
 
@@ -126,7 +127,7 @@ pub(super) struct Started {
     /// Each key's outcome so far.
     pub(super) results: Vec<Result<(), Error>>,
     /// The replica ids of the keys the master started, to end or revoke.
-    ids: Vec<Option<Vec<ReplicaId>>>,
+    ids: Vec<Option<ReplicaIds>>,
     /// Every replica in this node's memory of every key placed wholly here, in key order.
     pub(super) targets: Vec<Target>,
 }
@@ -169,7 +170,7 @@ pub(super) async fn start(
     };
     let outcomes = per_key(answer, n);
     let mut results: Vec<Result<(), Error>> = Vec::with_capacity(n);
-    let mut ids: Vec<Option<Vec<ReplicaId>>> = Vec::with_capacity(n);
+    let mut ids: Vec<Option<ReplicaIds>> = Vec::with_capacity(n);
     let mut targets: Vec<Target> = Vec::with_capacity(n);
     let mut segments = Segments::new(served);
     let mut offset = 0u64;
@@ -219,8 +220,8 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
         ids,
         ..
     } = started;
-    let mut ended: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
-    let mut revoked: Vec<(usize, Vec<ReplicaId>)> = Vec::new();
+    let mut ended: Vec<(usize, ReplicaIds)> = Vec::new();
+    let mut revoked: Vec<(usize, ReplicaIds)> = Vec::new();
     for (i, ids) in ids.into_iter().enumerate() {
         if let Some(ids) = ids {
             match results[i] {
@@ -273,7 +274,7 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
             .filter(|(_, ids)| !ids.is_empty())
             .map(|(i, ids)| RevokeItem {
                 key: keys[*i].clone(),
-                replica_ids: ids.clone(),
+                replica_ids: ids.to_vec(),
                 unsettled: false,
             })
             .collect::<Vec<_>>();

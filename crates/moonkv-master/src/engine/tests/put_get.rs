@@ -434,7 +434,7 @@ fn batch_put_start_and_end_round_trip() {
         .zip(&req.keys)
         .map(|(r, k)| EndItem {
             key: k.clone(),
-            replica_ids: ids(r.0.as_ref().unwrap()),
+            replica_ids: ids(r.0.as_ref().unwrap()).into(),
             checksum: None,
         })
         .collect();

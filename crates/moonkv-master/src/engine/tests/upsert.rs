@@ -156,7 +156,7 @@ fn case_43_batch_upsert_existing_and_new_keys() {
         .zip(&req.keys)
         .map(|(r, k)| EndItem {
             key: k.clone(),
-            replica_ids: ids(r.0.as_ref().unwrap()),
+            replica_ids: ids(r.0.as_ref().unwrap()).into(),
             checksum: None,
         })
         .collect();
