@@ -183,6 +183,87 @@ impl From<SoftPinAction> for u8 {
     }
 }
 
+/// Decoding the strings that every replica descriptor of a segment repeats (its name and its
+/// node's endpoint) into shared copies: a decoded string equal to one of the last few decoded on
+/// this thread is that one again, so a batch answer of many descriptors on a few segments
+/// allocates nothing for them.
+mod shared_str {
+    use serde::de::{Deserializer, Error, Visitor};
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    /// How many distinct strings each thread keeps: a batch spreads over few segments.
+    const RECENT: usize = 8;
+
+    thread_local! {
+        static SEEN: RefCell<Vec<Arc<str>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn shared(s: &str) -> Arc<str> {
+        SEEN.with(|seen| {
+            let mut seen = seen.borrow_mut();
+            if let Some(i) = seen.iter().position(|known| **known == *s) {
+                let found = seen[i].clone();
+                // Most recent first: the next lookup of a batch's segment finds it at once.
+                seen[..=i].rotate_right(1);
+                return found;
+            }
+            let made: Arc<str> = Arc::from(s);
+            if seen.len() == RECENT {
+                seen.pop();
+            }
+            seen.insert(0, made.clone());
+            made
+        })
+    }
+
+    struct SharedStr;
+
+    impl Visitor<'_> for SharedStr {
+        type Value = Arc<str>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_str<E: Error>(self, v: &str) -> Result<Arc<str>, E> {
+            Ok(shared(v))
+        }
+
+        fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Arc<str>, E> {
+            std::str::from_utf8(v)
+                .map(shared)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Bytes(v), &self))
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+        d.deserialize_str(SharedStr)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn equal_strings_decoded_in_turn_share_one_copy_and_others_do_not() {
+            let a1 = shared("127.0.0.1:7001");
+            let b = shared("127.0.0.1:7002");
+            let a2 = shared("127.0.0.1:7001");
+            assert!(Arc::ptr_eq(&a1, &a2));
+            assert!(!Arc::ptr_eq(&a1, &b));
+            assert_eq!(&*b, "127.0.0.1:7002");
+            // More distinct strings than are kept: the oldest is made anew, still equal.
+            for i in 0..RECENT {
+                shared(&format!("other-{i}"));
+            }
+            let a3 = shared("127.0.0.1:7001");
+            assert_eq!(a3, a1);
+            assert!(!Arc::ptr_eq(&a3, &a1));
+        }
+    }
+}
+
 /// A memory region a node contributes to the cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {
@@ -217,9 +298,11 @@ pub struct ReplicaDescriptor {
     /// Segment (memory) or disk owner (disk) holding the bytes.
     pub segment_id: SegmentId,
     /// Segment name (memory) or disk name (disk); shared with the segment's record, so a
-    /// descriptor costs no allocation for it.
+    /// descriptor costs no allocation for it (decoded, a name seen recently is shared too).
+    #[serde(deserialize_with = "shared_str::deserialize")]
     pub segment_name: Arc<str>,
     /// Data-plane endpoint that serves the bytes; shared like the name.
+    #[serde(deserialize_with = "shared_str::deserialize")]
     pub endpoint: Arc<str>,
     /// Absolute address inside the segment (memory) or file id (disk).
     pub address: u64,

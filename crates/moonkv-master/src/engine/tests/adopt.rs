@@ -507,9 +507,20 @@ fn an_expired_node_that_comes_back_regains_only_the_replicas_of_unchanged_object
         replica_num: 2,
         ..Default::default()
     };
+    // "same" is placed on the node first (its preferred segment), so at least one object has
+    // its smallest replica id there; the others go where placement puts them.
+    let node_preferred = ReplicateConfig {
+        preferred_segments: vec!["seg-0".into()],
+        ..two.clone()
+    };
     let mut node_first = 0;
     for key in ["same", "same2", "same3", "same4", "removed", "replaced"] {
-        let descs = h.put_start_with(key, 1000, two.clone()).unwrap();
+        let config = if key == "same" {
+            node_preferred.clone()
+        } else {
+            two.clone()
+        };
+        let descs = h.put_start_with(key, 1000, config).unwrap();
         assert_eq!(descs.len(), 2, "{key}: a replica on each segment");
         let min = descs.iter().min_by_key(|d| d.id).unwrap();
         node_first += usize::from(min.segment_id == first_segment(&h).id);
