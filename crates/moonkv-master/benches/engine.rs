@@ -172,14 +172,23 @@ fn batch_put(
         set_key(key, prefix, *n);
     }
     let started = engine.batch_put_start(start).unwrap();
+    end_what_started(end, &start.keys, &started);
+    engine.reporting_inline(|| engine.batch_put_end(end).unwrap())
+}
+
+/// Fills `end` with one item per key of a batch Start, with the replica ids it got.
+fn end_what_started(
+    end: &mut BatchEndRequest,
+    keys: &[String],
+    started: &[moonkv_proto::ItemResult<Vec<moonkv_proto::ReplicaDescriptor>>],
+) {
     end.items.clear();
     end.items
-        .extend(start.keys.iter().zip(&started).map(|(key, r)| EndItem {
+        .extend(keys.iter().zip(started).map(|(key, r)| EndItem {
             key: key.clone(),
             replica_ids: r.0.as_ref().unwrap().iter().map(|d| d.id).collect(),
             checksum: None,
         }));
-    engine.reporting_inline(|| engine.batch_put_end(end).unwrap())
 }
 
 fn batches_of(c: &mut Criterion, group: &str, engine: &Engine) {
@@ -327,13 +336,7 @@ fn cache_cold(c: &mut Criterion) {
         let t = std::time::Instant::now();
         let started = engine.batch_put_start(&start).unwrap();
         let mut took = t.elapsed();
-        end.items.clear();
-        end.items
-            .extend(start.keys.iter().zip(&started).map(|(key, r)| EndItem {
-                key: key.clone(),
-                replica_ids: r.0.as_ref().unwrap().iter().map(|d| d.id).collect(),
-                checksum: None,
-            }));
+        end_what_started(&mut end, &start.keys, &started);
         thrash.run();
         let t = std::time::Instant::now();
         black_box(engine.reporting_inline(|| engine.batch_put_end(&end).unwrap()));
