@@ -518,7 +518,7 @@ pub struct RevokeItem {
     /// Object key.
     pub key: String,
     /// Ids from the Start.
-    pub replica_ids: Vec<ReplicaId>,
+    pub replica_ids: ReplicaIds,
     /// As [`RevokeRequest::unsettled`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsettled: bool,
@@ -737,8 +737,8 @@ mod tests {
         assert_eq!(back, items);
     }
 
-    /// An End item's ids are held inline, but travel as the plain list they always were: a
-    /// peer built before that change reads them, and its items read back here.
+    /// End and Revoke items hold their ids inline, but the ids travel as the plain list they
+    /// always were: a peer built before that change reads them, and its items read back here.
     #[test]
     fn end_item_ids_travel_as_a_plain_list() {
         for ids in [vec![7u64], vec![7, 9, 11], vec![]] {
@@ -752,6 +752,15 @@ mod tests {
             assert_eq!(bytes, as_vec, "ids {ids:?}");
             let back: EndItem = rmp_serde::from_slice(&as_vec).unwrap();
             assert_eq!(back, item);
+            let revoke = RevokeItem {
+                key: "k".into(),
+                replica_ids: item.replica_ids.clone(),
+                unsettled: false,
+            };
+            let as_vec = rmp_serde::to_vec(&("k", ids.clone())).unwrap();
+            assert_eq!(rmp_serde::to_vec(&revoke).unwrap(), as_vec, "ids {ids:?}");
+            let back: RevokeItem = rmp_serde::from_slice(&as_vec).unwrap();
+            assert_eq!(back, revoke);
         }
     }
 

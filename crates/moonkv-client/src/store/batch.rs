@@ -340,7 +340,7 @@ impl Store {
                         i,
                         RevokeItem {
                             key: keys[i].to_string(),
-                            replica_ids: ids(i).into_vec(),
+                            replica_ids: ids(i),
                             unsettled: false,
                         },
                     ));
@@ -365,7 +365,7 @@ impl Store {
                         *slot,
                         RevokeItem {
                             key: keys[*slot].to_string(),
-                            replica_ids: ids(*slot).into_vec(),
+                            replica_ids: ids(*slot),
                             unsettled: false,
                         },
                     ));
@@ -418,7 +418,7 @@ impl Store {
         }
         for (i, settled, ids) in settling {
             if revoked[i] {
-                self.release_when_settled(settled, ids);
+                self.release_when_settled(settled, ids.into_vec());
             }
         }
         let mut probed = HashMap::new();

@@ -235,11 +235,21 @@ impl CatalogBook {
     /// Opens `node`'s mailbox (if it has none): from now on notices for it are queued. Called
     /// for owners that keep a catalog, at their mount and poll.
     pub(crate) fn open(&self, node: ClientId) {
-        let mut boxes = self.mailboxes.lock();
-        boxes.entry(node).or_default();
-        // Set under the lock: a push that sees it unset ran before this mailbox existed.
-        self.any_open
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.mailbox(&mut self.mailboxes.lock(), node);
+    }
+
+    /// `node`'s mailbox in `boxes` (the locked `mailboxes`), opened if it had none.
+    fn mailbox<'b>(
+        &self,
+        boxes: &'b mut HashMap<ClientId, Mailbox>,
+        node: ClientId,
+    ) -> &'b mut Mailbox {
+        boxes.entry(node).or_insert_with(|| {
+            // Set under the lock: a push that sees it unset ran before this mailbox existed.
+            self.any_open
+                .store(true, std::sync::atomic::Ordering::Release);
+            Mailbox::default()
+        })
     }
 
     /// Nodes whose heartbeat expired: their replicas were dropped here without notices, and
@@ -357,9 +367,7 @@ impl CatalogBook {
         now_ms: u64,
     ) -> &'b mut Mailbox {
         let own_epoch = self.epoch;
-        let mb = boxes.entry(node).or_default();
-        self.any_open
-            .store(true, std::sync::atomic::Ordering::Release);
+        let mb = self.mailbox(boxes, node);
         mb.last_poll_ms = now_ms;
         if epoch == own_epoch && acked > mb.acked {
             let done = (acked.min(mb.tail()) - mb.acked) as usize;

@@ -274,7 +274,7 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
             .filter(|(_, ids)| !ids.is_empty())
             .map(|(i, ids)| RevokeItem {
                 key: keys[*i].clone(),
-                replica_ids: ids.to_vec(),
+                replica_ids: ids.clone(),
                 unsettled: false,
             })
             .collect::<Vec<_>>();

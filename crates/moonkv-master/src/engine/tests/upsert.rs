@@ -186,7 +186,7 @@ fn batch_upsert_revoke_erases_in_place_rewrites() {
         replica_type: ReplicaType::All,
         items: vec![RevokeItem {
             key: "k".into(),
-            replica_ids: ids(&descs),
+            replica_ids: ids(&descs).into(),
             unsettled: false,
         }],
     };
