@@ -15,10 +15,13 @@
 //!   straight between its segments and the caller's memory (READ_LOCAL / WRITE_LOCAL).
 //! - [`low_water`]: long payloads read with a receive low-water mark, so the reader wakes
 //!   for large chunks instead of every segment.
+//! - [`local_stream`]: local socket connections that hear of writing space only while a write
+//!   waits for it, so a peer's reads do not wake a caller that waits for an answer.
 //!
-//! Unsafe code is denied crate-wide. One module allows it: `low_water`, for its one
-//! `setsockopt` call, which rustix does not wrap (the system calls of `same_host` go through
-//! rustix's safe wrappers).
+//! Unsafe code is denied crate-wide. Two modules allow it: `low_water`, for its one
+//! `setsockopt` call, which rustix does not wrap, and `local_stream`, for tokio's API that
+//! lends a read buffer's spare capacity (the system calls of `same_host` go through rustix's
+//! safe wrappers).
 
 #![deny(unsafe_code)]
 
@@ -26,6 +29,7 @@ pub mod connection;
 pub mod handshake;
 pub mod header;
 pub mod local;
+pub mod local_stream;
 pub mod low_water;
 pub mod pipeline;
 pub mod pool;
@@ -35,6 +39,7 @@ pub mod stream;
 pub use connection::DataConnection;
 pub use header::{DataOp, DataStatus, FileMeta, NodeStats, RequestHeader, ResponseHeader};
 pub use local::{LocalSegment, LocalSegments};
+pub use local_stream::LocalStream;
 pub use pipeline::{Burst, BurstBreak, Piece};
 pub use pool::{ConnectionPool, PoolStats, DEFAULT_CONNECTIONS_PER_NODE};
 pub use stream::{Stream, TlsAcceptor, TlsClientConfig, TlsConnector, TlsError, TlsServerConfig};

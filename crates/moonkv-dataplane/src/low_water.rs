@@ -51,7 +51,7 @@ impl LowWater {
             let fd = match stream {
                 Stream::Plain(tcp) => Some(tcp.as_raw_fd()),
                 // A Unix socket reports itself readable at every arrival whatever the mark.
-                Stream::Local(_) => None,
+                Stream::Local(_) | Stream::LocalServed(_) => None,
                 #[cfg(feature = "tls")]
                 Stream::Tls(_) => None,
             };

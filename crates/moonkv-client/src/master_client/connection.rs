@@ -331,7 +331,7 @@ enum Writer {
 #[derive(Clone)]
 enum Direct {
     Tcp(Arc<tokio::net::tcp::OwnedWriteHalf>),
-    Local(Arc<tokio::net::unix::OwnedWriteHalf>),
+    Local(moonkv_dataplane::LocalStream),
 }
 
 impl Direct {
@@ -341,19 +341,14 @@ impl Direct {
             Direct::Local(half) => half.try_write(bytes),
         }
     }
-
-    async fn writable(&self) -> std::io::Result<()> {
-        match self {
-            Direct::Tcp(half) => half.writable().await,
-            Direct::Local(half) => half.writable().await,
-        }
-    }
 }
 
 impl Writer {
     async fn write_all(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
         match self {
-            Writer::Plain(half) => {
+            // It waits for writing space its own way (`moonkv_dataplane::local_stream`).
+            Writer::Plain(Direct::Local(stream)) => stream.write_all(bytes).await,
+            Writer::Plain(Direct::Tcp(half)) => {
                 while !bytes.is_empty() {
                     half.writable().await?;
                     match half.try_write(bytes) {
@@ -388,11 +383,8 @@ fn split(stream: Stream) -> (Reader, Writer) {
             )
         }
         Stream::Local(unix) => {
-            let (reader, writer) = unix.into_split();
-            (
-                Box::new(reader),
-                Writer::Plain(Direct::Local(Arc::new(writer))),
-            )
+            let (reader, writer) = unix.split();
+            (Box::new(reader), Writer::Plain(Direct::Local(writer)))
         }
         #[allow(unreachable_patterns)]
         tls => {

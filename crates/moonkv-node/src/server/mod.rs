@@ -458,7 +458,7 @@ async fn open_and_serve_local(stream: UnixStream, served: Arc<Served>) -> io::Re
     let ends = crate::same_host::Ends::Local {
         socket: std::os::fd::AsRawFd::as_raw_fd(&stream),
     };
-    let stream = Stream::Local(stream);
+    let stream = Stream::LocalServed(stream);
     Box::pin(serve_connection(stream, served, Some(ends), opening_until)).await
 }
 
