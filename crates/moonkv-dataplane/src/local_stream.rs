@@ -113,6 +113,10 @@ impl LocalStream {
     }
 
     fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        // No room: nothing to read into (a `recv` of nothing would read as the end of stream).
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             let mut guard = ready!(self.0.io.poll_read_ready(cx))?;
             // SAFETY: the spare capacity is only written (by the kernel, through rustix), never
