@@ -42,8 +42,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 /// A local socket connection registered for readable events only (see the module's doc).
 /// Cheap to share: [`LocalStream::split`] hands out halves that read and write concurrently.
 /// As with any socket's poll API, one task at a time reads and one writes through
-/// `AsyncRead`/`AsyncWrite` or [`LocalStream::write_all`]; [`LocalStream::try_write`] may be
-/// called from anywhere.
+/// `AsyncRead`/`AsyncWrite`; [`LocalStream::try_write`] may be called from anywhere.
 #[derive(Clone)]
 pub struct LocalStream(Arc<Shared>);
 
@@ -96,20 +95,6 @@ impl LocalStream {
     /// Writes what the socket takes now, without waiting (`WouldBlock` when it is full).
     pub fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
         send(self.0.io.get_ref().as_fd(), bytes)
-    }
-
-    /// Writes all of `bytes`, waiting for space as needed.
-    pub async fn write_all(&self, mut bytes: &[u8]) -> io::Result<()> {
-        while !bytes.is_empty() {
-            let n =
-                std::future::poll_fn(|cx| self.poll_send(cx, bytes.len(), |fd| send(fd, bytes)))
-                    .await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            bytes = &bytes[n..];
-        }
-        Ok(())
     }
 
     fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
@@ -165,14 +150,14 @@ impl LocalStream {
             }
         }
         let mut space = self.0.space.lock().unwrap_or_else(PoisonError::into_inner);
-        if space.is_none() {
-            // Registered now, it reports writing space that came since the write above.
-            let dup = fd.try_clone_to_owned()?;
-            *space = Some(register(dup, Interest::WRITABLE)?);
-            self.0.waiting.store(true, Ordering::Release);
-        }
-        let Some(registration) = space.as_ref() else {
-            unreachable!("made just above")
+        let registration = match &mut *space {
+            Some(registration) => registration,
+            none => {
+                // Registered now, it reports writing space that came since the write above.
+                let registration = register(fd.try_clone_to_owned()?, Interest::WRITABLE)?;
+                self.0.waiting.store(true, Ordering::Release);
+                none.insert(registration)
+            }
         };
         let written = loop {
             let mut guard = ready!(registration.poll_write_ready(cx))?;
@@ -320,7 +305,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_socket_is_watched_for_reading_only_until_a_write_waits_for_space() {
-        let (stream, mut peer) = pair();
+        let (mut stream, mut peer) = pair();
         let fd = stream.as_raw_fd();
         let watched = registrations(fd);
         assert_eq!(watched.len(), 1, "{watched:x?}");

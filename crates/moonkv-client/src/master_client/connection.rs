@@ -346,7 +346,7 @@ impl Direct {
 impl Writer {
     async fn write_all(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
         match self {
-            // It waits for writing space its own way (`moonkv_dataplane::local_stream`).
+            // It waits for writing space through its `AsyncWrite` (`moonkv_dataplane::local_stream`).
             Writer::Plain(Direct::Local(stream)) => stream.write_all(bytes).await,
             Writer::Plain(Direct::Tcp(half)) => {
                 while !bytes.is_empty() {
