@@ -348,6 +348,49 @@ mod tests {
         assert_eq!(after[0] & (EPOLLIN | EPOLLOUT), EPOLLIN);
     }
 
+    #[tokio::test]
+    async fn a_write_dropped_while_it_waits_for_space_leaves_the_connection_usable_and_closable() {
+        let (mut stream, mut peer) = pair();
+        let fd = stream.as_raw_fd();
+        // A caller gives up on a long write (its future is dropped, as a timeout does) while the
+        // socket is full.
+        let payload = vec![1u8; 8 << 20];
+        {
+            let mut write = std::pin::pin!(stream.write_all(&payload));
+            let first = std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await;
+            assert!(first.is_pending(), "8 MiB fit in the socket's buffers");
+        }
+        assert_eq!(
+            registrations(fd).len(),
+            2,
+            "the wait's registration outlives the drop"
+        );
+        // The peer takes what was sent; the next write goes out whole and ends the wait's
+        // registration.
+        let drain = std::thread::spawn(move || {
+            let mut sent = vec![0u8; 1 << 20];
+            let mut total = 0usize;
+            loop {
+                let n = peer.read(&mut sent).expect("peer read");
+                total += n;
+                if n == 0 || sent[..n].ends_with(b"next") {
+                    return (total, peer);
+                }
+            }
+        });
+        stream
+            .write_all(b"next")
+            .await
+            .expect("a write after the dropped one");
+        assert_eq!(registrations(fd).len(), 1);
+        // Dropped without shutdown: the peer sees the end of the stream.
+        drop(stream);
+        let (total, mut peer) = drain.join().expect("drain");
+        assert!(total > 4 && total < (8 << 20) + 4, "{total}");
+        let mut rest = [0u8; 1];
+        assert_eq!(peer.read(&mut rest).expect("peer read"), 0);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn split_halves_move_long_payloads_both_ways_at_once() {
         let (ours, theirs) = StdUnix::pair().expect("socket pair");
