@@ -19,6 +19,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A PUT_WHOLE payload up to this size goes out in one write with its request.
 const INLINE_PAYLOAD: usize = 64 << 10;
 
+/// The answer body of a request served whole that is read with its header, in one call, when
+/// it is no longer than this (a same-host batch of 128 keys answers in about 700 bytes).
+const ANSWER_WITH_HEADER: usize = 1024;
+
 /// One data-plane connection to a node.
 pub struct DataConnection {
     /// The receive low-water mark while a [`DataConnection::get_whole`] answer's bytes are
@@ -478,14 +482,35 @@ impl DataConnection {
     }
 
     /// The answer of a request the node serves whole: its body, or the status it was refused
-    /// with.
+    /// with. The header and a body of up to [`ANSWER_WITH_HEADER`] bytes come in one read: the
+    /// node writes them together, and nothing else arrives on this connection before its next
+    /// request, so a read past the header takes this answer's bytes only (more than the header
+    /// announces is refused as malformed).
     async fn read_answer_body(
         &mut self,
         id: u64,
     ) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
-        let response = self.read_response(id).await?;
+        let mut raw = [0u8; RESPONSE_LEN + ANSWER_WITH_HEADER];
+        let mut got = 0;
+        while got < RESPONSE_LEN {
+            let n = match self.stream.read(&mut raw[got..]).await {
+                Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                other => other,
+            }
+            .map_err(|e| self.io_fail("receive answer", e))?;
+            got += n;
+        }
+        let (head, early) = raw[..got].split_at(RESPONSE_LEN);
+        let head: &[u8; RESPONSE_LEN] = head.try_into().expect("split at RESPONSE_LEN");
+        let response = self.check_response(head, id)?;
+        if early.len() as u64 > response.length {
+            return Err(transfer_fail(
+                &self.endpoint,
+                "answer longer than its header announced",
+            ));
+        }
         if response.status != DataStatus::Ok {
-            self.healthy = stays_in_step(response.status);
+            self.healthy = stays_in_step(response.status) && response.length == 0;
             return Ok(Err(response.status));
         }
         if response.length > u64::from(crate::header::MAX_PUT_LOCAL_BODY) {
@@ -495,10 +520,13 @@ impl DataConnection {
             ));
         }
         let mut answer = vec![0u8; response.length as usize];
-        self.stream
-            .read_exact(&mut answer)
-            .await
-            .map_err(|e| self.io_fail("receive the answer of a request served whole", e))?;
+        answer[..early.len()].copy_from_slice(early);
+        if early.len() < answer.len() {
+            self.stream
+                .read_exact(&mut answer[early.len()..])
+                .await
+                .map_err(|e| self.io_fail("receive the answer of a request served whole", e))?;
+        }
         self.healthy = true;
         Ok(Ok(answer))
     }
@@ -666,7 +694,12 @@ impl DataConnection {
             .read_exact(&mut raw)
             .await
             .map_err(|e| self.io_fail("receive answer", e))?;
-        let response = ResponseHeader::decode(&raw)
+        self.check_response(&raw, request_id)
+    }
+
+    /// The answer header `raw`, when it is well formed and answers `request_id`.
+    fn check_response(&self, raw: &[u8; RESPONSE_LEN], request_id: u64) -> Result<ResponseHeader> {
+        let response = ResponseHeader::decode(raw)
             .ok_or_else(|| transfer_fail(&self.endpoint, "malformed answer header"))?;
         // A failed handshake proof is answered before any request was read, as request 0.
         if response.request_id != request_id && response.status != DataStatus::Unauthenticated {
@@ -821,4 +854,121 @@ pub(crate) fn transfer_io_fail(endpoint: &str, what: &str, cause: std::io::Error
         format!("data transfer with node {endpoint} failed: {what}"),
         cause,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// How a fake node writes the answer to one PUT_LOCAL.
+    enum Reply {
+        /// Header and body in one write.
+        Together(Vec<u8>),
+        /// The header, then (after the caller had time to read it) the body.
+        Apart(Vec<u8>),
+        /// A header announcing `len` bytes, followed by `body`.
+        Announcing { len: u64, body: Vec<u8> },
+        /// A refusal.
+        Refused(DataStatus),
+    }
+
+    /// A caller's PUT_LOCAL answered by a fake node as `reply` says.
+    async fn put_local_answered(reply: Reply) -> Result<std::result::Result<Vec<u8>, DataStatus>> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = listener.local_addr().unwrap().to_string();
+        let node = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; REQUEST_LEN];
+            s.read_exact(&mut head).await.unwrap();
+            let request = RequestHeader::decode(&head).unwrap();
+            let header = |status, length| {
+                ResponseHeader {
+                    status,
+                    request_id: request.request_id,
+                    length,
+                }
+                .encode()
+                .to_vec()
+            };
+            match reply {
+                Reply::Together(body) => {
+                    let mut out = header(DataStatus::Ok, body.len() as u64);
+                    out.extend_from_slice(&body);
+                    s.write_all(&out).await.unwrap();
+                }
+                Reply::Apart(body) => {
+                    s.write_all(&header(DataStatus::Ok, body.len() as u64))
+                        .await
+                        .unwrap();
+                    s.flush().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    s.write_all(&body).await.unwrap();
+                }
+                Reply::Announcing { len, body } => {
+                    let mut out = header(DataStatus::Ok, len);
+                    out.extend_from_slice(&body);
+                    s.write_all(&out).await.unwrap();
+                }
+                Reply::Refused(status) => s.write_all(&header(status, 0)).await.unwrap(),
+            }
+            // Held open until the caller is done, so that the end of the stream is no answer.
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+        });
+        let mut conn = DataConnection::connect(&endpoint, Duration::from_secs(5), None)
+            .await
+            .unwrap();
+        let plan = LocalPlan {
+            deadline_ns: u64::MAX,
+            ranges: vec![(4096, 8)],
+            flags: 0,
+        };
+        let answer = conn.put_local(&plan, 8, b"request").await;
+        drop(conn);
+        node.await.unwrap();
+        answer
+    }
+
+    #[tokio::test]
+    async fn an_answer_body_read_with_its_header_or_after_it_is_the_whole_body() {
+        let short: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
+        let long: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        let exact = vec![9u8; ANSWER_WITH_HEADER];
+        for body in [short, long, exact, Vec::new()] {
+            let together = put_local_answered(Reply::Together(body.clone())).await;
+            assert_eq!(together.unwrap().unwrap(), body);
+            let apart = put_local_answered(Reply::Apart(body.clone())).await;
+            assert_eq!(apart.unwrap().unwrap(), body);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_longer_than_its_header_announces_is_refused_as_malformed() {
+        let answer = put_local_answered(Reply::Announcing {
+            len: 10,
+            body: vec![1u8; 30],
+        })
+        .await;
+        let e = answer.unwrap_err();
+        assert_eq!(e.code, ErrorCode::TRANSFER_FAIL);
+        assert!(
+            e.message.contains("longer than its header announced"),
+            "{e}"
+        );
+        // A refusal that carries bytes is malformed too.
+        let refused = put_local_answered(Reply::Announcing {
+            len: 0,
+            body: vec![1u8; 3],
+        })
+        .await;
+        assert!(refused.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_its_status() {
+        let answer = put_local_answered(Reply::Refused(DataStatus::LocalRefused)).await;
+        assert_eq!(answer.unwrap(), Err(DataStatus::LocalRefused));
+    }
 }

@@ -34,7 +34,7 @@ pub use codec::{
     StampedEvent, DEFAULT_QUEUE_CAPACITY, MAX_EVENTS_PER_MESSAGE,
 };
 pub use error::{DecodeError, EventsError};
-pub use publisher::{InlineSender, Publisher, PublisherStatus};
+pub use publisher::{DeferredSend, InlineSender, Publisher, PublisherStatus};
 pub use subscriber::{
     decode_message, decode_message_detailed, format_event_line, DecodedEvent, DecodedMessage,
     Delivery, HttpSnapshotSource, IndexSync, MediaSet, PlacementIndex, SequenceVerdict, Snapshot,

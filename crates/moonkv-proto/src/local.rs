@@ -30,11 +30,26 @@ impl std::fmt::Debug for Answer {
     }
 }
 
+/// Like [`AnswerFuture`], with what the answer left to do ([`InProcessMaster::answer_then`]).
+pub type AnswerThenFuture =
+    Pin<Box<dyn Future<Output = (Request, Answer, Option<Box<dyn Send>>)> + Send>>;
+
 /// A master reachable by a call in this process.
 pub trait InProcessMaster: Send + Sync + std::fmt::Debug {
     /// Answers `request` as the master answers it on a node's connection (admission, space
     /// waits, fences), and gives the request back.
     fn answer(&self, request: Request) -> AnswerFuture;
+
+    /// Like [`InProcessMaster::answer`], but what the answer leaves to do that its caller
+    /// need not wait for (sending the events it published) is done when the third value is
+    /// dropped: a node drops it once it passed the answer on. By default there is nothing.
+    fn answer_then(&self, request: Request) -> AnswerThenFuture {
+        let answer = self.answer(request);
+        Box::pin(async move {
+            let (request, answer) = answer.await;
+            (request, answer, None)
+        })
+    }
 }
 
 impl Answer {

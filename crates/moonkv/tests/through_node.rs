@@ -691,3 +691,61 @@ async fn the_master_in_process_answers_values_and_gives_requests_back() {
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::NOT_SUPPORTED, "{e}");
 }
+
+/// The master's `/kv_events/status`.
+async fn events_status(master: &MasterHandle) -> serde_json::Value {
+    let mut s = TcpStream::connect(master.admin_addr()).await.unwrap();
+    s.write_all(b"GET /kv_events/status HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap()
+}
+
+/// A node answers a put it took whole before the End's events (one per key) are sent, and no
+/// event is left behind: the master in the node's process leaves them to the node, which sends
+/// them once the answer is out; a master over a connection sends them itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_of_puts_taken_whole_all_leave_after_their_answers() {
+    for in_process in [true, false] {
+        let mut config = MasterConfig::ephemeral();
+        config.kv_events.enabled = true;
+        config.kv_events.bind_endpoint = "tcp://127.0.0.1:0".into();
+        config.kv_events.backend_id = "through-node".into();
+        let m = server::start(config).await.expect("master starts");
+        let n = node(&m, in_process).await;
+        let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
+            .await
+            .unwrap();
+        let cfg = ReplicateConfig::default();
+        store.put("warm", b"w", &cfg).await.unwrap();
+        let value = pattern(6, 24 * 4096);
+        for round in 0..4 {
+            let keys: Vec<String> = (0..24).map(|i| format!("e{round}-{i}")).collect();
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let values: Vec<&[u8]> = value.chunks(4096).collect();
+            let results = store.batch_put_from(&refs, &values, &cfg).await;
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+            let mut status = events_status(&m).await;
+            for _ in 0..200 {
+                if status["queue_len"] == 0 && status["published_events"] == status["last_event_id"]
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                status = events_status(&m).await;
+            }
+            // The warm key and every key of every batch so far, all sent.
+            assert_eq!(status["last_event_id"], 1 + 24 * (round + 1), "{status}");
+            assert_eq!(
+                status["published_events"], status["last_event_id"],
+                "{status}"
+            );
+            assert_eq!(status["queue_len"], 0, "{status}");
+        }
+        n.shutdown().await;
+        m.shutdown().await;
+    }
+}

@@ -167,24 +167,68 @@ impl InlineSender {
     /// answering a request): a wake-up of the socket thread costs more than that, and on a
     /// busy host the woken thread takes a CPU from the work itself.
     pub fn scope<R>(&self, work: impl FnOnce() -> R) -> R {
-        struct Restore<'a> {
-            shared: &'a Shared,
-            outer: (usize, bool),
-        }
-        impl Drop for Restore<'_> {
-            fn drop(&mut self) {
-                let (_, published) = INLINE.with(|c| c.replace(self.outer));
-                if published {
-                    send_queued(self.shared);
-                }
-            }
-        }
-        let outer = INLINE.with(|c| c.replace((address(&self.0), false)));
-        let _restore = Restore {
-            shared: &self.0,
-            outer,
-        };
+        let _restore = Restore::enter(&self.0);
         work()
+    }
+
+    /// Like [`InlineSender::scope`], but the events `work` published leave when the
+    /// [`DeferredSend`] it returns is dropped (`None`: it published nothing), from the thread
+    /// that drops it. For work whose caller waits for an answer: it can answer first and send
+    /// the events after. If `work` unwinds, they leave at once.
+    pub fn scope_deferred<R>(&self, work: impl FnOnce() -> R) -> (R, Option<DeferredSend>) {
+        let mut restore = Restore::enter(&self.0);
+        let out = work();
+        let published = restore.leave();
+        (out, published.then(|| DeferredSend(Arc::clone(&self.0))))
+    }
+}
+
+/// An [`InlineSender`] scope of this thread, which ends when this is dropped.
+struct Restore<'a> {
+    shared: &'a Shared,
+    /// The scope this one is nested in; `None` once left.
+    outer: Option<(usize, bool)>,
+}
+
+impl<'a> Restore<'a> {
+    fn enter(shared: &'a Arc<Shared>) -> Restore<'a> {
+        let outer = INLINE.with(|c| c.replace((address(shared), false)));
+        Restore {
+            shared,
+            outer: Some(outer),
+        }
+    }
+
+    /// Ends the scope without sending; whether it published.
+    fn leave(&mut self) -> bool {
+        match self.outer.take() {
+            Some(outer) => INLINE.with(|c| c.replace(outer)).1,
+            None => false,
+        }
+    }
+}
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        if self.leave() {
+            send_queued(self.shared);
+        }
+    }
+}
+
+/// Events an [`InlineSender::scope_deferred`] published, still queued: dropping this sends
+/// everything queued from the dropping thread.
+pub struct DeferredSend(Arc<Shared>);
+
+impl std::fmt::Debug for DeferredSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredSend").finish_non_exhaustive()
+    }
+}
+
+impl Drop for DeferredSend {
+    fn drop(&mut self) {
+        send_queued(&self.0);
     }
 }
 
@@ -566,6 +610,58 @@ mod tests {
         publisher.publish(KvEvent::cleared("t"));
         until(&publisher, "the socket thread sends it", |s| sent(s) == 101);
         assert_eq!(publisher.shared.state.lock().wakes, 1);
+    }
+
+    #[test]
+    fn events_of_a_deferred_scope_leave_when_its_token_drops_and_wake_nobody() {
+        let publisher = start(0);
+        until_parked(&publisher);
+        let inline = publisher.inline();
+        let (n, token) = inline.scope_deferred(|| {
+            for i in 0..40 {
+                publisher.publish(KvEvent::stored("t", format!("k{i}"), crate::Medium::Cpu));
+            }
+            40
+        });
+        assert_eq!(n, 40);
+        let token = token.expect("it published");
+        // The scope is over and nothing left: the events wait for the token.
+        {
+            let state = publisher.shared.state.lock();
+            assert_eq!((sent(&state), state.queue.len()), (0, 40));
+            assert_eq!((state.wakes, state.consumer_waiting), (0, true));
+        }
+        // This thread is out of the scope: what it publishes now wakes the socket thread, which
+        // sends everything queued, the deferred events first.
+        drop(token);
+        {
+            let state = publisher.shared.state.lock();
+            assert_eq!((sent(&state), state.queue.len()), (40, 0));
+            assert_eq!(state.queue.counters().published_batches, 1);
+            assert_eq!(state.wakes, 0);
+        }
+        publisher.publish(KvEvent::cleared("t"));
+        until(&publisher, "the socket thread sends it", |s| sent(s) == 41);
+        assert_eq!(publisher.shared.state.lock().wakes, 1);
+        // A deferred scope that published nothing hands back no token.
+        let ((), none) = inline.scope_deferred(|| ());
+        assert!(none.is_none());
+    }
+
+    #[test]
+    fn a_deferred_scope_that_unwinds_sends_at_once() {
+        let publisher = start(0);
+        until_parked(&publisher);
+        let inline = publisher.inline();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            inline.scope_deferred(|| {
+                publisher.publish(KvEvent::cleared("t"));
+                panic!("the work failed after publishing");
+            })
+        }));
+        assert!(unwound.is_err());
+        let state = publisher.shared.state.lock();
+        assert_eq!((sent(&state), state.wakes, state.queue.len()), (1, 0, 0));
     }
 
     #[test]

@@ -224,6 +224,22 @@ impl Engine {
         }
     }
 
+    /// Like [`Engine::reporting_inline`], but what `work` reported leaves when the second value
+    /// is dropped (`None`: nothing to send), so that a caller can answer first.
+    pub fn reporting_deferred<R>(&self, work: impl FnOnce() -> R) -> (R, Option<Box<dyn Send>>) {
+        let mut work = Some(work);
+        let mut out = None;
+        let deferred = self.sink.inline_deferred(&mut || {
+            if let Some(work) = work.take() {
+                out = Some(work());
+            }
+        });
+        match out {
+            Some(out) => (out, deferred),
+            None => unreachable!("the sink runs the work it is given exactly once"),
+        }
+    }
+
     fn now(&self) -> u64 {
         self.clock.now_ms()
     }

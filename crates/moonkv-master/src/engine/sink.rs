@@ -32,6 +32,13 @@ pub trait AvailabilitySink: Send + Sync {
     fn inline(&self, work: &mut dyn FnMut()) {
         work()
     }
+    /// Like [`AvailabilitySink::inline`], but the changes `work` reported leave when the value
+    /// it returns is dropped, from the thread that drops it (`None`: nothing to send). By
+    /// default it only runs `work`.
+    fn inline_deferred(&self, work: &mut dyn FnMut()) -> Option<Box<dyn Send>> {
+        work();
+        None
+    }
 }
 
 /// A sink that drops everything (events disabled).

@@ -156,6 +156,19 @@ impl AvailabilitySink for EventHook {
             None => work(),
         }
     }
+
+    fn inline_deferred(&self, work: &mut dyn FnMut()) -> Option<Box<dyn Send>> {
+        match self.with(Publisher::inline) {
+            Some(sender) => {
+                let ((), deferred) = sender.scope_deferred(work);
+                deferred.map(|d| Box::new(d) as Box<dyn Send>)
+            }
+            None => {
+                work();
+                None
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -64,7 +64,18 @@ impl std::fmt::Debug for InProcess {
 
 impl moonkv_proto::local::InProcessMaster for InProcess {
     fn answer(&self, request: moonkv_proto::msg::Request) -> moonkv_proto::local::AnswerFuture {
-        Box::pin(rpc::answer_in_process(self.0.clone(), request))
+        let answer = rpc::answer_in_process(self.0.clone(), request, false);
+        Box::pin(async move {
+            let (request, answer, _sent) = answer.await;
+            (request, answer)
+        })
+    }
+
+    fn answer_then(
+        &self,
+        request: moonkv_proto::msg::Request,
+    ) -> moonkv_proto::local::AnswerThenFuture {
+        Box::pin(rpc::answer_in_process(self.0.clone(), request, true))
     }
 }
 

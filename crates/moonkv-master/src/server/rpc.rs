@@ -808,11 +808,14 @@ fn process_input(
 /// Answers a request of the node in this process (`moonkv up`'s own node) as on a node's
 /// connection: admitted, held for file deletions, fenced and sealed alike, without a socket,
 /// and as a value (`moonkv_proto::local`), so nothing is encoded or decoded. Single Starts,
-/// which may be held for space (`space_wait`), are answered as frames.
+/// which may be held for space (`space_wait`), are answered as frames. With `defer_events`, the
+/// events the answer published leave when the third value is dropped (by the node, once it
+/// answered its caller); otherwise before this returns.
 pub(crate) async fn answer_in_process(
     shared: Arc<RpcShared>,
     request: Request,
-) -> (Request, moonkv_proto::local::Answer) {
+    defer_events: bool,
+) -> (Request, moonkv_proto::local::Answer, Option<Box<dyn Send>>) {
     use moonkv_proto::local::Answer;
     let op = request.op();
     if is_scan(op) {
@@ -822,17 +825,18 @@ pub(crate) async fn answer_in_process(
             ErrorCode::NOT_SUPPORTED,
             format!("{op:?} is answered on a connection, not by a call in process"),
         );
-        return (request, Answer::Value(Err(refused)));
+        return (request, Answer::Value(Err(refused)), None);
     }
     let mut serving = Serving::new(&shared.gate);
     if let Err(refusal) = serving.admit(&shared.gate, Instant::now(), 0) {
-        return (request, Answer::Value(Err(refusal)));
+        return (request, Answer::Value(Err(refusal)), None);
     }
     let (term, engine) = (serving.term, serving.engine.clone());
     if matches!(op, Op::PutStart | Op::UpsertStart) {
         let frame = start_as_frame(&shared, &engine, term, &request).await;
-        return (request, Answer::Frame(frame));
+        return (request, Answer::Frame(frame), None);
     }
+    let mut events = None;
     let answer = if let Request::SyncCatalog(req) = &request {
         let started = Instant::now();
         let reply = sync_catalog(&shared, &engine, req).await;
@@ -842,9 +846,14 @@ pub(crate) async fn answer_in_process(
         reply.map(|value| Box::new(value) as Box<dyn std::any::Any + Send>)
     } else {
         let before = engine.deletion_seq();
-        let (answer, fence) = engine.reporting_inline(|| {
-            crate::engine::fence_scope(|| dispatch_value(&shared, &engine, &request))
-        });
+        let work = || crate::engine::fence_scope(|| dispatch_value(&shared, &engine, &request));
+        let (answer, fence) = if defer_events {
+            let (out, deferred) = engine.reporting_deferred(work);
+            events = deferred;
+            out
+        } else {
+            engine.reporting_inline(work)
+        };
         let after = engine.deletion_seq();
         if super::space_wait::may_delete_files(op)
             && after > before
@@ -862,7 +871,7 @@ pub(crate) async fn answer_in_process(
     } else {
         Err(shared.gate.refusal())
     };
-    (request, Answer::Value(answer))
+    (request, Answer::Value(answer), events)
 }
 
 /// A single Start of the node in this process, admitted under `term`: its encoded answer,

@@ -159,6 +159,28 @@ impl MasterRoute {
             .await
     }
 
+    /// [`MasterRoute::call_keeping`], and what the master in this process left to do once the
+    /// answer is passed on (sending the events it published): dropping it does that. `None`
+    /// from a master elsewhere, which sends its events itself.
+    pub(crate) async fn call_keeping_then<T: serde::de::DeserializeOwned + 'static>(
+        &self,
+        request: moonkv_proto::msg::Request,
+    ) -> (
+        moonkv_proto::Result<T>,
+        Option<moonkv_proto::msg::Request>,
+        Option<Box<dyn Send>>,
+    ) {
+        let timeout = self.client.config().rpc_timeout;
+        let Some(master) = &self.in_process else {
+            let (answer, back) = self.call_keeping_within(request, timeout).await;
+            return (answer, back, None);
+        };
+        match tokio::time::timeout(timeout, master.answer_then(request)).await {
+            Ok((request, answer, then)) => (answer.take(), Some(request), then),
+            Err(_) => (Err(in_process_late(timeout)), None, None),
+        }
+    }
+
     /// Sends `request` to the master and decodes its answer, within `timeout`.
     pub(crate) async fn call_with_timeout<T: serde::de::DeserializeOwned + 'static>(
         &self,
@@ -180,15 +202,17 @@ impl MasterRoute {
         };
         match tokio::time::timeout(timeout, master.answer(request)).await {
             Ok((request, answer)) => (answer.take(), Some(request)),
-            Err(_) => (
-                Err(moonkv_proto::Error::new(
-                    moonkv_proto::ErrorCode::RPC_TIMEOUT,
-                    format!("the master in this process did not answer within {timeout:?}"),
-                )),
-                None,
-            ),
+            Err(_) => (Err(in_process_late(timeout)), None),
         }
     }
+}
+
+/// The error of a call to the master in this process that took longer than `timeout`.
+fn in_process_late(timeout: std::time::Duration) -> moonkv_proto::Error {
+    moonkv_proto::Error::new(
+        moonkv_proto::ErrorCode::RPC_TIMEOUT,
+        format!("the master in this process did not answer within {timeout:?}"),
+    )
 }
 
 /// The node's data-plane counters (answered to STATS requests).

@@ -13,8 +13,8 @@
 //! never ended.
 
 use super::whole::{
-    answer_items, caller_waits, in_lock_order, per_key, settle, Copies, Item, Segments, Target,
-    MAX_KEYS,
+    answer_items_then, caller_waits, in_lock_order, per_key, settle, Copies, Item, Segments,
+    Target, MAX_KEYS,
 };
 use super::{respond, Conn, MasterRoute, Served};
 use moonkv_dataplane::header::{DataStatus, LocalPlan, RequestHeader};
@@ -47,8 +47,8 @@ pub(super) async fn serve_put_local(
             .map(|()| false);
     };
     crate::copy_helper::warm(h.length);
-    let results = put(served, master, peer, plan, upsert, request).await;
-    let answered = answer_items(stream, h, &results).await;
+    let (results, events) = put(served, master, peer, plan, upsert, request).await;
+    let answered = answer_items_then(stream, h, &results, events).await;
     crate::copy_helper::answered(h.length);
     answered
 }
@@ -66,7 +66,8 @@ pub(super) fn decode(body: &[u8], length: u64) -> Option<(bool, BatchPutStartReq
         .then_some((upsert, request))
 }
 
-/// Start, copy, end (or revoke): one result per key.
+/// Start, copy, end (or revoke): one result per key, and the End's events when the master in
+/// this process left them to be sent (dropping them sends them).
 async fn put(
     served: &Served,
     master: &MasterRoute,
@@ -74,7 +75,7 @@ async fn put(
     plan: &LocalPlan,
     upsert: bool,
     request: BatchPutStartRequest,
-) -> Vec<ItemResult<()>> {
+) -> (Vec<ItemResult<()>>, Option<Box<dyn Send>>) {
     let mut started = start(served, master, upsert, request).await;
     let targets = std::mem::take(&mut started.targets);
     let stream = streams(plan.flags, upsert, targets.iter().map(|t| t.size).sum());
@@ -209,8 +210,11 @@ pub(super) async fn start(
 }
 
 /// Ends every started key whose bytes are in, revokes every other started key; one result per
-/// key.
-pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemResult<()>> {
+/// key, and what the End left to send ([`MasterRoute::call_keeping_then`]).
+pub(super) async fn finish(
+    master: &MasterRoute,
+    started: Started,
+) -> (Vec<ItemResult<()>>, Option<Box<dyn Send>>) {
     let Started {
         upsert,
         client_id,
@@ -220,6 +224,7 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
         ids,
         ..
     } = started;
+    let mut events = None;
     let mut ended: Vec<(usize, ReplicaIds)> = Vec::new();
     let mut revoked: Vec<(usize, ReplicaIds)> = Vec::new();
     for (i, ids) in ids.into_iter().enumerate() {
@@ -251,7 +256,10 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
         } else {
             Request::BatchPutEnd(end)
         };
-        let (answer, back) = master.call_keeping::<Vec<ItemResult<()>>>(request).await;
+        let (answer, back, then) = master
+            .call_keeping_then::<Vec<ItemResult<()>>>(request)
+            .await;
+        events = then;
         // A master in this process that did not answer in time keeps what it was lent: the
         // keys it did not end are then not revoked, and it frees them at its release timeout.
         if let Some(Request::BatchPutEnd(end) | Request::BatchUpsertEnd(end)) = back {
@@ -296,7 +304,7 @@ pub(super) async fn finish(master: &MasterRoute, started: Started) -> Vec<ItemRe
             }
         }
     }
-    results.into_iter().map(ItemResult).collect()
+    (results.into_iter().map(ItemResult).collect(), events)
 }
 
 /// The answer for a key whose bytes were not copied because the caller gave up.

@@ -11,7 +11,7 @@
 //! connection that breaks mid-payload ends nothing: every key it started is revoked.
 
 use super::put_local::{decode, finish, not_copied, start};
-use super::whole::{answer_items, Target};
+use super::whole::{answer_items_then, Target};
 use super::{refuse_write, Conn, Served, MAX_DRAIN_BYTES};
 use moonkv_dataplane::header::{DataStatus, RequestHeader};
 use moonkv_dataplane::low_water::read_payload;
@@ -57,8 +57,8 @@ pub(super) async fn serve_put_whole(
         drop(finish(master, started).await);
         return Err(e);
     }
-    let results = finish(master, started).await;
-    answer_items(stream, h, &results).await
+    let (results, events) = finish(master, started).await;
+    answer_items_then(stream, h, &results, events).await
 }
 
 /// Reads the payload, key by key in the order of `sizes`: a key placed here (in `targets`,

@@ -91,6 +91,24 @@ pub(super) async fn answer_items<T: serde::Serialize>(
     stream.write_all(&answer).await.map(|()| ok)
 }
 
+/// [`answer_items`], and then what the master in this process left to do once the answer is
+/// passed on (`then`, from [`super::MasterRoute::call_keeping_then`]: sending the End's
+/// events, one per key): the answer is flushed first, so the caller need not wait for it.
+pub(super) async fn answer_items_then<T: serde::Serialize>(
+    stream: &mut Conn,
+    h: &RequestHeader,
+    results: &[ItemResult<T>],
+    then: Option<Box<dyn Send>>,
+) -> io::Result<bool> {
+    let answered = answer_items(stream, h, results).await;
+    if then.is_some() && answered.is_ok() {
+        // A failed flush fails this connection's next write too; the events still leave.
+        let _ = tokio::io::AsyncWriteExt::flush(stream).await;
+    }
+    drop(then);
+    answered
+}
+
 /// The node's segments as one request finds them: the last one found is kept, so a batch whose
 /// keys lie in one segment looks it up once, not once per key.
 pub(super) struct Segments<'s> {
