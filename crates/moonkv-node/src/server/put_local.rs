@@ -209,6 +209,12 @@ pub(super) async fn start(
     }
 }
 
+/// An End of at least this many keys leaves its events (one per key) to be sent after the
+/// node's answer, when the master is in the node's process: encoding 32 of them took about
+/// 20 µs of a 32 × 128 KiB put on the development VM. A smaller End sends them before the
+/// answer: one 4 MiB put measured slower when its one event was sent after it.
+const EVENTS_AFTER_ANSWER_MIN: usize = 8;
+
 /// Ends every started key whose bytes are in, revokes every other started key; one result per
 /// key, and what the End left to send ([`MasterRoute::call_keeping_then`]).
 pub(super) async fn finish(
@@ -256,10 +262,15 @@ pub(super) async fn finish(
         } else {
             Request::BatchPutEnd(end)
         };
-        let (answer, back, then) = master
-            .call_keeping_then::<Vec<ItemResult<()>>>(request)
-            .await;
-        events = then;
+        let (answer, back) = if ended.len() >= EVENTS_AFTER_ANSWER_MIN {
+            let (answer, back, then) = master
+                .call_keeping_then::<Vec<ItemResult<()>>>(request)
+                .await;
+            events = then;
+            (answer, back)
+        } else {
+            master.call_keeping::<Vec<ItemResult<()>>>(request).await
+        };
         // A master in this process that did not answer in time keeps what it was lent: the
         // keys it did not end are then not revoked, and it frees them at its release timeout.
         if let Some(Request::BatchPutEnd(end) | Request::BatchUpsertEnd(end)) = back {
