@@ -37,15 +37,21 @@ async fn node(master: &MasterHandle, in_process: bool) -> NodeHandle {
     Node::start(config).await.expect("node starts")
 }
 
-/// The value of counter `name` on the master's `/metrics`.
-async fn counter(master: &MasterHandle, name: &str) -> u64 {
+/// The whole HTTP answer of the master's admin endpoint to `GET path`.
+async fn admin_get(master: &MasterHandle, path: &str) -> String {
     let mut s = TcpStream::connect(master.admin_addr()).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
+    s.write_all(request.as_bytes()).await.unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).await.unwrap();
-    text.lines()
+    text
+}
+
+/// The value of counter `name` on the master's `/metrics`.
+async fn counter(master: &MasterHandle, name: &str) -> u64 {
+    admin_get(master, "/metrics")
+        .await
+        .lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
         .unwrap_or(0)
 }
@@ -694,12 +700,7 @@ async fn the_master_in_process_answers_values_and_gives_requests_back() {
 
 /// The master's `/kv_events/status`.
 async fn events_status(master: &MasterHandle) -> serde_json::Value {
-    let mut s = TcpStream::connect(master.admin_addr()).await.unwrap();
-    s.write_all(b"GET /kv_events/status HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).await.unwrap();
+    let text = admin_get(master, "/kv_events/status").await;
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     serde_json::from_str(body).unwrap()
 }
