@@ -631,8 +631,7 @@ mod tests {
             assert_eq!((sent(&state), state.queue.len()), (0, 40));
             assert_eq!((state.wakes, state.consumer_waiting), (0, true));
         }
-        // This thread is out of the scope: what it publishes now wakes the socket thread, which
-        // sends everything queued, the deferred events first.
+        // Dropping the token sends them, from this thread, waking nobody.
         drop(token);
         {
             let state = publisher.shared.state.lock();
@@ -640,6 +639,7 @@ mod tests {
             assert_eq!(state.queue.counters().published_batches, 1);
             assert_eq!(state.wakes, 0);
         }
+        // Out of the scope, what this thread publishes wakes the socket thread as before.
         publisher.publish(KvEvent::cleared("t"));
         until(&publisher, "the socket thread sends it", |s| sent(s) == 41);
         assert_eq!(publisher.shared.state.lock().wakes, 1);
