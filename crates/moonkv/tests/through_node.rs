@@ -37,6 +37,13 @@ async fn node(master: &MasterHandle, in_process: bool) -> NodeHandle {
     Node::start(config).await.expect("node starts")
 }
 
+/// A standalone store whose calls go through node `n`.
+async fn via_node(n: &NodeHandle) -> Store {
+    Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
+        .await
+        .unwrap()
+}
+
 /// The whole HTTP answer of the master's admin endpoint to `GET path`.
 async fn admin_get(master: &MasterHandle, path: &str) -> String {
     let mut s = TcpStream::connect(master.admin_addr()).await.unwrap();
@@ -65,9 +72,7 @@ async fn puts_through_the_node_keep_every_byte_and_every_answer_of_the_usual_pat
     for in_process in [true, false] {
         let m = master().await;
         let n = node(&m, in_process).await;
-        let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
-            .await
-            .unwrap();
+        let store = via_node(&n).await;
         let cfg = ReplicateConfig::default();
         // The first call attaches the pool's connection; every later one goes through the node.
         store.put("warm", b"w", &cfg).await.unwrap();
@@ -163,9 +168,7 @@ async fn concurrent_batches_copied_on_two_threads_end_and_keep_whole_values() {
     config.huge_pages = false;
     config.in_process_master = Some(m.in_process());
     let n = Node::start(config).await.expect("node starts");
-    let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
-        .await
-        .unwrap();
+    let store = via_node(&n).await;
     let cfg = ReplicateConfig::default();
     // Sizes that are copied whole (4 KiB, 200 KiB) and in pieces (600 KiB, 3 MiB).
     const SIZES: [usize; 6] = [4096, 200 << 10, 600 << 10, 600 << 10, 3 << 20, 200 << 10];
@@ -254,9 +257,7 @@ async fn a_store_whose_node_takes_no_same_host_copies_gets_over_the_socket() {
     assert!(!n.data_plane_stats().put_local);
     assert!(!n.data_plane_stats().get_local);
     assert!(n.data_plane_stats().get_whole);
-    let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
-        .await
-        .unwrap();
+    let store = via_node(&n).await;
     let value = pattern(9, 100_000);
     store
         .put("k", &value, &ReplicateConfig::default())
@@ -412,9 +413,7 @@ async fn malformed_or_unattached_puts_are_refused_and_place_nothing() {
     assert!(matches!(closed, Ok(Ok(0))), "{closed:?}");
 
     // Only the good put placed anything, and the node still serves.
-    let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
-        .await
-        .unwrap();
+    let store = via_node(&n).await;
     assert_eq!(store.get("x").await.unwrap(), value);
     n.shutdown().await;
     m.shutdown().await;
@@ -426,9 +425,7 @@ async fn gets_through_the_node_return_every_byte_and_every_answer_of_the_usual_p
         let m = master().await;
         let n = node(&m, in_process).await;
         assert!(n.data_plane_stats().get_local);
-        let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
-            .await
-            .unwrap();
+        let store = via_node(&n).await;
         let cfg = ReplicateConfig::default();
         let values: Vec<Vec<u8>> = [1usize, 4099, 128 << 10, (3 << 20) + 5]
             .iter()
@@ -519,9 +516,7 @@ fn get_body(keys: &[&str], capacities: &[u64]) -> Vec<u8> {
 async fn malformed_or_unattached_gets_are_refused_and_write_nothing() {
     let m = master().await;
     let n = node(&m, true).await;
-    let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
-        .await
-        .unwrap();
+    let store = via_node(&n).await;
     let value = pattern(6, 4096);
     store
         .put("x", &value, &ReplicateConfig::default())
@@ -705,6 +700,20 @@ async fn events_status(master: &MasterHandle) -> serde_json::Value {
     serde_json::from_str(body).unwrap()
 }
 
+/// The master's `/kv_events/status` once every event it published was sent, or after about
+/// two seconds.
+async fn events_settled(master: &MasterHandle) -> serde_json::Value {
+    let mut status = events_status(master).await;
+    for _ in 0..200 {
+        if status["queue_len"] == 0 && status["published_events"] == status["last_event_id"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        status = events_status(master).await;
+    }
+    status
+}
+
 /// A node answers a put it took whole before the End's events (one per key) are sent, and no
 /// event is left behind: the master in the node's process leaves them to the node, which sends
 /// them once the answer is out; a master over a connection sends them itself.
@@ -717,27 +726,17 @@ async fn the_events_of_puts_taken_whole_all_leave_after_their_answers() {
         config.kv_events.backend_id = "through-node".into();
         let m = server::start(config).await.expect("master starts");
         let n = node(&m, in_process).await;
-        let store = Store::connect_via_node(n.endpoint(), StoreConfig::new("unused"))
-            .await
-            .unwrap();
+        let store = via_node(&n).await;
         let cfg = ReplicateConfig::default();
         store.put("warm", b"w", &cfg).await.unwrap();
         let value = pattern(6, 24 * 4096);
+        let values: Vec<&[u8]> = value.chunks(4096).collect();
         for round in 0..4 {
             let keys: Vec<String> = (0..24).map(|i| format!("e{round}-{i}")).collect();
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let values: Vec<&[u8]> = value.chunks(4096).collect();
             let results = store.batch_put_from(&refs, &values, &cfg).await;
             assert!(results.iter().all(Result::is_ok), "{results:?}");
-            let mut status = events_status(&m).await;
-            for _ in 0..200 {
-                if status["queue_len"] == 0 && status["published_events"] == status["last_event_id"]
-                {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                status = events_status(&m).await;
-            }
+            let status = events_settled(&m).await;
             // The warm key and every key of every batch so far, all sent.
             assert_eq!(status["last_event_id"], 1 + 24 * (round + 1), "{status}");
             assert_eq!(
@@ -746,6 +745,21 @@ async fn the_events_of_puts_taken_whole_all_leave_after_their_answers() {
             );
             assert_eq!(status["queue_len"], 0, "{status}");
         }
+        // A caller that gives up mid-put (a timeout drops its future), then puts again: the
+        // node ends or revokes what it was given, and whatever it ended is sent too.
+        let cancelled: Vec<String> = (0..24).map(|i| format!("c-{i}")).collect();
+        let refs: Vec<&str> = cancelled.iter().map(String::as_str).collect();
+        let put = store.batch_put_from(&refs, &values, &cfg);
+        let _ = tokio::time::timeout(Duration::from_micros(200), put).await;
+        let after: Vec<String> = (0..24).map(|i| format!("a-{i}")).collect();
+        let refs: Vec<&str> = after.iter().map(String::as_str).collect();
+        let results = store.batch_put_from(&refs, &values, &cfg).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let status = events_settled(&m).await;
+        let last = status["last_event_id"].as_u64().unwrap();
+        assert!((1 + 24 * 5..=1 + 24 * 6).contains(&last), "{status}");
+        assert_eq!(status["published_events"], last, "{status}");
+        assert_eq!(status["queue_len"], 0, "{status}");
         n.shutdown().await;
         m.shutdown().await;
     }

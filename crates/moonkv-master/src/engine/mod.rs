@@ -211,36 +211,35 @@ impl Engine {
     /// ([`AvailabilitySink::inline`]). A batch's End reports one change per key: their wake-up
     /// of another thread, on a busy host, cost more than encoding them here.
     pub fn reporting_inline<R>(&self, work: impl FnOnce() -> R) -> R {
-        let mut work = Some(work);
-        let mut out = None;
-        self.sink.inline(&mut || {
-            if let Some(work) = work.take() {
-                out = Some(work());
-            }
-        });
-        match out {
-            Some(out) => out,
-            None => unreachable!("the sink runs the work it is given exactly once"),
-        }
+        through_sink(work, |w| self.sink.inline(w)).0
     }
 
     /// Like [`Engine::reporting_inline`], but what `work` reported leaves when the second value
     /// is dropped (`None`: nothing to send), so that a caller can answer first.
     pub fn reporting_deferred<R>(&self, work: impl FnOnce() -> R) -> (R, Option<Box<dyn Send>>) {
-        let mut work = Some(work);
-        let mut out = None;
-        let deferred = self.sink.inline_deferred(&mut || {
-            if let Some(work) = work.take() {
-                out = Some(work());
-            }
-        });
-        match out {
-            Some(out) => (out, deferred),
-            None => unreachable!("the sink runs the work it is given exactly once"),
-        }
+        through_sink(work, |w| self.sink.inline_deferred(w))
     }
 
     fn now(&self) -> u64 {
         self.clock.now_ms()
+    }
+}
+
+/// Runs `work` through `sink_call` (a sink method that takes the work as a `&mut dyn FnMut()`
+/// and runs it once): `work`'s result and the sink's.
+fn through_sink<R, T>(
+    work: impl FnOnce() -> R,
+    sink_call: impl FnOnce(&mut dyn FnMut()) -> T,
+) -> (R, T) {
+    let mut work = Some(work);
+    let mut out = None;
+    let from_sink = sink_call(&mut || {
+        if let Some(work) = work.take() {
+            out = Some(work());
+        }
+    });
+    match out {
+        Some(out) => (out, from_sink),
+        None => unreachable!("the sink runs the work it is given exactly once"),
     }
 }

@@ -262,15 +262,11 @@ pub(super) async fn finish(
         } else {
             Request::BatchPutEnd(end)
         };
-        let (answer, back) = if ended.len() >= EVENTS_AFTER_ANSWER_MIN {
-            let (answer, back, then) = master
-                .call_keeping_then::<Vec<ItemResult<()>>>(request)
-                .await;
-            events = then;
-            (answer, back)
-        } else {
-            master.call_keeping::<Vec<ItemResult<()>>>(request).await
-        };
+        let (answer, back, then) = master
+            .call_keeping_then::<Vec<ItemResult<()>>>(request)
+            .await;
+        // A small End's events leave now, before the answer.
+        events = then.filter(|_| ended.len() >= EVENTS_AFTER_ANSWER_MIN);
         // A master in this process that did not answer in time keeps what it was lent: the
         // keys it did not end are then not revoked, and it frees them at its release timeout.
         if let Some(Request::BatchPutEnd(end) | Request::BatchUpsertEnd(end)) = back {
