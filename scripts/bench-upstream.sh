@@ -19,9 +19,10 @@
 #   CALLS=300       batch calls per batch cell
 #   SMALL_N=5000    fresh keys of the single 4 KiB put/get cell
 #   SEG=4294967296  bytes of the one storage segment of each system
-#   CELLS           which cells, from: batch4k batch128k one4m dp1 dp4 small (default all six;
-#                   one4m is one 4 MiB object per call in the batch cycle, reported only beside
-#                   the 32 x 128 KiB batch)
+#   CELLS           which cells, from: batch4k batch128k one4m pair dp1 dp4 small (default all
+#                   seven; one4m is one 4 MiB object per call in the batch cycle, reported only
+#                   beside the 32 x 128 KiB batch; pair is scripts/batch_pair.py, the two
+#                   alternating call by call in one process, so both meet the same machine)
 #   CLIENT_PREFIX   command put before every Python client of both systems, e.g.
 #                   "taskset -c 0" to keep the client on one vCPU (default: none)
 #   SKIP_RUST=1     skip the `moonkv bench store` runs of moonkv's Rust client
@@ -39,7 +40,10 @@
 # calls (a 128 × 4 KiB batch: 512 KiB per call; an existence check: a bare round trip).
 # Every round also starts and ends with `moonkv bench memcpy --fresh 256MiB --threads 2`: two
 # threads writing 4 MiB copies with streaming stores into memory no cache holds, as a fresh 4 MiB
-# put does. On the development VM that rate halves for seconds at a time, which moves the fresh
+# put does, and with `moonkv bench latency`: a dependent load out of 256 MiB (a cache miss) and
+# one line's round trip between CPUs 0 and 1 (on the development VM 53-65 ns at some hours and
+# 330 ns at others, as the host places its vCPUs). On the development VM that rate halves for
+# seconds at a time, which moves the fresh
 # puts with it; the results list it per round.
 #   WARM=1          before the first round, write and remove about CALLS x 4 MiB + 256 MiB of
 #                   fresh keys (untimed, 64 MiB objects) on each cluster, so that no round pays
@@ -184,7 +188,8 @@ echo "moonkv node data address: $MK_DATA" >>"$OUT/machine.txt"
 run() {
     local sys=$1 round=$2 cell=$3
     shift 3
-    local base=${RAW_DIR:-$OUT/raw}/$cell.$sys.$round rc=0
+    local base=${RAW_DIR:-$OUT/raw}/$cell.$sys.$round rc=0 MC_BENCH=$MC_BENCH
+    [[ $cell == pair ]] && MC_BENCH=$ROOT/scripts/batch_pair.py
     log "round $round  $cell  $sys"
     case $sys in
     upstream)
@@ -216,7 +221,7 @@ run() {
     return 0
 }
 
-read -r -a CELLS <<<"${CELLS:-batch4k batch128k one4m dp1 dp4 small}"
+read -r -a CELLS <<<"${CELLS:-batch4k batch128k one4m pair dp1 dp4 small}"
 read -r -a PREFIX <<<"${CLIENT_PREFIX:-}"
 cell_args() {
     case $1 in
@@ -225,6 +230,8 @@ cell_args() {
     # one 4 MiB object per call in the batch cells' cycle (fresh keys, put, get, exists): the
     # like-for-like reference of a 32 x 128 KiB batch, which moves the same 4 MiB per call
     one4m) echo batch --batch 1 --size 4194304 --calls "$CALLS" ;;
+    # both of the above, alternating call by call in one process (scripts/batch_pair.py)
+    pair) echo --batch 32 --size 131072 --calls "$CALLS" ;;
     dp1) echo dataplane --sizes 1048576,4194304,16777216,67108864 --clients 1 --duration "$DURATION" ;;
     dp4) echo dataplane --sizes 1048576,4194304,16777216,67108864 --clients 4 --duration "$DURATION" ;;
     small) echo small --n "$SMALL_N" --size 4096 ;;
@@ -254,6 +261,9 @@ fi
 fresh_probe() {
     "$MOONKV_BIN" bench memcpy --sizes 4MiB --fresh 256MiB --threads 2 --repeat 3 --duration 200ms \
         --json >"$OUT/raw/fresh.$1.json" 2>/dev/null || log "  fresh-write probe failed"
+    # and what a cache miss and a line passed between the two CPUs cost now (see the header)
+    "$MOONKV_BIN" bench latency --spans 256MiB --loads 500000 --round-trips 100000 --json \
+        >"$OUT/raw/latency.$1.json" 2>/dev/null || log "  latency probe failed"
 }
 
 T0=$(date +%s)
@@ -523,6 +533,20 @@ if fresh:
           "streaming stores into memory no cache holds), GB/s at the start and end of each round: "
           + ", ".join(f"round {r} {v.get('start', float('nan')):.1f} / {v.get('end', float('nan')):.1f}"
                       for r, v in sorted(fresh.items())) + ".")
+# the latency probe beside it: round -> when -> (ns per load out of 256 MiB, ns per line round trip)
+lat = {}
+for path in sorted(glob.glob(os.path.join(out, "raw", "latency.*.json"))):
+    round_, when = os.path.basename(path).split(".")[1:3]
+    for line in open(path):
+        if line.startswith("{"):
+            d = json.loads(line)
+            slot = lat.setdefault(int(round_), {}).setdefault(when, [None, None])
+            slot[0 if d["op"] == "load" else 1] = d["ns"]
+if lat:
+    f = lambda v: "–" if v is None else f"{v:.0f}"
+    print("\nlatency probe (`moonkv bench latency --spans 256MiB`: a dependent load out of 256 MiB, and one line's round trip between CPUs 0 and 1), ns at the start and end of each round: "
+          + ", ".join(f"round {r} " + " / ".join(f"{f(v.get(w, [None, None])[0])} and {f(v.get(w, [None, None])[1])}" for w in ("start", "end"))
+                      for r, v in sorted(lat.items())) + ".")
 if MEMCPY:
     print("\nmemcpy probe (`moonkv bench memcpy`, one thread), median of the rounds: "
           + ", ".join(f"{size_label(k)} {v:.2f} GB/s" for k, v in sorted(MEMCPY.items())) + ".")
@@ -564,6 +588,28 @@ if batch_rows:
     print("|---|---|--:|--:|--:|--:|--:|")
     for system, op, gb, gf, gh in batch_rows:
         print(f"| {system} | {op} | {fmt(gb, 'GB/s')} | {fmt(gf, 'GB/s')} | {pct(ratio(gb, gf))} | {fmt(gh, 'GB/s')} | {pct(ratio(gb, gh))} |")
+# The same two, alternating call by call in one process (`pair`): the ratio of each round, then
+# the median of those ratios, so that both sides of a ratio met the same machine.
+pair_rows = []
+for system in ["mk-standalone", "moonkv", "socket", "up-shm", "upstream"]:
+    for op in ("batch_put_from", "batch_get_into"):
+        b = rows.get(("pair", op, 131072, 1), {}).get(system)
+        o = rows.get(("pair", op, 4194304, 1), {}).get(system)
+        if not b or not o:
+            continue
+        rounds = sorted(set(b) & set(o))
+        per = [ratio(b[r]["gb_per_s"], o[r]["gb_per_s"]) for r in rounds]
+        per = [x for x in per if x is not None]
+        if not per:
+            continue
+        g = lambda recs: med(recs, lambda d: d["gb_per_s"])
+        pair_rows.append((system, op, g(b), g(o), statistics.median(per), min(per), max(per)))
+if pair_rows:
+    print("\nBatches against one object, call by call (`pair`: one 32 × 128 KiB cycle and one 4 MiB cycle per step, alternating; GB/s medians, the ratio the median of the rounds' ratios; issue 28's line is 80%):\n")
+    print("| system | op | 32 × 128 KiB | one 4 MiB | batch ÷ one | rounds |")
+    print("|---|---|--:|--:|--:|--:|")
+    for system, op, gb, go, r, lo, hi in pair_rows:
+        print(f"| {system} | {op} | {fmt(gb, 'GB/s')} | {fmt(go, 'GB/s')} | {pct(r)} | {pct(lo)}–{pct(hi)} |")
 if failed:
     print("\nInvocations that exited non-zero:\n")
     for cell, system, rnd, rc, last in failed:

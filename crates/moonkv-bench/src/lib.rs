@@ -7,7 +7,8 @@
 //! - `echo`: the loopback round-trip floor of the machine (`bench echo`); `memcpy`: its
 //!   single-thread copy rate, the ceiling of same-host copies (`bench memcpy`); `tcp_calls`:
 //!   the loopback TCP floor of one call by size, the ceiling of socket cells (`bench tcp`);
-//!   `roundtrip`: one round trip over TCP loopback against a Unix socket (`bench roundtrip`).
+//!   `roundtrip`: one round trip over TCP loopback against a Unix socket (`bench roundtrip`);
+//!   `latency`: what one cache miss and one line passed between CPUs cost (`bench latency`).
 //! - `store`: put and get through the data plane by object size, next to Redis (`resp`) and
 //!   the raw loopback TCP probe (`tcp`) (`bench store`).
 //! - `readopt`: time for a restarted master to re-adopt N objects from a node (`bench readopt`).
@@ -26,6 +27,7 @@ mod echo;
 pub mod events;
 mod histogram;
 mod indexer;
+mod latency;
 mod load;
 mod loopback;
 pub mod master;
@@ -69,6 +71,8 @@ enum BenchCommand {
     Echo(echo::EchoBenchArgs),
     /// Copy rate of one thread by buffer size: the ceiling of same-host copies.
     Memcpy(memcpy::MemcpyBenchArgs),
+    /// What a cache miss costs: dependent loads by span, and a line passed between two CPUs.
+    Latency(latency::LatencyBenchArgs),
     /// Loopback TCP floor of one call by size: the bytes one way, a short answer back.
     Tcp(tcp_calls::TcpBenchArgs),
     /// One round trip between two threads over TCP loopback and over a Unix socket.
@@ -96,6 +100,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Indexer(a) => indexer::run(a),
         BenchCommand::Echo(a) => echo::run(a),
         BenchCommand::Memcpy(a) => memcpy::run(a),
+        BenchCommand::Latency(a) => latency::run(a),
         BenchCommand::Tcp(a) => tcp_calls::run(a),
         BenchCommand::Roundtrip(a) => roundtrip::run(a),
         BenchCommand::Store(a) => store::run(a),
