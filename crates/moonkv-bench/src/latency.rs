@@ -139,7 +139,9 @@ impl Chain {
 struct Line(AtomicU64);
 
 /// Nanoseconds per round trip of one line between two threads, and whether they ran on CPUs 0
-/// and 1 as asked. Each side waits at most a second for the other before giving up.
+/// and 1 as asked. Each side waits at most a second for the other before giving up, and the
+/// whole probe stops after [`ROUND_TRIP_CAP`] (two threads that share one CPU take turns by
+/// the scheduler's time slice).
 fn line_round_trip(round_trips: u64) -> (f64, bool) {
     let line = Arc::new(Line(AtomicU64::new(0)));
     let other = Arc::clone(&line);
@@ -162,6 +164,9 @@ fn line_round_trip(round_trips: u64) -> (f64, bool) {
             break;
         }
         done += 1;
+        if done % 1024 == 0 && started.elapsed() > ROUND_TRIP_CAP {
+            break;
+        }
     }
     let took = started.elapsed();
     let pinned_other = pinned_other.join().unwrap_or(false);
@@ -171,7 +176,11 @@ fn line_round_trip(round_trips: u64) -> (f64, bool) {
     )
 }
 
-/// Spins until `line` holds `value`; false after a second without it.
+/// Longest the line round-trip probe runs.
+const ROUND_TRIP_CAP: Duration = Duration::from_secs(3);
+
+/// Spins until `line` holds `value`, letting another thread on this CPU run now and then;
+/// false after a second without it.
 fn wait_for(line: &AtomicU64, value: u64) -> bool {
     let mut spins = 0u32;
     let mut since: Option<Instant> = None;
@@ -179,6 +188,7 @@ fn wait_for(line: &AtomicU64, value: u64) -> bool {
         std::hint::spin_loop();
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(4096) {
+            std::thread::yield_now();
             let t = *since.get_or_insert_with(Instant::now);
             if t.elapsed() > Duration::from_secs(1) {
                 return false;
