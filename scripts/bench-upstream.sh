@@ -41,7 +41,7 @@
 # Every round also starts and ends with `moonkv bench memcpy --fresh 256MiB --threads 2`: two
 # threads writing 4 MiB copies with streaming stores into memory no cache holds, as a fresh 4 MiB
 # put does, and with `moonkv bench latency`: a dependent load out of 256 MiB (a cache miss) and
-# one line's round trip between CPUs 0 and 1 (on the development VM 53-65 ns at some hours and
+# one line's round trip between CPUs 0 and 1 (on the development VM 53-73 ns at some hours and
 # 330 ns at others, as the host places its vCPUs). On the development VM that rate halves for
 # seconds at a time, which moves the fresh
 # puts with it; the results list it per round.
