@@ -10,10 +10,13 @@
 //!   placed, pass one cache line back and forth; nanoseconds per round trip are reported. That
 //!   is what a lock or counter costs when the thread that last wrote it ran on the other CPU.
 //!
-//! On the development VM (2 vCPUs, 2026-12-07), loads within 4 MiB took 25 ns and beyond 16 MiB
-//! 160–230 ns, and a line's round trip between the two vCPUs 330 ns: a 32-key batch Start,
-//! about a microsecond per key after a copy, waits for about five such misses per key.
+//! On the development VM (2 vCPUs, 2026-12-07), loads within 4 MiB took 16 ns and from 16 MiB
+//! up 118–260 ns, and a line's round trip between the two vCPUs 53–73 ns at some hours and
+//! 330 ns at others: a 32-key batch Start, 1–1.7 µs per key after a copy, waits for about six
+//! such misses per key (docs/benchmarks.md).
 
+use rand::seq::SliceRandom;
+use rand::Rng;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,7 +57,7 @@ pub fn run(args: LatencyBenchArgs) -> anyhow::Result<()> {
             .ok()
             .filter(|&l| l >= 2)
             .ok_or_else(|| anyhow::anyhow!("--spans: {span} bytes is not at least two lines"))?;
-        let chain = Chain::new(lines, seed());
+        let chain = Chain::new(lines, &mut rand::rng());
         let ns = chain.ns_per_load(args.loads);
         if args.json {
             println!(r#"{{"op":"load","span":{span},"ns":{ns:.1}}}"#);
@@ -81,34 +84,16 @@ pub fn run(args: LatencyBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A seed that differs from run to run.
-fn seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    t | 1
-}
-
 /// A buffer of lines whose first words chain every line into one cycle, in random order.
 struct Chain {
     words: Vec<u64>,
 }
 
 impl Chain {
-    fn new(lines: usize, mut seed: u64) -> Chain {
-        // xorshift64*: enough for a shuffle; the probe needs an order no prefetcher guesses.
-        let mut next = move || {
-            seed ^= seed >> 12;
-            seed ^= seed << 25;
-            seed ^= seed >> 27;
-            seed.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        };
+    /// `lines` lines in an order drawn from `rng`: one no prefetcher guesses.
+    fn new(lines: usize, rng: &mut impl Rng) -> Chain {
         let mut order: Vec<usize> = (0..lines).collect();
-        for i in (1..lines).rev() {
-            let j = (next() % (i as u64 + 1)) as usize;
-            order.swap(i, j);
-        }
+        order.shuffle(rng);
         let mut words = vec![0u64; lines * WORDS];
         for (k, &line) in order.iter().enumerate() {
             let to = order[(k + 1) % lines];
@@ -211,11 +196,13 @@ fn pin(cpu: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
 
     #[test]
     fn the_chain_visits_every_line_once_before_it_closes() {
         for (lines, seed) in [(2, 1), (3, 7), (1000, 99), (4096, 12345)] {
-            let chain = Chain::new(lines, seed);
+            let chain = Chain::new(lines, &mut StdRng::seed_from_u64(seed));
             let mut seen = vec![false; lines];
             let mut at = 0usize;
             for step in 0..lines {
@@ -241,7 +228,7 @@ mod tests {
 
     #[test]
     fn both_probes_report_positive_times() {
-        let chain = Chain::new(64, 3);
+        let chain = Chain::new(64, &mut StdRng::seed_from_u64(3));
         let ns = chain.ns_per_load(10_000);
         assert!(ns.is_finite() && ns > 0.0, "{ns}");
         let (ns, _pinned) = line_round_trip(1_000);
