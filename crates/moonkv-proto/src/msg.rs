@@ -46,6 +46,7 @@ macro_rules! for_each_op {
             41 => BatchRemove(BatchRemoveRequest) -> Vec<ItemResult<()>>, batch_remove;
             42 => RemoveByRegex(RemoveByRegexRequest) -> i64, remove_by_regex;
             43 => RemoveAll(RemoveAllRequest) -> i64, remove_all;
+            44 => BatchReplicaClear(BatchReplicaClearRequest) -> Vec<String>, batch_replica_clear;
             50 => MountDiskSegment(MountDiskSegmentRequest) -> MountDiskSegmentResponse, mount_disk_segment;
             51 => UnmountDiskSegment(UnmountDiskSegmentRequest) -> (), unmount_disk_segment;
             52 => OffloadHeartbeat(OffloadHeartbeatRequest) -> OffloadHeartbeatResponse, offload_heartbeat;
@@ -161,6 +162,7 @@ rpc!(RemoveRequest => Remove, ());
 rpc!(BatchRemoveRequest => BatchRemove, Vec<ItemResult<()>>);
 rpc!(RemoveByRegexRequest => RemoveByRegex, i64);
 rpc!(RemoveAllRequest => RemoveAll, i64);
+rpc!(BatchReplicaClearRequest => BatchReplicaClear, Vec<String>);
 rpc!(MountDiskSegmentRequest => MountDiskSegment, MountDiskSegmentResponse);
 rpc!(UnmountDiskSegmentRequest => UnmountDiskSegment, ());
 rpc!(OffloadHeartbeatRequest => OffloadHeartbeat, OffloadHeartbeatResponse);
@@ -577,6 +579,22 @@ pub struct RemoveAllRequest {
     pub tenant: String,
     /// Ignore read leases.
     pub force: bool,
+}
+
+/// BatchReplicaClear: the caller drops the committed replicas of objects it wrote whose read
+/// leases have run out: every replica (the object goes) when `segment_name` is empty, else only
+/// those held by the memory or disk segment of that name (the object goes with its last one).
+/// Answers the keys it cleared, in request order; a key it does not clear is left as it was.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchReplicaClearRequest {
+    /// The caller: only objects it wrote last are cleared.
+    pub client_id: ClientId,
+    /// Tenant ("" = default).
+    pub tenant: String,
+    /// Object keys.
+    pub keys: Vec<String>,
+    /// The segment whose replicas go; "" = every segment.
+    pub segment_name: String,
 }
 
 /// MountDiskSegment: a node registers its disk directory and the replica files found in it.

@@ -49,6 +49,7 @@ fn seed(op: Op) -> Option<Vec<u8>> {
         Op::BatchRemove => enc(&("t", vec!["a"], false)),
         Op::RemoveByRegex => enc(&("t", "a+", true)),
         Op::RemoveAll => enc(&("t", false)),
+        Op::BatchReplicaClear => enc(&(id, "t", vec!["a", "b"], "seg")),
         #[allow(unreachable_patterns)]
         _ => return None,
     };

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import moonkv
-from conftest import Pool, pattern, setup_store, within
+from conftest import Master, Pool, eventually, pattern, setup_store, within
 
 INVALID_KEY = -400
 INVALID_PARAMS = -600
@@ -500,6 +500,49 @@ def test_a_read_lease_blocks_a_plain_remove(store, key):
     assert store.get(key) == b"v"  # takes a read lease
     assert store.remove(key) == -706  # OBJECT_HAS_LEASE
     assert store.remove(key, force=True) == 0
+
+
+def test_batch_replica_clear_drops_only_the_callers_unleased_replicas(key):
+    # A lease of 2 s: long enough that a clear right after a read sees it running, short enough
+    # that the clears polled below (bounded by WAIT) see it run out.
+    m = Master("--default-kv-lease-ttl", "2s")
+    a = setup_store(m.addr, segment=16 << 20)
+    b = setup_store(m.addr, segment=16 << 20)
+    try:
+        two = moonkv.ReplicateConfig(replica_num=2)
+        assert a.put(f"{key}-two", b"both", two) == 0
+        assert len(a.get_replica_desc(f"{key}-two")) == 2
+        assert a.put(f"{key}-one", b"one") == 0
+        assert b.put(f"{key}-theirs", b"theirs") == 0
+        assert a.get(f"{key}-two") == b"both"  # a read lease
+        assert a.is_exist(f"{key}-one") == 1  # so is this
+        assert a.batch_replica_clear([f"{key}-two", f"{key}-one"]) == []
+        assert a.is_exist(f"{key}-two") == 1 and a.get(f"{key}-one") == b"one"
+
+        # Only a's own replica of `two`, by its segment's name; b's copy still answers.
+        own = a.get_hostname()
+        eventually(
+            "the lease runs out",
+            lambda: a.batch_replica_clear([f"{key}-two"], segment_name=own) == [f"{key}-two"],
+        )
+        assert [r.endpoint for r in a.get_replica_desc(f"{key}-two")] == [b.get_hostname()]
+        assert a.get(f"{key}-two") == b"both"
+        assert b.batch_replica_clear([f"{key}-two"], segment_name=own) == []
+
+        # Everything of the keys a wrote; the empty, unknown and other client's keys stay out.
+        asked = ["", "x" * (moonkv.MAX_KEY_LEN + 1), f"{key}-missing", f"{key}-theirs", f"{key}-one"]
+        cleared = eventually("the lease runs out", lambda: a.batch_replica_clear(asked))
+        assert cleared == [f"{key}-one"]
+        assert a.get(f"{key}-one") == b"" and a.is_exist(f"{key}-one") == 0
+        assert b.get(f"{key}-theirs") == b"theirs"
+        assert a.batch_replica_clear([]) == []
+        with pytest.raises(TypeError):
+            a.batch_replica_clear("one-key-not-a-list")
+    finally:
+        assert a.close() == 0 and b.close() == 0
+        m.stop()
+    # A closed store clears nothing and says so by an empty list.
+    assert a.batch_replica_clear([f"{key}-two"]) == []
 
 
 # ---- ReplicateConfig ----------------------------------------------------------------------

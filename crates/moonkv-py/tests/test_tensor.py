@@ -310,6 +310,12 @@ def test_batch_get_tensor_into(store, pool, key):
     for got, array in zip(out, arrays):
         assert_same(got, array)
         assert inside(got, pool)
+    # Arguments unusable as a whole: INVALID_PARAMS for every key, not a tensor or None each.
+    assert store.batch_get_tensor_into(keys, [pool.ptr], [65536]) == [INVALID_PARAMS] * 2
+    assert store.batch_get_tensor_into(keys, [pool.ptr, 0], [65536] * 2) == [INVALID_PARAMS] * 2
+    assert store.batch_get_tensor_with_tp_into(keys, [pool.ptr], [65536], tp_size=2) == [
+        INVALID_PARAMS
+    ] * 2
 
 
 def test_into_forms_refuse_unregistered_small_and_non_tensor_buffers(store, pool, key, caplog):
@@ -608,11 +614,46 @@ def test_numpy_and_torch_are_imported_only_when_needed(master, key):
 def test_tensor_methods_upstream_has_and_moonkv_lacks(store):
     for name in [
         "get_tensor_into_cuda",
-        "put_tensor_with_parallelism",
         "save_tensor_to_safetensor",
     ]:
         with pytest.raises(NotImplementedError, match=name):
             getattr(store, name)("a", "b")
+
+
+def test_parallelism_forms_move_whole_tensors_and_refuse_specs(store, pool, key):
+    a, b = sample("float32", (4, 6), seed=3), sample("int64", (3,), seed=4)
+    assert store.put_tensor_with_parallelism(key + "-a", a) == 0
+    assert store.put_tensor_with_parallelism(key + "-a", b) == 0  # a put keeps the first value
+    assert_same(store.get_tensor_with_parallelism(key + "-a"), a)
+    assert store.upsert_tensor_with_parallelism(key + "-a", b, None, moonkv.ReplicateConfig()) == 0
+    assert_same(store.get_tensor_with_parallelism(key + "-a", target=None), b)
+    keys = [key + "-b1", key + "-b2"]
+    assert store.batch_put_tensor_with_parallelism(keys, [a, b], parallelisms=[None, None]) == [0, 0]
+    assert store.batch_upsert_tensor_with_parallelism(keys, [b, a]) == [0, 0]
+    for got, want in zip(store.batch_get_tensor_with_parallelism(keys, targets=[None, None]), [b, a]):
+        assert_same(got, want)
+    size = store.get_size(keys[1])
+    back = store.get_tensor_with_parallelism_into(keys[1], pool.ptr, size)
+    assert_same(back, a)
+    assert inside(back, pool)
+    assert store.put_tensor_with_parallelism_from(key + "-from", pool.ptr, size) == 0
+    assert store.upsert_tensor_with_parallelism_from(key + "-from", pool.ptr, size) == 0
+    assert store.batch_put_tensor_with_parallelism_from([key + "-f2"], [pool.ptr], [size]) == [0]
+    assert store.batch_upsert_tensor_with_parallelism_from([key + "-f2"], [pool.ptr], [size]) == [0]
+    assert_same(store.get_tensor(key + "-f2"), a)
+    got = store.batch_get_tensor_with_parallelism_into([keys[1]], [pool.ptr], [size])
+    assert_same(got[0], a)
+    # Any spec is refused before anything is written, naming the argument.
+    spec = object()
+    with pytest.raises(NotImplementedError, match="parallelism is not implemented"):
+        store.put_tensor_with_parallelism(key + "-x", a, spec)
+    with pytest.raises(NotImplementedError, match="writer_partitions"):
+        store.batch_put_tensor_with_parallelism([key + "-x"], [a], writer_partitions=[spec])
+    with pytest.raises(NotImplementedError, match="target"):
+        store.get_tensor_with_parallelism(key + "-a", spec)
+    with pytest.raises(NotImplementedError, match="targets"):
+        store.batch_get_tensor_with_parallelism_into([key + "-a"], [pool.ptr], [size], [None, spec])
+    assert store.is_exist(key + "-x") == 0
 
 
 # ---- PyTorch ---------------------------------------------------------------------------------

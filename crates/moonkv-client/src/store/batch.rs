@@ -98,6 +98,25 @@ impl Store {
         merge(checked, answer)
     }
 
+    /// Drops the replicas of the objects among `keys` that this store wrote last and whose read
+    /// leases have run out: all of them (the objects go) when `segment_name` is empty, else
+    /// those on the segment of that name. The keys cleared, in the order given; keys that are
+    /// not valid keys are skipped, like every key the master leaves as it was.
+    pub async fn batch_replica_clear(
+        &self,
+        keys: &[&str],
+        segment_name: &str,
+    ) -> Result<Vec<String>> {
+        let checked = check_keys(keys);
+        let request = BatchReplicaClearRequest {
+            client_id: self.master.client_id(),
+            tenant: self.tenant.clone(),
+            keys: self.valid_keys(keys, &checked),
+            segment_name: segment_name.to_string(),
+        };
+        self.master.batch_replica_clear(request).await
+    }
+
     /// Stores `values[i]` under `keys[i]` for every i: one BatchPutStart, the bytes of every key
     /// in one pipelined burst per connection (a few connections per node), then one BatchPutEnd
     /// for the keys written and one BatchPutRevoke for the rest. `config.group_ids`, when set,

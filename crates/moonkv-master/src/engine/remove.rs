@@ -1,16 +1,25 @@
-//! Remove, BatchRemove, RemoveByRegex, RemoveAll. A read lease blocks removal unless `force`;
-//! an incomplete object (a write in flight) blocks it always.
+//! Remove, BatchRemove, RemoveByRegex, RemoveAll, BatchReplicaClear. A read lease blocks removal
+//! unless `force`; an incomplete object (a write in flight) blocks it always.
 
-use super::object::ObjectMeta;
+use super::object::{ObjectMeta, Placement, Replica};
 use super::read::{compile_regex, matching_keys};
 use super::shard::{After, Shard};
 use super::validate::{check_key, read_tenant};
 use super::Engine;
 use moonkv_proto::msg::{
-    BatchRemoveRequest, RemoveAllRequest, RemoveByRegexRequest, RemoveRequest,
+    BatchRemoveRequest, BatchReplicaClearRequest, RemoveAllRequest, RemoveByRegexRequest,
+    RemoveRequest,
 };
 use moonkv_proto::{Error, ErrorCode, ItemResult, Result, TenantId};
 use std::collections::BTreeSet;
+
+/// Whether `replica` lies on the memory or disk segment named `name`.
+fn held_by(replica: &Replica, name: &str) -> bool {
+    match &replica.placement {
+        Placement::Memory(buf) => *buf.segment.info.name == *name,
+        Placement::Disk(handle) => *handle.slot.info.name == *name,
+    }
+}
 
 /// Why an object may not be removed right now, if it may not.
 fn removal_blocker(obj: &ObjectMeta, force: bool, now: u64) -> Option<Error> {
@@ -98,6 +107,62 @@ impl Engine {
             .iter()
             .map(|t| self.remove_all_locked(&mut shards, t, force))
             .sum()
+    }
+
+    /// BatchReplicaClear: for each key the caller wrote last whose read lease has run out and
+    /// whose replicas are all complete, drops every replica (the object goes, as a remove would)
+    /// when `segment_name` is empty, else the replicas held by the memory or disk segment of
+    /// that name (the object goes with its last one). Returns the keys cleared, in request
+    /// order. Every other key (empty or too long, absent, written last by another client,
+    /// leased, being written, or with nothing on that segment) is left untouched and is not in
+    /// the answer; only an invalid tenant fails the call.
+    pub fn batch_replica_clear(&self, req: &BatchReplicaClearRequest) -> Result<Vec<String>> {
+        let tenant = read_tenant(&req.tenant)?;
+        let keys = &req.keys;
+        let segment = (!req.segment_name.is_empty()).then_some(req.segment_name.as_str());
+        let now = self.now();
+        let mut cleared = vec![false; keys.len()];
+        self.for_each_by_shard(
+            tenant,
+            (0..keys.len()).filter(|&i| check_key(&keys[i]).is_ok()),
+            |i| keys[i].as_str(),
+            |shard, i| {
+                cleared[i] = self
+                    .with_object(shard, tenant, &keys[i], |tenant_id, obj| {
+                        if obj.writer != req.client_id || removal_blocker(obj, false, now).is_some()
+                        {
+                            return (false, After::Keep);
+                        }
+                        let Some(segment) = segment else {
+                            return (true, After::Erase);
+                        };
+                        let on_segment = |r: &Replica| r.is_complete() && held_by(r, segment);
+                        if !obj.replicas.iter().any(on_segment) {
+                            return (false, After::Keep);
+                        }
+                        if obj.replicas.iter().all(on_segment) {
+                            return (true, After::Erase);
+                        }
+                        let before = obj.media();
+                        obj.replicas.retain(|r| !on_segment(r));
+                        if obj
+                            .offload()
+                            .is_some_and(|p| !obj.replicas.iter().any(|r| r.id == p.source))
+                        {
+                            obj.take_offload();
+                        }
+                        self.placement_changed(tenant_id, &keys[i], obj, before);
+                        (true, After::Keep)
+                    })
+                    .unwrap_or(false);
+            },
+        );
+        Ok(keys
+            .iter()
+            .zip(cleared)
+            .filter(|(_, c)| *c)
+            .map(|(k, _)| k.clone())
+            .collect())
     }
 
     fn remove_locked(

@@ -103,6 +103,7 @@ fn is_fenced(op: Op) -> bool {
             | Op::BatchRemove
             | Op::RemoveByRegex
             | Op::RemoveAll
+            | Op::BatchReplicaClear
             | Op::UpsertEnd
             | Op::BatchUpsertEnd
     )

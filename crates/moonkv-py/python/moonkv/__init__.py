@@ -141,7 +141,6 @@ NOT_IMPLEMENTED = {
     "batch_put_from_multi_buffer_ranges": "put sessions",
     "batch_put_session_end": "put sessions",
     "batch_put_session_revoke": "put sessions",
-    "batch_replica_clear": "clearing replicas per segment",
     "create_copy_task": "replica copy tasks",
     "create_move_task": "replica move tasks",
     "query_task": "replica copy/move tasks",

@@ -31,22 +31,14 @@ _MAX_SHARDS = 1 << 16
 _MAX_OBJECT = 1 << 62
 
 _CPU_ONLY = "reading into CUDA memory (moonkv's tensor helpers are CPU-only)"
-_SPECS = "TensorParallelism / ReadTarget specs (the *_with_tp forms split along one dimension)"
+_SPECS = (
+    "TensorParallelism, ReadTarget and writer_partition specs: the *_with_parallelism forms "
+    "store and read whole tensors only, and the *_with_tp forms split along one dimension"
+)
 # Tensor methods of upstream's class that moonkv does not have.
 NOT_IMPLEMENTED = {
     "get_tensor_into_cuda": _CPU_ONLY,
     "batch_get_tensor_into_cuda": _CPU_ONLY,
-    **{
-        name: _SPECS
-        for name in [
-            "get_tensor_with_parallelism", "batch_get_tensor_with_parallelism",
-            "get_tensor_with_parallelism_into", "batch_get_tensor_with_parallelism_into",
-            "put_tensor_with_parallelism", "batch_put_tensor_with_parallelism",
-            "put_tensor_with_parallelism_from", "batch_put_tensor_with_parallelism_from",
-            "upsert_tensor_with_parallelism", "upsert_tensor_with_parallelism_from",
-            "batch_upsert_tensor_with_parallelism", "batch_upsert_tensor_with_parallelism_from",
-        ]
-    },
     "save_tensor_to_safetensor": "safetensors files",
     "load_tensor_from_safetensor": "safetensors files",
 }
@@ -279,6 +271,18 @@ def _read_keys(base_keys: List[Any], tp: tuple) -> tuple:
     return [shard_key(k, tp_rank) for k in base_keys], (tp_rank, tp_size)
 
 
+def _refused_batch(what: str, keys, buffer_ptrs) -> Optional[List[int]]:
+    """A batch read into buffers whose arguments are unusable as a whole (lists of different
+    lengths, a null pointer) answers INVALID_PARAMS for every key, as upstream's does, instead
+    of a tensor or None per key; `None` when the batch can go ahead."""
+    if buffer_ptrs is None:  # _buffers logged the lengths
+        return [INVALID_PARAMS] * len(keys)
+    if any(ptr == 0 for ptr in buffer_ptrs):
+        log.error("%s: a buffer pointer is 0", what)
+        return [INVALID_PARAMS] * len(keys)
+    return None
+
+
 def _read_into(store, what: str, keys, buffer_ptrs, sizes, expect=None) -> List[Any]:
     """Reads each object into the caller's registered buffer; arrays viewing that memory."""
     if buffer_ptrs is None:
@@ -359,6 +363,9 @@ class TensorMethods:
     def batch_get_tensor_into(self, keys, buffer_ptrs, sizes) -> list:
         """``get_tensor_into`` for each key, in one batch."""
         keys, ptrs, sizes = _buffers(keys, buffer_ptrs, sizes, "batch_get_tensor_into")
+        refused = _refused_batch("batch_get_tensor_into", keys, ptrs)
+        if refused is not None:
+            return refused
         return _read_into(self, "batch_get_tensor_into", keys, ptrs, sizes)
 
     def put_tensor_from(self, key, buffer_ptr, size, config=None) -> int:
@@ -458,6 +465,9 @@ class TensorMethods:
         """``get_tensor_with_tp_into`` for each key."""
         what = "batch_get_tensor_with_tp_into"
         base, ptrs, sizes = _buffers(base_keys, buffer_ptrs, sizes, what)
+        refused = _refused_batch(what, base, ptrs)
+        if refused is not None:
+            return refused
         keys, expect = _read_keys(base, (tp_rank, tp_size, split_dim))
         return _read_into(self, what, keys, ptrs, sizes, expect)
 
@@ -474,3 +484,98 @@ class TensorMethods:
         tp = (tp_rank, tp_size, split_dim)
         return _write_tp_from(self, "batch_put_tensor_with_tp_from", base_keys, buffer_ptrs, sizes,
                               tp, config)
+
+    # -- the unified parallelism forms, for whole tensors: with no spec (None, upstream's
+    # default) each is its plain form; any spec raises NotImplementedError naming it.
+
+    def put_tensor_with_parallelism(self, key, tensor, parallelism=None, config=None,
+                                    writer_partition=None) -> int:
+        """``put_tensor`` when `parallelism` and `writer_partition` are None."""
+        _whole("put_tensor_with_parallelism", parallelism=parallelism,
+               writer_partition=writer_partition)
+        return self.put_tensor(key, tensor, config)
+
+    def batch_put_tensor_with_parallelism(self, keys, tensors_list, parallelisms=None,
+                                          config=None, writer_partitions=None) -> List[int]:
+        """``batch_put_tensor`` when no key has a spec."""
+        _whole("batch_put_tensor_with_parallelism", parallelisms=parallelisms,
+               writer_partitions=writer_partitions)
+        return self.batch_put_tensor(keys, tensors_list, config)
+
+    def put_tensor_with_parallelism_from(self, key, buffer_ptr, size, parallelism=None,
+                                         config=None, writer_partition=None) -> int:
+        """``put_tensor_from`` when `parallelism` and `writer_partition` are None."""
+        _whole("put_tensor_with_parallelism_from", parallelism=parallelism,
+               writer_partition=writer_partition)
+        return self.put_tensor_from(key, buffer_ptr, size, config)
+
+    def batch_put_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes, parallelisms=None,
+                                               config=None, writer_partitions=None) -> List[int]:
+        """``batch_put_tensor_from`` when no key has a spec."""
+        _whole("batch_put_tensor_with_parallelism_from", parallelisms=parallelisms,
+               writer_partitions=writer_partitions)
+        return self.batch_put_tensor_from(keys, buffer_ptrs, sizes, config)
+
+    def upsert_tensor_with_parallelism(self, key, tensor, parallelism=None, config=None,
+                                       writer_partition=None) -> int:
+        """``upsert_tensor`` when `parallelism` and `writer_partition` are None."""
+        _whole("upsert_tensor_with_parallelism", parallelism=parallelism,
+               writer_partition=writer_partition)
+        return self.upsert_tensor(key, tensor, config)
+
+    def batch_upsert_tensor_with_parallelism(self, keys, tensors_list, parallelisms=None,
+                                             config=None, writer_partitions=None) -> List[int]:
+        """``batch_upsert_tensor`` when no key has a spec."""
+        _whole("batch_upsert_tensor_with_parallelism", parallelisms=parallelisms,
+               writer_partitions=writer_partitions)
+        return self.batch_upsert_tensor(keys, tensors_list, config)
+
+    def upsert_tensor_with_parallelism_from(self, key, buffer_ptr, size, parallelism=None,
+                                            config=None, writer_partition=None) -> int:
+        """``upsert_tensor_from`` when `parallelism` and `writer_partition` are None."""
+        _whole("upsert_tensor_with_parallelism_from", parallelism=parallelism,
+               writer_partition=writer_partition)
+        return self.upsert_tensor_from(key, buffer_ptr, size, config)
+
+    def batch_upsert_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes,
+                                                  parallelisms=None, config=None,
+                                                  writer_partitions=None) -> List[int]:
+        """``batch_upsert_tensor_from`` when no key has a spec."""
+        _whole("batch_upsert_tensor_with_parallelism_from", parallelisms=parallelisms,
+               writer_partitions=writer_partitions)
+        return self.batch_upsert_tensor_from(keys, buffer_ptrs, sizes, config)
+
+    def get_tensor_with_parallelism(self, key, target=None):
+        """``get_tensor`` when `target` is None (the tensor as stored)."""
+        _whole("get_tensor_with_parallelism", target=target)
+        return self.get_tensor(key)
+
+    def batch_get_tensor_with_parallelism(self, keys, targets=None) -> list:
+        """``batch_get_tensor`` when no key has a target."""
+        _whole("batch_get_tensor_with_parallelism", targets=targets)
+        return self.batch_get_tensor(keys)
+
+    def get_tensor_with_parallelism_into(self, key, buffer_ptr, size, target=None):
+        """``get_tensor_into`` when `target` is None."""
+        _whole("get_tensor_with_parallelism_into", target=target)
+        return self.get_tensor_into(key, buffer_ptr, size)
+
+    def batch_get_tensor_with_parallelism_into(self, keys, buffer_ptrs, sizes,
+                                               targets=None) -> list:
+        """``batch_get_tensor_into`` when no key has a target."""
+        _whole("batch_get_tensor_with_parallelism_into", targets=targets)
+        return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
+
+
+def _whole(what: str, **specs: Any) -> None:
+    """Refuses a parallelism, read-target or writer-partition spec (a batch's list of them
+    counts as none when every entry is None): moonkv stores and reads whole tensors here."""
+    for name, spec in specs.items():
+        if spec is None:
+            continue
+        if isinstance(spec, (list, tuple)) and all(item is None for item in spec):
+            continue
+        raise NotImplementedError(
+            f"MooncakeDistributedStore.{what}: {name} is not implemented by moonkv ({_SPECS}); "
+            f"pass None to store or read the whole tensor"
+        )

@@ -892,6 +892,31 @@ impl DropIn {
         Ok(codes(split.merge(results), |()| 0))
     }
 
+    /// Drops the replicas of the objects among `keys` that this store wrote whose read leases
+    /// have run out: all of them (the objects go) when `segment_name` is empty, else those on
+    /// the segment of that name. Returns the keys cleared; keys left as they were (absent,
+    /// another client's, leased, being written, nothing on that segment) are not in it, and a
+    /// call that fails as a whole (no store, no master) returns an empty list and logs why.
+    #[pyo3(signature = (keys, segment_name = ""))]
+    fn batch_replica_clear(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        segment_name: &str,
+    ) -> PyResult<Vec<String>> {
+        // A key that is not a valid key names no object: it is skipped, as the master skips
+        // the keys it leaves.
+        let keys: Vec<String> = args::keys(keys)?.into_iter().flatten().collect();
+        let result = self.engine().and_then(|engine| {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            engine.wait(py, engine.store.batch_replica_clear(&refs, segment_name))
+        });
+        Ok(result.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, keys = keys.len(), "batch_replica_clear failed; nothing was cleared");
+            Vec::new()
+        }))
+    }
+
     /// Removes every object whose key matches `regex_pattern`; how many, or a negative code.
     #[pyo3(signature = (regex_pattern, force = false))]
     fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str, force: bool) -> i64 {

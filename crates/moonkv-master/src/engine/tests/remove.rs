@@ -173,3 +173,104 @@ fn remove_all_tenants_clears_every_tenant() {
     assert_eq!(h.engine.remove_all_tenants(false), 3);
     assert_eq!(h.engine.stats().key_count, 0);
 }
+
+fn clear(h: &Harness, client: ClientId, keys: &[&str], segment: &str) -> Result<Vec<String>> {
+    h.engine.batch_replica_clear(&BatchReplicaClearRequest {
+        client_id: client,
+        tenant: String::new(),
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        segment_name: segment.into(),
+    })
+}
+
+#[test]
+fn replica_clear_takes_only_the_callers_unleased_objects() {
+    let h = Harness::new();
+    let me = h.client;
+    h.put("a", 64);
+    h.put("b", 64);
+    let other = ClientId::new(8, 8);
+    let theirs = h
+        .engine
+        .put_start(&PutStartRequest {
+            client_id: other,
+            ..h.start_req("", "theirs", 64, ReplicateConfig::default())
+        })
+        .unwrap();
+    h.engine
+        .put_end(&EndRequest {
+            client_id: other,
+            ..h.end_req("", "theirs", ids(&theirs))
+        })
+        .unwrap();
+    h.get("a").unwrap();
+    assert!(h.exists("b"));
+    h.sink.take();
+    // Both read leases still run: nothing is cleared.
+    assert_eq!(clear(&h, me, &["a", "b"], ""), Ok(vec![]));
+    assert!(h.exists("a") && h.exists("b"));
+    h.advance(LEASE_MS + 1);
+    h.get("b").unwrap(); // a new lease on b
+    let long = "x".repeat(MAX_KEY_LEN + 1);
+    let asked = ["", "missing", "theirs", "b", "a", long.as_str()];
+    assert_eq!(clear(&h, me, &asked, ""), Ok(vec!["a".to_string()]));
+    assert_eq!(h.sink.take(), vec![removed("a")]);
+    assert_eq!(code(h.get("a")), ErrorCode::OBJECT_NOT_FOUND);
+    assert!(h.exists("theirs"), "another client's object stays");
+    h.advance(LEASE_MS + 1);
+    assert_eq!(clear(&h, me, &["b", "b"], ""), Ok(vec!["b".to_string()]));
+    assert!(!h.exists("b"));
+}
+
+#[test]
+fn replica_clear_by_segment_drops_that_segments_replicas_and_the_object_with_its_last() {
+    let h = Harness::bare(Harness::config());
+    h.mount("a", BASE, MIB);
+    h.mount("b", 2 * BASE, MIB);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    let descs = h.put_start_with("k", 64, two).unwrap();
+    h.put_end("k", &descs).unwrap();
+    h.sink.take();
+    h.advance(LEASE_MS + 1);
+    assert_eq!(clear(&h, h.client, &["k"], "nowhere:1"), Ok(vec![]));
+    assert_eq!(h.get("k").unwrap().replicas.len(), 2);
+    h.advance(LEASE_MS + 1);
+    assert_eq!(clear(&h, h.client, &["k"], "a"), Ok(vec!["k".to_string()]));
+    // One memory replica is left: still stored, no event.
+    assert!(h.sink.take().is_empty());
+    let left = h.get("k").unwrap().replicas;
+    assert_eq!(left.len(), 1);
+    let kept = &descs.iter().find(|d| d.id == left[0].id).unwrap();
+    assert_eq!(kept.id, left[0].id);
+    h.advance(LEASE_MS + 1);
+    assert_eq!(
+        clear(&h, h.client, &["k"], "a"),
+        Ok(vec![]),
+        "nothing left on a"
+    );
+    assert_eq!(clear(&h, h.client, &["k"], "b"), Ok(vec!["k".to_string()]));
+    assert_eq!(h.sink.take(), vec![removed("k")]);
+    assert!(!h.exists("k"));
+}
+
+#[test]
+fn replica_clear_leaves_a_write_in_flight_and_refuses_a_bad_tenant() {
+    let h = Harness::new();
+    let descs = h.put_start("k", 64).unwrap();
+    h.advance(LEASE_MS + 1);
+    assert_eq!(clear(&h, h.client, &["k"], ""), Ok(vec![]));
+    assert_eq!(clear(&h, h.client, &["k"], "seg-0"), Ok(vec![]));
+    h.put_end("k", &descs).unwrap();
+    assert!(h.exists("k"));
+    let bad = h.engine.batch_replica_clear(&BatchReplicaClearRequest {
+        client_id: h.client,
+        tenant: "_reserved".into(),
+        keys: vec!["k".into()],
+        segment_name: String::new(),
+    });
+    assert_eq!(code(bad), ErrorCode::INVALID_PARAMS);
+    assert_eq!(clear(&h, h.client, &[], ""), Ok(vec![]));
+}

@@ -65,6 +65,7 @@ plain_replies!(
     i64,
     u32,
     String,
+    Vec<String>,
     PingResponse,
     SegmentStatus,
     MountDiskSegmentResponse,
