@@ -32,6 +32,17 @@ pub(crate) trait Reply {
     fn replicas(&self) -> &[ReplicaDescriptor] {
         &[]
     }
+    /// How many of a batch's keys succeeded, for an answer that lists only those (a
+    /// BatchReplicaClear's cleared keys); every other key of the batch counts as failed.
+    fn succeeded(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl Reply for Vec<String> {
+    fn succeeded(&self) -> Option<usize> {
+        Some(self.len())
+    }
 }
 
 impl<T: Reply> Reply for Vec<ItemResult<T>> {
@@ -65,7 +76,6 @@ plain_replies!(
     i64,
     u32,
     String,
-    Vec<String>,
     PingResponse,
     SegmentStatus,
     MountDiskSegmentResponse,
@@ -83,6 +93,7 @@ pub(crate) fn batch_len(request: &Request) -> Option<usize> {
         Request::BatchPutEnd(r) | Request::BatchUpsertEnd(r) => r.items.len(),
         Request::BatchPutRevoke(r) | Request::BatchUpsertRevoke(r) => r.items.len(),
         Request::BatchRemove(r) => r.keys.len(),
+        Request::BatchReplicaClear(r) => r.keys.len(),
         _ => return None,
     })
 }
@@ -213,9 +224,11 @@ impl ReplyMetrics {
     pub(crate) fn observe<T: Reply>(&self, request: &Request, reply: &Result<T, Error>) -> usize {
         let items = reply.as_ref().ok().and_then(|r| r.items());
         let len = batch_len(request);
-        let failed = match (&items, len) {
-            (Some(items), _) => items.iter().filter(|i| i.is_none()).count(),
-            (None, Some(len)) if reply.is_err() => len,
+        let succeeded = reply.as_ref().ok().and_then(|r| r.succeeded());
+        let failed = match (&items, len, succeeded) {
+            (Some(items), _, _) => items.iter().filter(|i| i.is_none()).count(),
+            (None, Some(len), Some(succeeded)) => len.saturating_sub(succeeded),
+            (None, Some(len), None) if reply.is_err() => len,
             _ => 0,
         };
         match request {
@@ -345,6 +358,23 @@ mod tests {
         assert_eq!(m.items.get(), 9);
         assert_eq!(m.failed_items.get(), 4);
         assert_eq!(m.partial_successes.get(), 1);
+    }
+
+    #[test]
+    fn a_replica_clear_counts_the_keys_it_left_as_failed_items() {
+        let r = ReplyMetrics::register(&mut Registry::default());
+        let request = Request::BatchReplicaClear(moonkv_proto::msg::BatchReplicaClearRequest {
+            client_id: moonkv_proto::ClientId::new(1, 1),
+            tenant: String::new(),
+            keys: vec!["a".into(), "b".into(), "c".into()],
+            segment_name: String::new(),
+        });
+        assert_eq!(batch_len(&request), Some(3));
+        assert_eq!(r.observe(&request, &Ok(vec!["b".to_string()])), 2);
+        assert_eq!(r.observe(&request, &Ok(Vec::<String>::new())), 3);
+        let refused: Result<Vec<String>, Error> =
+            Err(moonkv_proto::ErrorCode::INVALID_PARAMS.into());
+        assert_eq!(r.observe(&request, &refused), 3);
     }
 
     #[test]
