@@ -146,6 +146,8 @@ pub(crate) struct Engine {
     master: Mutex<Option<moonkv_master::server::MasterHandle>>,
     /// `shut_down` ran.
     closed: AtomicBool,
+    /// Open put and get sessions (`batch_*_session_*`).
+    pub sessions: crate::dropin::Sessions,
 }
 
 impl Engine {
@@ -208,6 +210,7 @@ impl Engine {
             pool: None,
             master: Mutex::new(master),
             closed: AtomicBool::new(false),
+            sessions: Default::default(),
         })
     }
 
@@ -244,6 +247,7 @@ impl Engine {
             pool,
             master: Mutex::new(None),
             closed: AtomicBool::new(false),
+            sessions: Default::default(),
         })
     }
 

@@ -15,12 +15,12 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 /// Per-key slots: keys that passed local validation are sent; the others already hold an error.
-struct Checked {
-    results: Vec<Option<Error>>,
-    valid: Vec<usize>,
+pub(super) struct Checked {
+    pub(super) results: Vec<Option<Error>>,
+    pub(super) valid: Vec<usize>,
 }
 
-fn check_keys(keys: &[&str]) -> Checked {
+pub(super) fn check_keys(keys: &[&str]) -> Checked {
     let mut results = Vec::with_capacity(keys.len());
     let mut valid = Vec::new();
     for (i, key) in keys.iter().enumerate() {
@@ -36,7 +36,7 @@ fn check_keys(keys: &[&str]) -> Checked {
 }
 
 /// Spreads one batch RPC's answer (for `valid` keys) back over every key.
-fn merge<T>(checked: Checked, answer: Result<Vec<ItemResult<T>>>) -> Vec<Result<T>> {
+pub(super) fn merge<T>(checked: Checked, answer: Result<Vec<ItemResult<T>>>) -> Vec<Result<T>> {
     let mut out: Vec<Result<T>> = checked
         .results
         .into_iter()
@@ -672,7 +672,10 @@ fn part_of<'k, 'o>(
     )
 }
 
-fn spread_answer(answer: Result<Vec<ItemResult<()>>>, expected: usize) -> Vec<Result<()>> {
+pub(super) fn spread_answer(
+    answer: Result<Vec<ItemResult<()>>>,
+    expected: usize,
+) -> Vec<Result<()>> {
     match answer {
         Ok(items) if items.len() == expected => items.into_iter().map(|i| i.0).collect(),
         Ok(items) => {

@@ -20,6 +20,7 @@ mod node_call;
 mod parts;
 mod put_local;
 mod put_whole;
+mod session;
 mod standalone;
 pub(crate) mod transfer;
 
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 use transfer::{Transfer, TransferConfig};
 
 pub use caller::{CallerLane, CallerLanes};
+pub use session::{RangeRead, RangeWrite};
 pub use standalone::master_of_node;
 
 /// How a [`Store`] connects and moves bytes.

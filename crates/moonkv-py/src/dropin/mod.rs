@@ -6,13 +6,17 @@
 //! - this file: lifecycle, the copying calls (bounded by `local_buffer_size`), metadata.
 //! - [`zero_copy`]: calls on registered memory (`put_from`, `get_into`, batch and multi-buffer
 //!   forms, `get_into_ranges`).
+//! - [`sessions`]: put and get sessions and their ranged calls.
 //!
 //! Methods upstream has and moonkv lacks are added by the Python subclass in
 //! `moonkv/__init__.py`, each raising `NotImplementedError` naming itself.
 
 mod copying;
 mod ranges;
+mod sessions;
 mod zero_copy;
+
+pub(crate) use sessions::Sessions;
 
 use crate::args::{self, Split, UInt};
 use crate::config::PyReplicateConfig;
@@ -772,6 +776,166 @@ impl DropIn {
             Err(e) => return Ok(zero_copy::shaped_failure(&request, &e)),
         };
         ranges::get_into_ranges(py, &engine, request)
+    }
+
+    // ---- sessions ------------------------------------------------------------------------
+
+    /// Starts a put session per key (one BatchPutStart): space is reserved, and the bytes are
+    /// written in ranges by `batch_put_from_multi_buffer_ranges` until
+    /// `batch_put_session_end` makes the objects readable (or `batch_put_session_revoke`).
+    /// Per key 0 or a code; `[]` when the store is not set up.
+    #[pyo3(signature = (keys, sizes, config = None))]
+    fn batch_put_session_start(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = args::keys(keys)?;
+        let sizes = args::numbers(sizes, "sizes")?;
+        let Ok(engine) = self.engine() else {
+            log(
+                py,
+                "error",
+                "batch_put_session_start: the store is not set up",
+            );
+            return Ok(Vec::new());
+        };
+        let n = keys.len();
+        let config = match crate::config::wire(config.as_deref(), engine.local_segment.as_deref()) {
+            Ok(c) => c,
+            Err(e) => return Ok(all_failed(n, &e)),
+        };
+        let results = sessions::put_start(py, &engine, keys, sizes, config);
+        Ok(sessions::codes_of(results, |()| 0))
+    }
+
+    /// Writes ranges of put-session objects: buffer j of key i (`all_sizes[i][j]` bytes at
+    /// `all_buffer_ptrs[i][j]`, registered) goes to offset `all_dst_offsets[i][j]` of the
+    /// object, in every replica. Per key the bytes written, or a code.
+    fn batch_put_from_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &Bound<'_, PyAny>,
+        all_dst_offsets: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<i64>> {
+        let lists = sessions::RangeLists {
+            keys: args::keys(keys)?,
+            ptrs: args::nested_numbers(all_buffer_ptrs, "all_buffer_ptrs")?,
+            sizes: args::nested_numbers(all_sizes, "all_sizes")?,
+            offsets: args::nested_numbers(all_dst_offsets, "all_dst_offsets")?,
+        };
+        let Ok(engine) = self.engine() else {
+            log(
+                py,
+                "error",
+                "batch_put_from_multi_buffer_ranges: the store is not set up",
+            );
+            return Ok(Vec::new());
+        };
+        let results = sessions::put_ranges(py, &engine, lists);
+        Ok(sessions::codes_of(results, |n| n as i64))
+    }
+
+    /// Ends put sessions (one BatchPutEnd): the objects become readable. Waits for the
+    /// sessions' range writes still running in other threads. Per key 0 or a code; a session
+    /// whose end failed stays open for `batch_put_session_revoke`.
+    fn batch_put_session_end(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        let keys = args::keys(keys)?;
+        let Ok(engine) = self.engine() else {
+            log(
+                py,
+                "error",
+                "batch_put_session_end: the store is not set up",
+            );
+            return Ok(Vec::new());
+        };
+        let results = sessions::put_end(py, &engine, keys);
+        Ok(sessions::codes_of(results, |()| 0))
+    }
+
+    /// Revokes put sessions (one BatchPutRevoke): nothing of them becomes readable. Per key 0
+    /// or a code; the sessions are closed either way.
+    fn batch_put_session_revoke(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = args::keys(keys)?;
+        let Ok(engine) = self.engine() else {
+            log(
+                py,
+                "error",
+                "batch_put_session_revoke: the store is not set up",
+            );
+            return Ok(Vec::new());
+        };
+        let results = sessions::put_revoke(py, &engine, keys);
+        Ok(sessions::codes_of(results, |()| 0))
+    }
+
+    /// Starts a get session per key (one BatchGetReplicaList): its replica and read lease are
+    /// kept for `batch_get_into_multi_buffer_ranges`. Per key 0 or a code.
+    fn batch_get_session_start(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = args::keys(keys)?;
+        let Ok(engine) = self.engine() else {
+            log(
+                py,
+                "error",
+                "batch_get_session_start: the store is not set up",
+            );
+            return Ok(Vec::new());
+        };
+        let results = sessions::get_start(py, &engine, keys);
+        Ok(sessions::codes_of(results, |()| 0))
+    }
+
+    /// Reads ranges of get-session objects: `all_sizes[i][j]` bytes from offset
+    /// `all_src_offsets[i][j]` of key i into `all_buffer_ptrs[i][j]` (registered). Per key the
+    /// bytes read, or a code (`LEASE_EXPIRED` once the session's lease ran out).
+    fn batch_get_into_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &Bound<'_, PyAny>,
+        all_src_offsets: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<i64>> {
+        let lists = sessions::RangeLists {
+            keys: args::keys(keys)?,
+            ptrs: args::nested_numbers(all_buffer_ptrs, "all_buffer_ptrs")?,
+            sizes: args::nested_numbers(all_sizes, "all_sizes")?,
+            offsets: args::nested_numbers(all_src_offsets, "all_src_offsets")?,
+        };
+        let Ok(engine) = self.engine() else {
+            log(
+                py,
+                "error",
+                "batch_get_into_multi_buffer_ranges: the store is not set up",
+            );
+            return Ok(Vec::new());
+        };
+        let results = sessions::get_ranges(py, &engine, lists);
+        Ok(sessions::codes_of(results, |n| n as i64))
+    }
+
+    /// Ends get sessions: forgets their replicas. 0, or a code when the store is not set up.
+    fn batch_get_session_end(&self, keys: &Bound<'_, PyAny>) -> PyResult<i32> {
+        let keys = args::keys(keys)?;
+        Ok(match self.engine() {
+            Ok(engine) => {
+                sessions::get_end(&engine, &keys);
+                0
+            }
+            Err(e) => code(&e),
+        })
     }
 
     // ---- metadata ------------------------------------------------------------------------
