@@ -123,6 +123,16 @@ def test_vllm_per_layer_scatter_gather(store, key):
     assert got[0] > 0 and got[1] == -600
     assert store.batch_put_from_multi_buffers(keys[:1], [[0x10]], [[10]]) == [-600]
     assert store.batch_put_from_multi_buffers(keys[:2], addrs[:1], sizes[:2]) == [-600, -600]
+    # Replaced from the fresh caches (the loaded copy, bytes changed): a put keeps the first
+    # value, an upsert takes the new one.
+    for p in fresh:
+        p.write(0, b"\xee" * block_bytes)
+    assert store.batch_put_from_multi_buffers(keys[:1], dest[:1], sizes[:1]) == [0]
+    assert store.get(keys[0]) == expected[0]
+    assert store.batch_upsert_from_multi_buffers(keys[:1], dest[:1], sizes[:1], config) == [0]
+    assert store.get(keys[0]) == b"".join(ctypes.string_at(a, s) for a, s in zip(dest[0], sizes[0]))
+    assert store.get(keys[0]) != expected[0]
+    assert store.batch_upsert_from_multi_buffers(keys[:2], addrs[:1], sizes[:2]) == [-600, -600]
     for p in kv_caches + fresh:
         p.close()
 

@@ -577,7 +577,7 @@ def test_replicate_config_attributes(store, key):
 
 
 def test_methods_moonkv_lacks_raise_not_implemented(store):
-    for name in ["create_copy_task", "batch_upsert_from_multi_buffers", "mount_segment"]:
+    for name in ["create_copy_task", "query_task", "mount_segment"]:
         with pytest.raises(NotImplementedError, match=name):
             getattr(store, name)("a", "b")
     assert set(moonkv.NOT_IMPLEMENTED) >= {"create_move_task", "query_task"}

@@ -133,7 +133,6 @@ NOT_IMPLEMENTED = {
     "unmount_and_free_segment": "unmounting segments by id",
     "unmount_local_disk_segment": "the client-side SSD tier (moonkv nodes have a disk tier instead)",
     "get_offload_rpc_read_count": "the client-side SSD tier",
-    "batch_upsert_from_multi_buffers": "multi-buffer upserts",
     "create_copy_task": "replica copy tasks",
     "create_move_task": "replica move tasks",
     "query_task": "replica copy/move tasks",

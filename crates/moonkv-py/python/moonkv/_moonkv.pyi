@@ -111,6 +111,13 @@ class MooncakeDistributedStore:
         all_sizes: Sequence[Sequence[int]],
         config: Optional[ReplicateConfig] = None,
     ) -> List[int]: ...
+    def batch_upsert_from_multi_buffers(
+        self,
+        keys: Sequence[Key],
+        all_buffer_ptrs: Sequence[Sequence[int]],
+        all_sizes: Sequence[Sequence[int]],
+        config: Optional[ReplicateConfig] = None,
+    ) -> List[int]: ...
     def batch_get_into_multi_buffers(
         self,
         keys: Sequence[Key],

@@ -87,6 +87,33 @@ impl DropIn {
     fn engine(&self) -> Result<Arc<Engine>, Error> {
         self.engine.get().ok_or_else(not_set_up)
     }
+
+    /// `batch_put_from_multi_buffers`, or with `upsert` `batch_upsert_from_multi_buffers`.
+    fn put_multi(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<Vec<i64>> {
+        let keys = args::keys(keys)?;
+        let ptrs = args::nested_numbers(all_buffer_ptrs, "all_buffer_ptrs")?;
+        let sizes = args::nested_numbers(all_sizes, "all_sizes")?;
+        let n = keys.len();
+        let prepared = self.engine().and_then(|engine| {
+            let ranges = nested_ranges(n, &ptrs, &sizes)?;
+            let config = crate::config::wire(config.as_deref(), engine.local_segment.as_deref())?;
+            Ok((engine, ranges, config))
+        });
+        let (engine, ranges, config) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Ok(all_failed(n, &e)),
+        };
+        let results = zero_copy::batch_put_multi(py, &engine, upsert, keys, &ranges, config)?;
+        Ok(results.iter().map(|r| write_code(r) as i64).collect())
+    }
 }
 
 /// An int result for each item: the error code, or what `ok` makes of the value.
@@ -646,28 +673,20 @@ impl DropIn {
         all_sizes: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<Vec<i64>> {
-        let keys = args::keys(keys)?;
-        let ptrs = args::nested_numbers(all_buffer_ptrs, "all_buffer_ptrs")?;
-        let sizes = args::nested_numbers(all_sizes, "all_sizes")?;
-        let n = keys.len();
-        let prepared = self.engine().and_then(|engine| {
-            let ranges = nested_ranges(n, &ptrs, &sizes)?;
-            let config = crate::config::wire(config.as_deref(), engine.local_segment.as_deref())?;
-            Ok((engine, ranges, config))
-        });
-        let (engine, ranges, config) = match prepared {
-            Ok(p) => p,
-            Err(e) => return Ok(all_failed(n, &e)),
-        };
-        let results = zero_copy::batch_put_multi(
-            py,
-            &engine,
-            "batch_put_from_multi_buffers",
-            keys,
-            &ranges,
-            config,
-        )?;
-        Ok(results.iter().map(|r| write_code(r) as i64).collect())
+        self.put_multi(py, keys, all_buffer_ptrs, all_sizes, config, false)
+    }
+
+    /// `batch_put_from_multi_buffers` that replaces existing values; a code per key.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config = None))]
+    fn batch_upsert_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<Vec<i64>> {
+        self.put_multi(py, keys, all_buffer_ptrs, all_sizes, config, true)
     }
 
     /// Object i spread in order over the buffers `all_buffer_ptrs[i]`; its size or a code per
@@ -731,14 +750,8 @@ impl DropIn {
                 len: size.0,
             },
         ]];
-        let mut results = zero_copy::batch_put_multi(
-            py,
-            &engine,
-            "put_from_with_metadata",
-            vec![key],
-            &ranges,
-            config,
-        )?;
+        let mut results =
+            zero_copy::batch_put_multi(py, &engine, false, vec![key], &ranges, config)?;
         Ok(results.pop().map_or(0, |r| write_code(&r)))
     }
 

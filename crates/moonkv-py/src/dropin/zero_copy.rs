@@ -171,12 +171,12 @@ fn item_errors(ranges: &[Vec<Range>], errors: Vec<Option<Error>>) -> Vec<Option<
         .collect()
 }
 
-/// `batch_put_from_multi_buffers` / `put_from_with_metadata`: object i is the concatenation
-/// of its ranges.
+/// `batch_put_from_multi_buffers` / `put_from_with_metadata`, and with `upsert`
+/// `batch_upsert_from_multi_buffers`: object i is the concatenation of its ranges.
 pub(super) fn batch_put_multi(
     py: Python<'_>,
     engine: &Engine,
-    _method: &str,
+    upsert: bool,
     keys: Vec<Result<String, Error>>,
     ranges: &[Vec<Range>],
     mut config: ReplicateConfig,
@@ -204,7 +204,11 @@ pub(super) fn batch_put_multi(
     keep_groups_of(&mut config, &split.valid_positions(), n);
     let keys: Vec<&str> = split.valid.iter().map(|(k, _)| k.as_str()).collect();
     let parts: Vec<Vec<&[u8]>> = split.valid.iter().map(|(_, p)| p.clone()).collect();
-    let results = engine.wait(py, engine.store.batch_put_parts(&keys, &parts, &config));
+    let results = if upsert {
+        engine.wait(py, engine.store.batch_upsert_parts(&keys, &parts, &config))
+    } else {
+        engine.wait(py, engine.store.batch_put_parts(&keys, &parts, &config))
+    };
     Ok(split.merge(results))
 }
 
