@@ -75,6 +75,30 @@ impl Store {
         checked.valid.iter().map(|&i| keys[i].to_string()).collect()
     }
 
+    /// The BatchPutStart of the keys `checked` left valid, with their sizes; `config`'s group
+    /// ids, when it has one per key of the whole batch, narrowed to those keys.
+    pub(super) fn start_request(
+        &self,
+        keys: &[&str],
+        sizes: &[u64],
+        checked: &Checked,
+        config: &ReplicateConfig,
+    ) -> BatchPutStartRequest {
+        let mut config = config.clone();
+        if let Some(groups) = &config.group_ids {
+            if groups.len() == keys.len() {
+                config.group_ids = Some(checked.valid.iter().map(|&i| groups[i].clone()).collect());
+            }
+        }
+        BatchPutStartRequest {
+            client_id: self.master.client_id(),
+            tenant: self.tenant.clone(),
+            keys: self.valid_keys(keys, checked),
+            sizes: checked.valid.iter().map(|&i| sizes[i]).collect(),
+            config,
+        }
+    }
+
     /// Whether each key exists.
     pub async fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool>> {
         let checked = check_keys(keys);
@@ -264,19 +288,7 @@ impl Store {
                 false
             }
         });
-        let mut config = config.clone();
-        if let Some(groups) = &config.group_ids {
-            if groups.len() == keys.len() {
-                config.group_ids = Some(checked.valid.iter().map(|&i| groups[i].clone()).collect());
-            }
-        }
-        let request = BatchPutStartRequest {
-            client_id: self.master.client_id(),
-            tenant: self.tenant.clone(),
-            keys: self.valid_keys(keys, &checked),
-            sizes: checked.valid.iter().map(|&i| sizes[i]).collect(),
-            config,
-        };
+        let request = self.start_request(keys, &sizes, &checked, config);
         let valid = checked.valid.clone();
         let answer = self
             .master

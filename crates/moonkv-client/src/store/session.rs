@@ -102,20 +102,14 @@ impl Store {
                     false
                 }
             });
-        let mut config = config.clone();
-        if let Some(groups) = &config.group_ids {
-            if groups.len() != keys.len() {
-                return refuse("group_ids must have one entry per key");
-            }
-            config.group_ids = Some(checked.valid.iter().map(|&i| groups[i].clone()).collect());
+        if config
+            .group_ids
+            .as_ref()
+            .is_some_and(|g| g.len() != keys.len())
+        {
+            return refuse("group_ids must have one entry per key");
         }
-        let request = BatchPutStartRequest {
-            client_id: self.master.client_id(),
-            tenant: self.tenant.clone(),
-            keys: checked.valid.iter().map(|&i| keys[i].to_string()).collect(),
-            sizes: checked.valid.iter().map(|&i| sizes[i]).collect(),
-            config,
-        };
+        let request = self.start_request(keys, sizes, &checked, config);
         let answer = self
             .master
             .call::<Vec<ItemResult<Vec<ReplicaDescriptor>>>>(Request::BatchPutStart(request))

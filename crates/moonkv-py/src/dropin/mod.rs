@@ -88,6 +88,16 @@ impl DropIn {
         self.engine.get().ok_or_else(not_set_up)
     }
 
+    /// The engine for a session call `call`; `None` (logged) when the store is not set up, where
+    /// upstream's session calls answer an empty list.
+    fn session_engine(&self, py: Python<'_>, call: &str) -> Option<Arc<Engine>> {
+        let engine = self.engine.get();
+        if engine.is_none() {
+            log(py, "error", &format!("{call}: the store is not set up"));
+        }
+        engine
+    }
+
     /// `batch_put_from_multi_buffers`, or with `upsert` `batch_upsert_from_multi_buffers`.
     fn put_multi(
         &self,
@@ -807,12 +817,7 @@ impl DropIn {
     ) -> PyResult<Vec<i64>> {
         let keys = args::keys(keys)?;
         let sizes = args::numbers(sizes, "sizes")?;
-        let Ok(engine) = self.engine() else {
-            log(
-                py,
-                "error",
-                "batch_put_session_start: the store is not set up",
-            );
+        let Some(engine) = self.session_engine(py, "batch_put_session_start") else {
             return Ok(Vec::new());
         };
         let n = keys.len();
@@ -821,7 +826,7 @@ impl DropIn {
             Err(e) => return Ok(all_failed(n, &e)),
         };
         let results = sessions::put_start(py, &engine, keys, sizes, config);
-        Ok(sessions::codes_of(results, |()| 0))
+        Ok(codes(results, |()| 0))
     }
 
     /// Writes ranges of put-session objects: buffer j of key i (`all_sizes[i][j]` bytes at
@@ -841,16 +846,11 @@ impl DropIn {
             sizes: args::nested_numbers(all_sizes, "all_sizes")?,
             offsets: args::nested_numbers(all_dst_offsets, "all_dst_offsets")?,
         };
-        let Ok(engine) = self.engine() else {
-            log(
-                py,
-                "error",
-                "batch_put_from_multi_buffer_ranges: the store is not set up",
-            );
+        let Some(engine) = self.session_engine(py, "batch_put_from_multi_buffer_ranges") else {
             return Ok(Vec::new());
         };
         let results = sessions::put_ranges(py, &engine, lists);
-        Ok(sessions::codes_of(results, |n| n as i64))
+        Ok(codes(results, |n| n as i64))
     }
 
     /// Ends put sessions (one BatchPutEnd): the objects become readable. Waits for the
@@ -858,16 +858,11 @@ impl DropIn {
     /// whose end failed stays open for `batch_put_session_revoke`.
     fn batch_put_session_end(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         let keys = args::keys(keys)?;
-        let Ok(engine) = self.engine() else {
-            log(
-                py,
-                "error",
-                "batch_put_session_end: the store is not set up",
-            );
+        let Some(engine) = self.session_engine(py, "batch_put_session_end") else {
             return Ok(Vec::new());
         };
         let results = sessions::put_end(py, &engine, keys);
-        Ok(sessions::codes_of(results, |()| 0))
+        Ok(codes(results, |()| 0))
     }
 
     /// Revokes put sessions (one BatchPutRevoke): nothing of them becomes readable. Per key 0
@@ -878,16 +873,11 @@ impl DropIn {
         keys: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<i64>> {
         let keys = args::keys(keys)?;
-        let Ok(engine) = self.engine() else {
-            log(
-                py,
-                "error",
-                "batch_put_session_revoke: the store is not set up",
-            );
+        let Some(engine) = self.session_engine(py, "batch_put_session_revoke") else {
             return Ok(Vec::new());
         };
         let results = sessions::put_revoke(py, &engine, keys);
-        Ok(sessions::codes_of(results, |()| 0))
+        Ok(codes(results, |()| 0))
     }
 
     /// Starts a get session per key (one BatchGetReplicaList): its replica and read lease are
@@ -898,16 +888,11 @@ impl DropIn {
         keys: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<i64>> {
         let keys = args::keys(keys)?;
-        let Ok(engine) = self.engine() else {
-            log(
-                py,
-                "error",
-                "batch_get_session_start: the store is not set up",
-            );
+        let Some(engine) = self.session_engine(py, "batch_get_session_start") else {
             return Ok(Vec::new());
         };
         let results = sessions::get_start(py, &engine, keys);
-        Ok(sessions::codes_of(results, |()| 0))
+        Ok(codes(results, |()| 0))
     }
 
     /// Reads ranges of get-session objects: `all_sizes[i][j]` bytes from offset
@@ -927,16 +912,11 @@ impl DropIn {
             sizes: args::nested_numbers(all_sizes, "all_sizes")?,
             offsets: args::nested_numbers(all_src_offsets, "all_src_offsets")?,
         };
-        let Ok(engine) = self.engine() else {
-            log(
-                py,
-                "error",
-                "batch_get_into_multi_buffer_ranges: the store is not set up",
-            );
+        let Some(engine) = self.session_engine(py, "batch_get_into_multi_buffer_ranges") else {
             return Ok(Vec::new());
         };
         let results = sessions::get_ranges(py, &engine, lists);
-        Ok(sessions::codes_of(results, |n| n as i64))
+        Ok(codes(results, |n| n as i64))
     }
 
     /// Ends get sessions: forgets their replicas. 0, or a code when the store is not set up.

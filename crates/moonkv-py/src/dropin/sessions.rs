@@ -17,7 +17,7 @@
 
 use super::zero_copy::check;
 use crate::engine::Engine;
-use crate::errors::{code, invalid};
+use crate::errors::invalid;
 use crate::registry::{self, Range};
 use moonkv_client::store::{RangeRead, RangeWrite};
 use moonkv_proto::types::{ReplicaDescriptor, ReplicateConfig};
@@ -205,6 +205,49 @@ fn flat(ranges: &KeyRanges) -> Vec<Range> {
         .collect()
 }
 
+/// A `*_multi_buffer_ranges` call after its checks: the registrations leased for it, each key's
+/// ranges, a result per key (the error of each key that cannot be used) and the keys that can,
+/// with their positions.
+struct Checked {
+    lease: registry::Lease,
+    ranges: KeyRanges,
+    results: Vec<Result<u64, Error>>,
+    usable: Vec<(usize, String)>,
+}
+
+/// Checks the lists of a `*_multi_buffer_ranges` call and leases their memory (`writable`: it
+/// is written into, so no two ranges may overlap); `Err` holds the answer of a call refused as
+/// a whole.
+fn checked(
+    engine: &Engine,
+    lists: RangeLists,
+    writable: bool,
+) -> Result<Checked, Vec<Result<u64, Error>>> {
+    let n = lists.keys.len();
+    let (keys, ranges) = lists
+        .split()
+        .map_err(|e| (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>())?;
+    let (lease, errors) = check(engine, &flat(&ranges), writable);
+    let errors = first_errors(&ranges, errors);
+    let mut results: Vec<Result<u64, Error>> = (0..n).map(|_| Ok(0)).collect();
+    let mut usable = Vec::new();
+    for (i, key) in keys.into_iter().enumerate() {
+        match (&key, &ranges[i], &errors[i]) {
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Some(e)) => results[i] = Err(e.clone()),
+            (Ok(key), Ok(_), None) if usable.iter().any(|(_, k)| k == key) => {
+                results[i] = Err(invalid(format!("'{key}' is named twice")));
+            }
+            (Ok(key), Ok(_), None) => usable.push((i, key.clone())),
+        }
+    }
+    Ok(Checked {
+        lease,
+        ranges,
+        results,
+        usable,
+    })
+}
+
 /// `batch_put_session_start`: per key, 0 or a code.
 pub(super) fn put_start(
     py: Python<'_>,
@@ -272,32 +315,21 @@ pub(super) fn put_ranges(
     engine: &Engine,
     lists: RangeLists,
 ) -> Vec<Result<u64, Error>> {
-    let n = lists.keys.len();
-    let (keys, ranges) = match lists.split() {
-        Ok(split) => split,
-        Err(e) => return (0..n).map(|_| Err(e.clone())).collect(),
+    let Checked {
+        lease,
+        ranges,
+        mut results,
+        usable,
+    } = match checked(engine, lists, false) {
+        Ok(c) => c,
+        Err(refused) => return refused,
     };
-    let flat = flat(&ranges);
-    let (lease, errors) = check(engine, &flat, false);
-    let errors = first_errors(&ranges, errors);
-    let mut results: Vec<Result<u64, Error>> = (0..n).map(|_| Ok(0)).collect();
-    // Each key written: its position, name, replicas, size and pieces.
+    // Each key written: its position, name, replicas and size.
     let mut taken: Vec<(usize, String, Vec<ReplicaDescriptor>, u64)> = Vec::new();
-    for i in 0..n {
-        let key = match (&keys[i], &ranges[i], &errors[i]) {
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Some(e)) => {
-                results[i] = Err(e.clone());
-                continue;
-            }
-            (Ok(key), Ok(_), None) => key,
-        };
-        if taken.iter().any(|t| &t.1 == key) {
-            results[i] = Err(invalid(format!("'{key}' is named twice")));
-            continue;
-        }
-        match engine.sessions.begin_write(key) {
-            Some((replicas, size)) => taken.push((i, key.clone(), replicas, size)),
-            None => results[i] = Err(no_session("put", key)),
+    for (i, key) in usable {
+        match engine.sessions.begin_write(&key) {
+            Some((replicas, size)) => taken.push((i, key, replicas, size)),
+            None => results[i] = Err(no_session("put", &key)),
         }
     }
     if taken.is_empty() {
@@ -503,33 +535,26 @@ pub(super) fn get_ranges(
     engine: &Engine,
     lists: RangeLists,
 ) -> Vec<Result<u64, Error>> {
-    let n = lists.keys.len();
-    let (keys, ranges) = match lists.split() {
-        Ok(split) => split,
-        Err(e) => return (0..n).map(|_| Err(e.clone())).collect(),
+    let Checked {
+        lease,
+        ranges,
+        mut results,
+        usable,
+    } = match checked(engine, lists, true) {
+        Ok(c) => c,
+        Err(refused) => return refused,
     };
-    let flat = flat(&ranges);
-    let (lease, errors) = check(engine, &flat, true);
-    let errors = first_errors(&ranges, errors);
-    let mut results: Vec<Result<u64, Error>> = (0..n).map(|_| Ok(0)).collect();
     let mut taken: Vec<(usize, String, ReplicaDescriptor, Instant, Duration)> = Vec::new();
     {
         let mut open = engine.sessions.gets.lock();
-        for i in 0..n {
-            let key = match (&keys[i], &ranges[i], &errors[i]) {
-                (Err(e), _, _) | (_, Err(e), _) | (_, _, Some(e)) => {
-                    results[i] = Err(e.clone());
-                    continue;
-                }
-                (Ok(key), Ok(_), None) => key,
-            };
-            match open.get(key) {
+        for (i, key) in usable {
+            match open.get(&key) {
                 Some(s) if s.lease_expired() => {
-                    open.remove(key);
-                    results[i] = Err(lease_expired(key));
+                    open.remove(&key);
+                    results[i] = Err(lease_expired(&key));
                 }
-                Some(s) => taken.push((i, key.clone(), s.replica.clone(), s.started, s.lease)),
-                None => results[i] = Err(no_session("get", key)),
+                Some(s) => taken.push((i, key, s.replica.clone(), s.started, s.lease)),
+                None => results[i] = Err(no_session("get", &key)),
             }
         }
     }
@@ -576,17 +601,6 @@ pub(super) fn get_end(engine: &Engine, keys: &[Result<String, Error>]) {
     for key in keys.iter().flatten() {
         open.remove(key);
     }
-}
-
-/// The int results of a session call.
-pub(super) fn codes_of<T>(results: Vec<Result<T, Error>>, ok: impl Fn(T) -> i64) -> Vec<i64> {
-    results
-        .into_iter()
-        .map(|r| match r {
-            Ok(v) => ok(v),
-            Err(e) => code(&e) as i64,
-        })
-        .collect()
 }
 
 #[cfg(test)]
