@@ -5,6 +5,9 @@ master` and `moonkv node` processes, embedded and standalone stores alike."""
 from __future__ import annotations
 
 import ctypes
+import gc
+import subprocess
+import sys
 import threading
 
 import moonkv
@@ -199,3 +202,78 @@ def test_a_get_session_ends_with_its_read_lease(key):
     finally:
         s.close()
         m.stop()
+
+
+CHILD = """
+import ctypes, sys, threading, moonkv
+s = moonkv.MooncakeDistributedStore()
+assert s.setup_dummy(64 << 20, 16 << 20, sys.argv[1]) == 0
+size = 16 << 20
+buf = s.alloc_from_mem_pool(size)
+ctypes.memset(buf, 0x5A, size)
+keys = [sys.argv[2] + "-0", sys.argv[2] + "-1"]
+assert s.batch_put_session_start(keys, [size, size]) == [0, 0]
+def write():
+    while True:
+        s.batch_put_from_multi_buffer_ranges(keys, [[buf], [buf]], [[size], [size]], [[0], [0]])
+threading.Thread(target=write, daemon=True).start()
+print("writing", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_process_killed_while_writing_a_session_leaves_nothing_readable(key):
+    """SIGKILL in the middle of a session's range writes: no key of it becomes readable, an
+    upsert takes a key over at once, a put once the master's discard timeout passed, and the
+    node keeps serving."""
+    m = Master("--put-start-discard-timeout-sec", "1")
+    n = Node(m.addr, 128 << 20)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, n.data, key],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout.readline().strip() == "writing"
+        child.kill()
+        child.wait(timeout=30)
+        s = moonkv.MooncakeDistributedStore()
+        assert s.setup_dummy(16 << 20, 16 << 20, n.data) == OK
+        k0, k1 = f"{key}-0", f"{key}-1"
+        assert s.batch_is_exist([k0, k1]) == [0, 0]
+        assert s.get(k0) == b""
+        assert s.upsert(k0, b"taken over") == OK
+        assert s.get(k0) == b"taken over"
+        # Until the discard timeout the abandoned write holds the key: a put answers 0 (a key
+        # that exists, upstream's convention) and stores nothing.
+        eventually(
+            "the abandoned write can be replaced",
+            lambda: s.put(k1, b"later") == OK and s.get(k1) == b"later",
+        )
+        assert s.put(f"{key}-other", b"x" * 4096) == OK
+        assert s.get(f"{key}-other") == b"x" * 4096
+        s.close()
+    finally:
+        n.kill()
+        m.stop()
+
+
+def test_a_store_dropped_without_close_with_open_sessions(node, key):
+    m, n = node
+    s = setup_store(m.addr, segment=16 << 20)
+    src = Pool(s, SIZE)
+    src.write(0, pattern(key, SIZE))
+    assert s.put(f"{key}-read", b"r" * 64) == OK
+    assert s.batch_put_session_start([f"{key}-w"], [SIZE]) == [OK]
+    assert s.batch_put_from_multi_buffer_ranges([f"{key}-w"], [[src.ptr]], [[PAGE]], [[0]]) == [PAGE]
+    assert s.batch_get_session_start([f"{key}-read"]) == [OK]
+    del s, src  # no close(), no session ended
+    gc.collect()
+    other = setup_store(m.addr, segment=16 << 20)
+    try:
+        assert other.is_exist(f"{key}-w") == 0
+        assert other.upsert(f"{key}-w", b"fresh") == OK
+        assert other.get(f"{key}-w") == b"fresh"
+    finally:
+        other.close()

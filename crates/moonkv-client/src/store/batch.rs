@@ -556,7 +556,9 @@ impl Store {
             .collect()
     }
 
-    pub(crate) async fn batch_lists(
+    /// Every key's replica list and read lease (one BatchGetReplicaList), and when it was
+    /// asked for (the leases run from then).
+    pub async fn batch_lists(
         &self,
         keys: &[&str],
     ) -> (Instant, Vec<Result<GetReplicaListResponse>>) {

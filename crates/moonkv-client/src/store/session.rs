@@ -11,7 +11,6 @@ use super::Store;
 use moonkv_proto::msg::*;
 use moonkv_proto::types::*;
 use moonkv_proto::{Error, ErrorCode, ReplicaId, Result};
-use std::time::Instant;
 
 /// The byte ranges of one object written by [`Store::write_ranges`]: `(offset in the object,
 /// bytes)` each.
@@ -228,22 +227,6 @@ impl Store {
             self.master.call(Request::BatchPutRevoke(revoke)).await,
             items.len(),
         )
-    }
-
-    /// Every key's replica list and read lease (one BatchGetReplicaList), and when it was
-    /// asked for (the lease runs from then).
-    pub async fn list_for_reads(
-        &self,
-        keys: &[&str],
-    ) -> (Instant, Vec<Result<GetReplicaListResponse>>) {
-        let checked = check_keys(keys);
-        let request = KeysRequest {
-            tenant: self.tenant.clone(),
-            keys: checked.valid.iter().map(|&i| keys[i].to_string()).collect(),
-        };
-        let started = Instant::now();
-        let answer = self.master.batch_get_replica_list(request).await;
-        (started, merge(checked, answer))
     }
 
     /// The replica a session reads: a complete memory replica, this process's own first.

@@ -24,7 +24,7 @@ use moonkv_proto::types::{ReplicaDescriptor, ReplicateConfig};
 use moonkv_proto::{Error, ErrorCode, ReplicaId};
 use parking_lot::{Condvar, Mutex};
 use pyo3::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// The open sessions of one store.
@@ -133,6 +133,14 @@ fn no_session(kind: &str, key: &str) -> Error {
     invalid(format!("no {kind} session is open for '{key}'"))
 }
 
+/// Why `key` (as the caller gave it) has no put session to end or revoke.
+fn no_put_session(key: &Result<String, Error>) -> Error {
+    match key {
+        Err(e) => e.clone(),
+        Ok(k) => no_session("put", k),
+    }
+}
+
 fn lease_expired(key: &str) -> Error {
     Error::new(
         ErrorCode::LEASE_EXPIRED,
@@ -231,10 +239,11 @@ fn checked(
     let errors = first_errors(&ranges, errors);
     let mut results: Vec<Result<u64, Error>> = (0..n).map(|_| Ok(0)).collect();
     let mut usable = Vec::new();
-    for (i, key) in keys.into_iter().enumerate() {
-        match (&key, &ranges[i], &errors[i]) {
+    let mut seen = HashSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        match (key, &ranges[i], &errors[i]) {
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Some(e)) => results[i] = Err(e.clone()),
-            (Ok(key), Ok(_), None) if usable.iter().any(|(_, k)| k == key) => {
+            (Ok(key), Ok(_), None) if !seen.insert(key.as_str()) => {
                 results[i] = Err(invalid(format!("'{key}' is named twice")));
             }
             (Ok(key), Ok(_), None) => usable.push((i, key.clone())),
@@ -265,13 +274,14 @@ pub(super) fn put_start(
     let mut starting: Vec<usize> = Vec::new();
     {
         let open = engine.sessions.puts.lock();
+        let mut seen = HashSet::new();
         for (i, key) in keys.iter().enumerate() {
             match key {
                 Err(e) => results[i] = Err(e.clone()),
                 Ok(k) if open.contains_key(k) => {
                     results[i] = Err(invalid(format!("a put session is already open for '{k}'")))
                 }
-                Ok(k) if starting.iter().any(|&j| keys[j].as_ref().ok() == Some(k)) => {
+                Ok(k) if !seen.insert(k.as_str()) => {
                     results[i] = Err(invalid(format!("'{k}' is named twice")))
                 }
                 Ok(_) => starting.push(i),
@@ -404,10 +414,7 @@ pub(super) fn put_end(
         let mut open = engine.sessions.puts.lock();
         for (i, (key, name)) in keys.iter().zip(&sealed).enumerate() {
             let Some(name) = name else {
-                results.push(Err(match key {
-                    Err(e) => e.clone(),
-                    Ok(k) => no_session("put", k),
-                }));
+                results.push(Err(no_put_session(key)));
                 continue;
             };
             let Some(s) = open.get_mut(name) else {
@@ -461,10 +468,7 @@ pub(super) fn put_revoke(
         let mut open = engine.sessions.puts.lock();
         for (i, (key, name)) in keys.iter().zip(&sealed).enumerate() {
             let Some(s) = name.as_ref().and_then(|n| open.remove(n)) else {
-                results.push(Err(match key {
-                    Err(e) => e.clone(),
-                    Ok(k) => no_session("put", k),
-                }));
+                results.push(Err(no_put_session(key)));
                 continue;
             };
             let ids = s.ids();
@@ -497,7 +501,7 @@ pub(super) fn get_start(
 ) -> Vec<Result<(), Error>> {
     let names: Vec<&str> = keys.iter().map(|k| k.as_deref().unwrap_or("")).collect();
     let names = &names;
-    let (started, lists) = engine.run(py, |store| async move { store.list_for_reads(names).await });
+    let (started, lists) = engine.run(py, |store| async move { store.batch_lists(names).await });
     let mut open = engine.sessions.gets.lock();
     keys.iter()
         .zip(lists)
